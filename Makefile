@@ -1,0 +1,30 @@
+# Two entry points (see README): `make run` reproduces, `make test` tests.
+# Both create .venv on first use with the tested route: pip + venv, Python >= 3.10.
+PYTHON ?= python3
+VENV   := .venv
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+CORES  ?= all
+
+.PHONY: setup run test lint clean
+
+$(STAMP): pyproject.toml
+	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/python -m pip install --upgrade pip
+	$(VENV)/bin/python -m pip install -e '.[dev]'
+	rm -f $(VENV)/.installed-* && touch $@
+
+setup: $(STAMP)
+
+run: $(STAMP)
+	$(VENV)/bin/snakemake --cores $(CORES)
+
+test: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/python -m pytest -q
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/snakemake --lint
+
+clean:
+	rm -rf results/tables results/figures results/runs results/plans results/manifests logs benchmarks .snakemake

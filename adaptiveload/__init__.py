@@ -1,0 +1,8 @@
+"""AdaptiveLoad: compute-aware data loading for video diffusion-transformer training.
+
+Dependency direction (no module imports "upwards"):
+    data -> planning -> training -> tracking -> analysis
+with `tokens`, `metrics`, `costmodel`, `errors` and `io` as leaf helpers usable from anywhere.
+"""
+
+__version__ = "0.1.0"

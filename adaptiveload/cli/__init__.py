@@ -1,0 +1,31 @@
+"""Console entry point. User errors become one line on stderr and exit status 2."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+import typer
+
+from adaptiveload.cli.app import app
+from adaptiveload.errors import UserError
+
+# one module per pipeline stage, in data-flow order; each registers its commands on `app`
+STAGES = ("manifest", "model", "calibrate", "plan", "train", "kernel", "analyze")
+
+
+def _register() -> None:
+    for stage in STAGES:
+        importlib.import_module(f"adaptiveload.cli.{stage}")
+
+
+def main() -> None:
+    os.environ.setdefault("MLFLOW_ENABLE_TELEMETRY", "false")
+    os.environ.setdefault("DO_NOT_TRACK", "1")
+    _register()
+    try:
+        app()
+    except UserError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        sys.exit(2)

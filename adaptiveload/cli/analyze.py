@@ -1,0 +1,1 @@
+"""`adaptiveload analyze`: under construction (see the issue that owns this stage)."""

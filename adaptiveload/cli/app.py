@@ -1,0 +1,11 @@
+"""The root `adaptiveload` command; each stage module under `adaptiveload.cli` adds its own."""
+
+import typer
+
+app = typer.Typer(
+    name="adaptiveload",
+    help="Compute-aware data loading for video DiT training: one subcommand per pipeline stage.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)

@@ -1,0 +1,1 @@
+"""`adaptiveload calibrate`: under construction (see the issue that owns this stage)."""

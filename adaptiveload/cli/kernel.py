@@ -1,0 +1,1 @@
+"""`adaptiveload kernel`: under construction (see the issue that owns this stage)."""

@@ -1,0 +1,1 @@
+"""`adaptiveload manifest`: under construction (see the issue that owns this stage)."""

@@ -1,0 +1,1 @@
+"""`adaptiveload model`: under construction (see the issue that owns this stage)."""

@@ -1,0 +1,1 @@
+"""`adaptiveload plan`: under construction (see the issue that owns this stage)."""

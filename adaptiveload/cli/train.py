@@ -1,0 +1,1 @@
+"""`adaptiveload train`: under construction (see the issue that owns this stage)."""

@@ -1,0 +1,88 @@
+"""DESIGN.md's metric formulas, in one place: used by training, the simulator and the analysis.
+
+Inputs are per-step, per-rank arrays shaped ``[steps, ranks]`` (compute seconds or peak
+bytes). Callers drop warm-up steps before calling; nothing here knows about warm-up.
+The paper does not define its metrics, so every common variant is computed and named.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+
+def _as_steps_by_ranks(t: np.ndarray) -> np.ndarray:
+    arr = np.asarray(t, dtype=np.float64)
+    if arr.ndim != 2 or arr.shape[0] == 0 or arr.shape[1] == 0:
+        raise ValueError(f"expected a non-empty [steps, ranks] array, got shape {arr.shape}")
+    return arr
+
+
+def imbalance_rate(t: np.ndarray) -> float:
+    """Primary imbalance: mean over steps of (max_r t - min_r t) / max_r t."""
+    arr = _as_steps_by_ranks(t)
+    tmax = arr.max(axis=1)
+    return float(np.mean((tmax - arr.min(axis=1)) / tmax))
+
+
+def imbalance_rate_mean(t: np.ndarray) -> float:
+    """Variant: mean over steps of (max_r t - mean_r t) / max_r t (VideoSys' form)."""
+    arr = _as_steps_by_ranks(t)
+    tmax = arr.max(axis=1)
+    return float(np.mean((tmax - arr.mean(axis=1)) / tmax))
+
+
+def idle_fraction(t: np.ndarray) -> float:
+    """Share of rank-time spent waiting for the slowest rank: sum(T_s - t_sr) / (N * sum T_s)."""
+    arr = _as_steps_by_ranks(t)
+    tmax = arr.max(axis=1)
+    return float((tmax[:, None] - arr).sum() / (arr.shape[1] * tmax.sum()))
+
+
+def max_over_mean(t: np.ndarray) -> float:
+    """Mean over steps of max_r t / mean_r t (1.0 = perfectly balanced)."""
+    arr = _as_steps_by_ranks(t)
+    return float(np.mean(arr.max(axis=1) / arr.mean(axis=1)))
+
+
+def vram_utilization(peak_bytes: np.ndarray, capacity_bytes: float) -> tuple[float, float]:
+    """(mean, max) over rank-steps of peak bytes / device capacity. Mean is the efficiency."""
+    if capacity_bytes <= 0:
+        raise ValueError("capacity_bytes must be positive")
+    u = _as_steps_by_ranks(peak_bytes) / capacity_bytes
+    return float(u.mean()), float(u.max())
+
+
+@dataclass(frozen=True)
+class StepMetrics:
+    """The summary of a timed window of steps; keys are the stable names logged everywhere."""
+
+    imbalance_rate: float
+    imbalance_rate_mean: float
+    idle_fraction: float
+    max_over_mean: float
+    samples_per_s: float
+    tokens_per_s: float
+    steps: int
+
+    def as_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+def summarize(
+    compute_s: np.ndarray, samples: float, tokens: float, wall_s: float
+) -> StepMetrics:
+    """All balance metrics of `compute_s` [steps, ranks] plus throughput over `wall_s`."""
+    if wall_s <= 0:
+        raise ValueError("wall_s must be positive")
+    arr = _as_steps_by_ranks(compute_s)
+    return StepMetrics(
+        imbalance_rate=imbalance_rate(arr),
+        imbalance_rate_mean=imbalance_rate_mean(arr),
+        idle_fraction=idle_fraction(arr),
+        max_over_mean=max_over_mean(arr),
+        samples_per_s=samples / wall_s,
+        tokens_per_s=tokens / wall_s,
+        steps=arr.shape[0],
+    )

@@ -1,0 +1,54 @@
+import numpy as np
+import pytest
+
+from adaptiveload import metrics
+
+
+T = np.array([[1.0, 2.0, 4.0], [3.0, 3.0, 3.0]])
+
+
+def test_imbalance_rate_hand_computed():
+    # step 0: (4-1)/4 = 0.75 ; step 1: 0 -> mean 0.375
+    assert metrics.imbalance_rate(T) == pytest.approx(0.375)
+
+
+def test_imbalance_rate_mean_variant():
+    # step 0: (4 - 7/3)/4 = 5/12 ; step 1: 0
+    assert metrics.imbalance_rate_mean(T) == pytest.approx(5 / 24)
+
+
+def test_idle_fraction_hand_computed():
+    # idle: step0 (3+2+0)=5, step1 0 ; N*sum T = 3*(4+3) = 21
+    assert metrics.idle_fraction(T) == pytest.approx(5 / 21)
+
+
+def test_max_over_mean():
+    assert metrics.max_over_mean(T) == pytest.approx((4 / (7 / 3) + 1) / 2)
+
+
+def test_balanced_is_zero():
+    flat = np.full((5, 8), 2.5)
+    assert metrics.imbalance_rate(flat) == 0.0
+    assert metrics.idle_fraction(flat) == 0.0
+    assert metrics.max_over_mean(flat) == 1.0
+
+
+def test_vram_utilization():
+    peak = np.array([[10.0, 20.0], [30.0, 40.0]])
+    mean, worst = metrics.vram_utilization(peak, 100.0)
+    assert mean == pytest.approx(0.25)
+    assert worst == pytest.approx(0.4)
+
+
+def test_summarize_throughput():
+    s = metrics.summarize(T, samples=14, tokens=1400, wall_s=7.0)
+    assert s.samples_per_s == pytest.approx(2.0)
+    assert s.tokens_per_s == pytest.approx(200.0)
+    assert s.steps == 2
+    assert set(s.as_dict()) >= {"imbalance_rate", "idle_fraction", "tokens_per_s"}
+
+
+@pytest.mark.parametrize("bad", [np.zeros((0, 3)), np.ones(4), np.ones((2, 0))])
+def test_rejects_bad_shapes(bad):
+    with pytest.raises(ValueError):
+        metrics.imbalance_rate(bad)
