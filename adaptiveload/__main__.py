@@ -1,0 +1,3 @@
+from adaptiveload.cli import main
+
+main()

@@ -1,0 +1,1 @@
+"""Custom operators (the fused LayerNorm-Modulate kernel's Python side)."""
