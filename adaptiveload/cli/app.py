@@ -9,3 +9,14 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+@app.command("version")
+def version() -> None:
+    """Print the versions that results are stamped with (package, torch, CUDA)."""
+    import torch
+
+    from adaptiveload import __version__
+
+    cuda = torch.version.cuda or "none"
+    typer.echo(f"adaptiveload {__version__}  torch {torch.__version__}  cuda {cuda}")
