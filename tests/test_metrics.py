@@ -3,7 +3,6 @@ import pytest
 
 from adaptiveload import metrics
 
-
 T = np.array([[1.0, 2.0, 4.0], [3.0, 3.0, 3.0]])
 
 

@@ -16,7 +16,7 @@ def test_vectorised_matches_scalar():
     f = np.array([1, 17, 81])
     h = np.array([480, 720, 256])
     w = np.array([832, 1280, 256])
-    expected = [token_count(int(a), int(b), int(c)) for a, b, c in zip(f, h, w)]
+    expected = [token_count(int(a), int(b), int(c)) for a, b, c in zip(f, h, w, strict=True)]
     assert token_count(f, h, w).tolist() == expected
 
 
