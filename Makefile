@@ -9,7 +9,6 @@ CORES  ?= all
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/python -m pip install --upgrade pip
 	$(VENV)/bin/python -m pip install -e '.[dev]'
 	rm -f $(VENV)/.installed-* && touch $@
 
