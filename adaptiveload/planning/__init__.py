@@ -1,0 +1,1 @@
+"""Batch planning: policies (B(S)), the per-epoch plan, its sampler and its simulator."""

@@ -1,0 +1,49 @@
+"""Dealing micro-batches to (step, rank) slots.
+
+A *slot list* is an ordering of batches: slot j runs at step ``j // N`` on rank ``j % N``
+(Open-Sora's VariableVideoBatchSampler: rank r takes the r-th entry of the i-th group of N).
+The cost-blind policies use the shuffled batch list as it is; ``deal_balanced`` reorders it.
+
+Why sort-and-chunk rather than LPT / Karmarkar-Karp: with one micro-batch per rank per step
+the step's compute time is the max over its N batches, and with the batches fixed, the sum
+over steps of those maxima is minimised exactly by sorting the batches by cost and cutting
+the sorted list into consecutive groups of N (exchange argument: the costliest batch sets
+one step's time whatever it is grouped with, so it should be grouped with the next N-1
+costliest, and so on). LPT/KK solve a different problem (several items per bin, bins =
+ranks) that arises only with gradient accumulation. Sorting is O(n log n) and vectorised.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+# Balance within windows of this many steps: a batch moves at most this far from where the
+# shuffled list put it, so every stretch of the epoch keeps a representative mix of buckets.
+# 32 steps gives <= ~1-2% predicted imbalance on paper-mixed at N=16 (tests/bench).
+DEFAULT_WINDOW_STEPS = 32
+
+
+def deal_balanced(
+    cost: np.ndarray, world_size: int, window_steps: int | None, rng: np.random.Generator
+) -> np.ndarray:
+    """A permutation of slots (length a multiple of `world_size`) balancing each step.
+
+    Within each window of `window_steps` steps (None: the whole epoch), slots are sorted by
+    `cost` and cut into steps of `world_size`; the steps of a window are then shuffled, and
+    the ranks within a step too, so the order of steps stays random.
+    """
+    cost = np.asarray(cost, dtype=np.float64)
+    n_slots = cost.size
+    if n_slots % world_size:
+        raise ValueError("slot count must be a multiple of world_size (pad first)")
+    steps = n_slots // world_size
+    per_window = steps if window_steps is None else max(1, int(window_steps))
+    window = np.arange(n_slots) // (per_window * world_size)
+    by_cost = np.lexsort((cost, window))  # within each window, cheapest first
+    chunk = np.arange(n_slots) // world_size  # the step each sorted slot would form
+    chunk_window = np.arange(steps) // per_window
+    chunk_order = np.lexsort((rng.random(steps), chunk_window))  # shuffle steps in a window
+    new_step = np.empty(steps, dtype=np.int64)
+    new_step[chunk_order] = np.arange(steps)
+    final = np.lexsort((rng.random(n_slots), new_step[chunk]))  # shuffle ranks in a step
+    return by_cost[final]

@@ -1,0 +1,199 @@
+"""The plan of one epoch: which samples form each micro-batch and which rank runs it when.
+
+Every rank calls ``build_plan`` with the same arguments and gets the identical plan: all
+randomness comes from one numpy Generator seeded by (seed, epoch), nothing is communicated.
+
+Per epoch (everything vectorised; 1M samples at N = 1024 plan in about a second):
+
+1. shuffle the samples within each bucket shape;
+2. cut each bucket into micro-batches of B(S) samples (the policy's rule); a bucket's last
+   batch may be smaller: it is kept, never dropped or padded, so every sample runs exactly
+   once;
+3. shuffle the list of batches;
+4. **padding (documented choice):** if the batch count K is not a multiple of N, the last
+   step's missing ranks get repeats of distinct, randomly drawn batches of this epoch (with
+   replacement only if K < missing ranks). Their rows carry ``is_padding=True`` and are
+   counted in ``num_padding``; every rank thus runs the same number of steps (what DDP
+   needs), and the repeats are never hidden;
+5. deal: slot j -> step j // N, rank j % N (Open-Sora style); balanced policies first
+   reorder the slots with ``dealing.deal_balanced`` on predicted cost.
+
+A sample over a budget on its own forms B = 1 and is counted in ``num_oversize``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from adaptiveload.costmodel import Calibration, CostModel
+from adaptiveload.errors import UserError
+from adaptiveload.planning.dealing import DEFAULT_WINDOW_STEPS, deal_balanced
+from adaptiveload.planning.policies import Budgets, Policy, get_policy
+from adaptiveload.planning.simulate import DEFAULT_ALLREDUCE_GBPS, simulate
+
+REQUIRED_COLUMNS = ("sample_id", "bucket_frames", "bucket_height", "bucket_width", "tokens")
+TABLE_COLUMNS = (
+    "step", "rank", "sample_id", "frames", "height", "width", "tokens", "batch_id", "is_padding",
+)  # fmt: skip
+PREDICTED = ("imbalance_rate", "idle_fraction", "samples_per_s", "tokens_per_s")
+
+
+@dataclass
+class Plan:
+    """`table`: one row per (step, rank, sample), ordered by step, rank; `summary`: counts,
+    checks and budgets (and predicted metrics when a cost model was given)."""
+
+    table: pd.DataFrame
+    summary: dict[str, Any]
+
+
+def build_plan(
+    samples: Any,
+    policy: str | Policy,
+    budgets: Budgets,
+    world_size: int,
+    seed: int,
+    epoch: int = 0,
+    cost_model: CostModel | Calibration | None = None,
+    window_steps: int | None = DEFAULT_WINDOW_STEPS,
+    num_excluded: int | None = None,
+    allreduce_gbps: float = DEFAULT_ALLREDUCE_GBPS,
+) -> Plan:
+    """Plan one epoch of `samples` (a bucketed DataFrame, or a ``Bucketed`` with ``.samples``
+    and ``.num_excluded``) for `world_size` ranks.
+
+    Balanced policies deal on ``cost_model.step_time`` when given, else on the proxy
+    B * S^p; `window_steps` (None = whole epoch) bounds how far they move a batch.
+    """
+    frame, excluded = _unpack(samples, num_excluded)
+    pol = get_policy(policy)
+    pol.check(budgets)
+    _check_ints(world_size=(world_size, 1), seed=(seed, 0), epoch=(epoch, 0))
+    if window_steps is not None:
+        _check_ints(window_steps=(window_steps, 1))
+    cost = cost_model.cost if isinstance(cost_model, Calibration) else cost_model
+    rng = np.random.default_rng([seed, epoch])
+    n = len(frame)
+    tokens = frame["tokens"].to_numpy(np.int64)
+    shape = np.stack([frame[c].to_numpy(np.int64) for c in REQUIRED_COLUMNS[1:4]], axis=1)
+    if n and (shape.min() < 1 or shape.max() >= 1 << 20 or tokens.min() < 1):
+        raise UserError("bucketed samples: bucket shapes and tokens must be positive (< 2^20)")
+
+    # 1-2: shuffle within buckets, cut into batches of B(S)
+    packed = (shape[:, 0] << 40) | (shape[:, 1] << 20) | shape[:, 2]
+    keys, bucket = np.unique(packed, return_inverse=True)
+    bucket_shape = np.stack([keys >> 40, (keys >> 20) & 0xFFFFF, keys & 0xFFFFF], axis=1)
+    perm = rng.permutation(n)
+    order = perm[np.argsort(bucket[perm], kind="stable")]  # grouped by bucket, random inside
+    count = np.bincount(bucket, minlength=len(bucket_shape))
+    bucket_tokens = np.zeros(len(bucket_shape), dtype=np.int64)
+    bucket_tokens[bucket] = tokens
+    if np.any(bucket_tokens[bucket] != tokens):
+        raise UserError("bucketed samples: column tokens differs within one bucket shape")
+    b_size = pol.batch_size(bucket_tokens, budgets)
+    n_batches = -(-count // b_size)
+    bucket_start = np.concatenate(([0], np.cumsum(count)[:-1]))
+    batch_offset = np.concatenate(([0], np.cumsum(n_batches)[:-1]))
+    sorted_bucket = bucket[order]
+    pos = np.arange(n) - bucket_start[sorted_bucket]
+    batch_of_sorted = batch_offset[sorted_bucket] + pos // b_size[sorted_bucket]
+    n_total = int(n_batches.sum())
+    size = np.bincount(batch_of_sorted, minlength=n_total)
+    batch_start = np.concatenate(([0], np.cumsum(size)[:-1]))
+    batch_bucket = np.repeat(np.arange(len(bucket_shape)), n_batches)
+    batch_tokens = bucket_tokens[batch_bucket]
+
+    # 3-4: shuffle batches, pad the last step with repeats
+    steps = -(-n_total // world_size)
+    missing = steps * world_size - n_total
+    pad = rng.choice(n_total, missing, replace=missing > n_total)
+    slots = np.concatenate((rng.permutation(n_total), pad))
+    slot_pad = np.zeros(slots.size, dtype=bool)
+    slot_pad[n_total:] = True
+
+    # 5: deal
+    if pol.balanced:
+        if cost is not None:
+            slot_cost = cost.step_time(size[slots], batch_tokens[slots])
+        else:
+            slot_cost = size[slots] * batch_tokens[slots].astype(np.float64) ** budgets.p
+        deal = deal_balanced(slot_cost, world_size, window_steps, rng)
+        slots, slot_pad = slots[deal], slot_pad[deal]
+
+    # one row per sample of each slot
+    slot_size = size[slots]
+    row_slot = np.repeat(np.arange(slots.size), slot_size)
+    slot_first = np.concatenate(([0], np.cumsum(slot_size)[:-1]))
+    within = np.arange(row_slot.size) - slot_first[row_slot]
+    row_sample = order[batch_start[slots][row_slot] + within]
+    row_batch = slots[row_slot]
+    row_shape = bucket_shape[batch_bucket[row_batch]]
+    table = pd.DataFrame(
+        {
+            "step": row_slot // world_size,
+            "rank": row_slot % world_size,
+            "sample_id": frame["sample_id"].to_numpy()[row_sample],
+            "frames": row_shape[:, 0],
+            "height": row_shape[:, 1],
+            "width": row_shape[:, 2],
+            "tokens": tokens[row_sample],
+            "batch_id": row_batch,
+            "is_padding": slot_pad[row_slot],
+        },
+        columns=list(TABLE_COLUMNS),
+    )
+    real = ~table["is_padding"].to_numpy()
+    seen = np.bincount(row_sample[real], minlength=n)
+    summary: dict[str, Any] = {
+        "policy": pol.name,
+        "world_size": world_size,
+        "num_samples": n + excluded,
+        "num_planned": int((seen > 0).sum()),
+        "num_excluded": excluded,
+        "num_oversize": int(pol.oversize(tokens, budgets).sum()),
+        "num_padding": int((~real).sum()),
+        "num_padding_batches": int(missing),
+        "duplicates": int((seen > 1).sum()),
+        "steps": int(steps),
+        "batches": n_total,
+        "max_tokens_per_batch": int((size * batch_tokens).max()),
+        "constraint_violations": int(pol.violates(size, batch_tokens, budgets).sum()),
+        **budgets.as_dict(),
+        "seed": seed,
+        "epoch": epoch,
+        "window_steps": window_steps if pol.balanced else None,
+        "deal_cost": ("cost_model" if cost is not None else "B*S^p") if pol.balanced else None,
+    }
+    table.attrs["plan"] = dict(summary)
+    if cost_model is not None:
+        sim = simulate(table, cost_model, allreduce_gbps=allreduce_gbps, world_size=world_size)
+        summary.update({f"predicted_{k}": sim.summary[k] for k in PREDICTED})
+        summary["predicted_source"] = "model"
+    return Plan(table=table, summary=summary)
+
+
+def _unpack(samples: Any, num_excluded: int | None) -> tuple[pd.DataFrame, int]:
+    frame = getattr(samples, "samples", samples)
+    if not isinstance(frame, pd.DataFrame):
+        raise TypeError("samples must be a bucketed DataFrame or a Bucketed")
+    missing = [c for c in REQUIRED_COLUMNS if c not in frame.columns]
+    if missing:
+        raise UserError(
+            f"bucketed samples: column(s) {', '.join(missing)} missing; bucketize the "
+            "manifest first (adaptiveload.data.bucketing.bucketize)"
+        )
+    if len(frame) == 0:
+        raise UserError("bucketed samples: no samples to plan (all excluded or empty manifest)")
+    if num_excluded is None:
+        num_excluded = int(getattr(samples, "num_excluded", 0))
+    return frame, num_excluded
+
+
+def _check_ints(**values: tuple[int, int]) -> None:
+    for name, (value, least) in values.items():
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
+            raise UserError(f"{name}={value!r}: must be an integer >= {least}")

@@ -1,0 +1,185 @@
+"""Batch-size policies: how many samples of S tokens one micro-batch holds, and how batches
+are dealt to ranks.
+
+- ``equal-token`` (the Open-Sora / VideoX-Fun baseline): ``B(S) = max(1, floor(M_tok / S))``.
+- ``adaptiveload`` (the paper): ``B(S) = max(1, min(floor(M_mem / S), floor(M_comp / S^p)))``.
+- ``adaptiveload-balanced`` (beyond the paper): the ``adaptiveload`` batches, dealt so that the
+  ranks of one step hold near-equal predicted cost (see ``adaptiveload.planning.dealing``).
+
+Budgets are in tokens (``M_tok``, ``M_mem``) and tokens^p (``M_comp``). Adding a policy is one
+subclass of ``Policy`` and one entry in ``POLICIES``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from adaptiveload.costmodel import Calibration
+from adaptiveload.errors import UserError
+
+AUTO = "auto"
+P_RANGE = (1.0, 3.0)
+
+
+@dataclass(frozen=True)
+class Budgets:
+    """The per-micro-batch budgets a policy reads. Unused ones may be None."""
+
+    m_tok: float | None = None
+    m_mem: float | None = None
+    m_comp: float | None = None
+    p: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("m_tok", "m_mem", "m_comp"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise UserError(f"budget {name}={value}: must be a positive number")
+        if self.p is not None and not (P_RANGE[0] <= self.p <= P_RANGE[1]):
+            raise UserError(f"budget p={self.p}: must lie in [{P_RANGE[0]:g}, {P_RANGE[1]:g}]")
+
+    def as_dict(self) -> dict[str, float | None]:
+        return asdict(self)
+
+    @classmethod
+    def resolve(
+        cls,
+        m_tok: float | str | None = AUTO,
+        m_mem: float | str | None = AUTO,
+        m_comp: float | str | None = AUTO,
+        p: float | str | None = AUTO,
+        calibration: Calibration | None = None,
+    ) -> Budgets:
+        """Budgets from explicit numbers, with ``"auto"``/None taken from `calibration`.
+
+        ``m_mem``, ``m_comp`` and ``p`` come from the calibration file; ``m_tok`` defaults to
+        ``m_mem`` so that the equal-token baseline gets the same memory budget as AdaptiveLoad.
+        Without a calibration, ``"auto"`` values stay unset and the policy reports which one
+        it needs.
+        """
+
+        def pick(value: float | str | None, from_calibration: float | None) -> float | None:
+            if value is None or value == AUTO:
+                return from_calibration
+            if isinstance(value, str):
+                try:
+                    return float(value)
+                except ValueError:
+                    raise UserError(f"budget {value!r}: expected a number or 'auto'") from None
+            return float(value)
+
+        cal = calibration
+        mem = pick(m_mem, cal.m_mem if cal else None)
+        return cls(
+            m_tok=pick(m_tok, mem),
+            m_mem=mem,
+            m_comp=pick(m_comp, cal.m_comp if cal else None),
+            p=pick(p, cal.p if cal else None),
+        )
+
+
+class Policy:
+    """A batch-size rule plus a dealing mode. Subclasses set `name`, `requires`, `balanced`."""
+
+    name: ClassVar[str]
+    requires: ClassVar[tuple[str, ...]]
+    balanced: ClassVar[bool] = False  # deal batches by predicted cost (dealing.deal_balanced)
+
+    def check(self, budgets: Budgets) -> None:
+        """UserError naming the budget(s) this policy needs but `budgets` lacks."""
+        missing = [k for k in self.requires if getattr(budgets, k) is None]
+        if missing:
+            flags = ", ".join(f"--{k.replace('_', '-')}" for k in missing)
+            raise UserError(
+                f"policy {self.name}: budget(s) {', '.join(missing)} not set; "
+                f"give {flags} or a --calibration file"
+            )
+
+    def batch_size(self, tokens: np.ndarray, budgets: Budgets) -> np.ndarray:
+        """B(S) for each entry of `tokens` (int64, >= 1)."""
+        raise NotImplementedError
+
+    def oversize(self, tokens: np.ndarray, budgets: Budgets) -> np.ndarray:
+        """True where one sample alone already exceeds a budget (it then forms B = 1)."""
+        raise NotImplementedError
+
+    def violates(self, batch: np.ndarray, tokens: np.ndarray, budgets: Budgets) -> np.ndarray:
+        """True for batches of `batch` samples of `tokens` that break a budget (B > 1 only)."""
+        return (np.asarray(batch) > 1) & self._over(np.asarray(batch), tokens, budgets)
+
+    def _over(self, batch: np.ndarray, tokens: np.ndarray, budgets: Budgets) -> np.ndarray:
+        raise NotImplementedError
+
+
+def _floor_within(budget: float, per_sample: np.ndarray) -> np.ndarray:
+    """Largest integer b with b * per_sample <= budget, exact in float (floor then fix-up)."""
+    b = np.floor(budget / per_sample)
+    b -= b * per_sample > budget  # a quotient rounded up onto an integer
+    return b.astype(np.int64)
+
+
+class EqualToken(Policy):
+    name = "equal-token"
+    requires = ("m_tok",)
+
+    def batch_size(self, tokens: np.ndarray, budgets: Budgets) -> np.ndarray:
+        s = np.asarray(tokens, dtype=np.float64)
+        return np.maximum(1, _floor_within(budgets.m_tok, s))
+
+    def oversize(self, tokens: np.ndarray, budgets: Budgets) -> np.ndarray:
+        return np.asarray(tokens, dtype=np.float64) > budgets.m_tok
+
+    def _over(self, batch: np.ndarray, tokens: np.ndarray, budgets: Budgets) -> np.ndarray:
+        return batch * np.asarray(tokens, dtype=np.float64) > budgets.m_tok
+
+
+class AdaptiveLoad(Policy):
+    name = "adaptiveload"
+    requires = ("m_mem", "m_comp", "p")
+
+    def batch_size(self, tokens: np.ndarray, budgets: Budgets) -> np.ndarray:
+        s = np.asarray(tokens, dtype=np.float64)
+        by_mem = _floor_within(budgets.m_mem, s)
+        by_comp = _floor_within(budgets.m_comp, s**budgets.p)
+        return np.maximum(1, np.minimum(by_mem, by_comp))
+
+    def oversize(self, tokens: np.ndarray, budgets: Budgets) -> np.ndarray:
+        s = np.asarray(tokens, dtype=np.float64)
+        return (s > budgets.m_mem) | (s**budgets.p > budgets.m_comp)
+
+    def _over(self, batch: np.ndarray, tokens: np.ndarray, budgets: Budgets) -> np.ndarray:
+        s = np.asarray(tokens, dtype=np.float64)
+        return (batch * s > budgets.m_mem) | (batch * s**budgets.p > budgets.m_comp)
+
+
+class AdaptiveLoadBalanced(AdaptiveLoad):
+    name = "adaptiveload-balanced"
+    balanced = True
+
+
+POLICIES: dict[str, type[Policy]] = {
+    cls.name: cls for cls in (EqualToken, AdaptiveLoad, AdaptiveLoadBalanced)
+}
+
+
+def get_policy(name: str | Policy) -> Policy:
+    """The policy object for `name`; UserError listing the known names otherwise."""
+    if isinstance(name, Policy):
+        return name
+    try:
+        return POLICIES[name]()
+    except KeyError:
+        raise UserError(
+            f"policy {name!r}: unknown; expected one of {', '.join(POLICIES)}"
+        ) from None
+
+
+def batch_size(policy: str | Policy, tokens: Any, budgets: Budgets) -> np.ndarray:
+    """B(S) of `policy` for an array of token counts (validates the budgets it needs)."""
+    pol = get_policy(policy)
+    pol.check(budgets)
+    return pol.batch_size(np.asarray(tokens), budgets)

@@ -1,0 +1,31 @@
+"""Bucketed test manifests for the planning tests (shapes on Wan's 4k+1 / 16-px grid)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from adaptiveload.tokens import token_count
+
+# (frames, height, width): images, short and long clips, one 720p clip over most budgets
+SHAPES = np.array(
+    [
+        (1, 480, 832), (1, 1024, 1024), (17, 480, 832), (33, 480, 832),
+        (49, 480, 832), (81, 480, 832), (81, 720, 1280), (5, 256, 256),
+    ]
+)  # fmt: skip
+
+
+def bucketed(n: int, seed: int = 0, shapes: np.ndarray = SHAPES) -> pd.DataFrame:
+    """`n` samples drawn over `shapes`, with the columns bucketize() adds."""
+    rng = np.random.default_rng(seed)
+    pick = np.asarray(shapes)[rng.integers(0, len(shapes), n)]
+    f, h, w = pick[:, 0], pick[:, 1], pick[:, 2]
+    return pd.DataFrame(
+        {
+            "sample_id": [f"s{i:07d}" for i in range(n)],
+            "num_frames": f, "height": h, "width": w,
+            "bucket_frames": f, "bucket_height": h, "bucket_width": w,
+            "tokens": token_count(f, h, w),
+        }
+    )  # fmt: skip
