@@ -1,0 +1,6 @@
+"""Analysis: the per-step tables of training runs and simulations -> one tidy table ->
+statistical tests, paper tables, figures, and their MLflow record.
+
+Modules: `aggregate` (collect), `stats` (tests and CIs), `tables` (paper/kernel tables),
+`figures` (PNG figures), `record` (log the analysis to MLflow).
+"""

@@ -1,0 +1,201 @@
+"""Collect the per-step tables and run summaries of training runs and simulations into one tidy
+pair of tables, so that every later analysis step reads one format whatever produced the data.
+
+Each run is a per-step Parquet table (one row per (step, rank), the schema shared by the
+trainer and the simulator) plus a JSON run summary beside it. A run is placed by two labels
+the pipeline gives it: `setup` (the comparison group: "train" for measured runs, "sim/<name>"
+for a simulated paper-scale configuration) and `variant` ("base", or a sweep point such as
+"p=1.4", "m_comp=0.5", "world_size=64", "mixture=video-only").
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from adaptiveload.errors import UserError
+
+# fields every run summary must carry (the BRIEF's run-summary schema)
+SUMMARY_KEYS = (
+    "experiment", "policy", "seed", "kernel", "launch_mode", "world_size", "device", "source",
+    "warmup_steps",
+)
+# summary metrics copied when present (NaN otherwise: e.g. no measured VRAM on CPU)
+SUMMARY_METRICS = (
+    "imbalance_rate", "imbalance_rate_mean", "idle_fraction", "max_over_mean", "samples_per_s",
+    "tokens_per_s", "vram_utilization_mean", "vram_utilization_max", "capacity_bytes",
+)
+STEP_COLUMNS = ("step", "rank", "compute_s", "samples", "tokens", "step_time_s")
+OPTIONAL_STEP_COLUMNS = (
+    "wait_s", "frames", "height", "width", "peak_bytes", "peak_bytes_model", "loss",
+)
+RUN_KEYS = ("setup", "variant", "policy", "kernel", "seed")
+
+
+@dataclass(frozen=True)
+class RunRef:
+    """Where one run's files are and which comparison group it belongs to."""
+
+    setup: str
+    variant: str
+    summary: Path
+    steps: Path
+
+
+@dataclass(frozen=True)
+class Aggregate:
+    """`runs`: one row per run (labels + summary metrics); `steps`: one row per (run, step, rank)."""
+
+    runs: pd.DataFrame
+    steps: pd.DataFrame
+
+
+def parse_index(text: str) -> list[RunRef]:
+    """Read a run index: a JSON list of {setup, variant, summary, steps}, inline or in a file."""
+    origin = "run index"
+    if not text.lstrip().startswith("["):
+        origin = text
+        try:
+            text = Path(text).read_text()
+        except FileNotFoundError:
+            raise UserError(f"{origin}: run index file not found") from None
+    try:
+        items = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{origin}: not valid JSON ({exc})") from None
+    refs = []
+    for i, item in enumerate(items):
+        missing = [k for k in ("setup", "summary", "steps") if k not in item]
+        if missing:
+            raise UserError(f"{origin}: entry {i}: missing {', '.join(missing)}")
+        refs.append(
+            RunRef(
+                setup=str(item["setup"]),
+                variant=str(item.get("variant", "base")),
+                summary=Path(item["summary"]),
+                steps=Path(item["steps"]),
+            )
+        )
+    if not refs:
+        raise UserError(f"{origin}: no runs listed")
+    return refs
+
+
+def _read_summary(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UserError(f"{path}: run summary not found") from None
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{path}: run summary is not valid JSON ({exc})") from None
+    # summary metrics may be nested under "summary" or "metrics", or flat
+    for key in ("summary", "metrics"):
+        if isinstance(data.get(key), dict):
+            data = {**data[key], **{k: v for k, v in data.items() if k != key}}
+    missing = [k for k in SUMMARY_KEYS if k not in data]
+    if missing:
+        raise UserError(f"{path}: run summary lacks field(s) {', '.join(missing)}")
+    return data
+
+
+def _read_steps(path: Path) -> pd.DataFrame:
+    try:
+        frame = pd.read_parquet(path)
+    except FileNotFoundError:
+        raise UserError(f"{path}: per-step table not found") from None
+    missing = [c for c in STEP_COLUMNS if c not in frame.columns]
+    if missing:
+        raise UserError(f"{path}: per-step table lacks column(s) {', '.join(missing)}")
+    if frame.empty:
+        raise UserError(f"{path}: per-step table has no rows")
+    for col in OPTIONAL_STEP_COLUMNS:
+        if col not in frame.columns:
+            frame[col] = np.nan
+    return frame[list(STEP_COLUMNS + OPTIONAL_STEP_COLUMNS)]
+
+
+def _sweep(variant: str) -> tuple[str, str]:
+    axis, _, value = variant.partition("=")
+    return (axis, value) if value else ("", "")
+
+
+def aggregate(refs: Sequence[RunRef]) -> Aggregate:
+    """Read every run; the tables are sorted so that output is byte-stable across re-runs."""
+    run_rows, step_frames = [], []
+    for ref in refs:
+        summary = _read_summary(ref.summary)
+        steps = _read_steps(ref.steps)
+        axis, value = _sweep(ref.variant)
+        labels = {
+            "setup": ref.setup,
+            "variant": ref.variant,
+            "sweep_axis": axis,
+            "sweep_value": value,
+            "experiment": str(summary["experiment"]),
+            "policy": str(summary["policy"]),
+            "kernel": str(summary["kernel"] or "none"),
+            "seed": int(summary["seed"]),
+            "launch_mode": str(summary["launch_mode"]),
+            "world_size": int(summary["world_size"]),
+            "device": str(summary["device"]),
+            "source": str(summary["source"]),
+            "warmup_steps": int(summary["warmup_steps"]),
+        }
+        labels["label"] = f"{labels['source']} ({labels['device']})"
+        run_rows.append(
+            {**labels, **{m: _float(summary.get(m)) for m in SUMMARY_METRICS}}
+        )
+        steps = steps.assign(**{k: labels[k] for k in (*RUN_KEYS, "source", "label")})
+        steps["timed"] = steps["step"] >= labels["warmup_steps"]
+        steps["capacity_bytes"] = _float(summary.get("capacity_bytes"))
+        step_frames.append(steps)
+    runs = pd.DataFrame(run_rows)
+    dupes = runs.duplicated(list(RUN_KEYS))
+    if dupes.any():
+        first = runs[dupes].iloc[0]
+        raise UserError(
+            f"run index: two runs share setup/variant/policy/kernel/seed "
+            f"{tuple(first[k] for k in RUN_KEYS)}; give each run its own labels"
+        )
+    runs = runs.sort_values(list(RUN_KEYS)).reset_index(drop=True)
+    steps = pd.concat(step_frames, ignore_index=True)
+    steps = steps.sort_values([*RUN_KEYS, "step", "rank"]).reset_index(drop=True)
+    return Aggregate(runs=runs, steps=steps)
+
+
+def _float(value: object) -> float:
+    return float(value) if value is not None else float("nan")
+
+
+def per_step(steps: pd.DataFrame, timed_only: bool = True) -> pd.DataFrame:
+    """One row per (run, step): the step's balance and throughput, DESIGN.md's definitions
+    applied to one step (the run-level numbers are their means / ratios of sums)."""
+    frame = steps[steps["timed"]] if timed_only else steps
+    util_measured = frame["peak_bytes"] / frame["capacity_bytes"]
+    util_model = frame["peak_bytes_model"] / frame["capacity_bytes"]
+    frame = frame.assign(util_measured=util_measured, util_model=util_model)
+    keys = [*RUN_KEYS, "source", "label", "step"]
+    grouped = frame.groupby(keys, sort=True)
+    out = grouped.agg(
+        compute_max=("compute_s", "max"),
+        compute_min=("compute_s", "min"),
+        compute_mean=("compute_s", "mean"),
+        ranks=("rank", "nunique"),
+        samples=("samples", "sum"),
+        tokens=("tokens", "sum"),
+        step_time_s=("step_time_s", "max"),
+        vram_util_measured=("util_measured", "mean"),
+        vram_util_model=("util_model", "mean"),
+    ).reset_index()
+    cmax = out["compute_max"].replace(0.0, np.nan)
+    out["imbalance"] = (out["compute_max"] - out["compute_min"]) / cmax
+    out["idle"] = (out["compute_max"] - out["compute_mean"]) / cmax
+    step_time = out["step_time_s"].replace(0.0, np.nan)
+    out["samples_per_s"] = out["samples"] / step_time
+    out["tokens_per_s"] = out["tokens"] / step_time
+    return out

@@ -1,0 +1,72 @@
+"""Synthetic run files in the trainer/simulator schema, with effects planted on purpose.
+
+Used by the analysis tests: a policy whose ranks are better balanced (smaller spread of
+per-rank compute) and faster per step by a known factor, or identical to the baseline.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from adaptiveload.metrics import summarize
+
+
+def write_run(
+    root: Path,
+    policy: str,
+    seed: int,
+    *,
+    setup: str = "train",
+    variant: str = "base",
+    speedup: float = 1.0,
+    spread: float = 0.4,
+    steps: int = 40,
+    ranks: int = 4,
+    warmup: int = 2,
+    source: str = "measured",
+    device: str = "cpu",
+    kernel: str = "eager",
+) -> dict:
+    """One run: per-rank compute ~ base * U(1 - spread, 1); step time = max over ranks."""
+    rng = np.random.default_rng(zlib.crc32(f"{policy}|{seed}|{setup}|{variant}".encode()))
+    base = rng.uniform(0.8, 1.2, size=(steps, 1)) / speedup
+    compute = base * rng.uniform(1 - spread, 1.0, size=(steps, ranks))
+    samples = rng.integers(2, 6, size=(steps, ranks))
+    tokens = samples * 256
+    step_time = compute.max(axis=1) + 0.01
+    rows = [
+        dict(step=s, rank=r, compute_s=compute[s, r], wait_s=step_time[s] - compute[s, r],
+             samples=int(samples[s, r]), tokens=int(tokens[s, r]), frames=5, height=64,
+             width=64, peak_bytes=None, peak_bytes_model=1e8 * samples[s, r], loss=0.5,
+             step_time_s=step_time[s])
+        for s in range(steps) for r in range(ranks)
+    ]
+    out = root / setup.replace("/", "_") / variant / policy / f"seed{seed}"
+    out.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(rows).to_parquet(out / "steps.parquet")
+    timed = slice(warmup, steps)
+    metrics = summarize(compute[timed], samples[timed].sum(), tokens[timed].sum(),
+                        step_time[timed].sum())
+    summary = dict(experiment="synthetic", policy=policy, seed=seed, kernel=kernel,
+                   launch_mode="emulated", world_size=ranks, device=device, source=source,
+                   warmup_steps=warmup, capacity_bytes=4e9, **metrics.as_dict())
+    (out / "summary.json").write_text(json.dumps(summary))
+    return dict(setup=setup, variant=variant, summary=str(out / "summary.json"),
+                steps=str(out / "steps.parquet"))
+
+
+def write_experiment(root: Path, planted: bool, seeds=(0, 1, 2)) -> list[dict]:
+    """Baseline vs `adaptiveload`: with `planted`, the policy is 1.3x faster and balanced."""
+    index = []
+    for seed in seeds:
+        index.append(write_run(root, "equal-token", seed))
+        if planted:
+            index.append(write_run(root, "adaptiveload", seed, speedup=1.3, spread=0.1))
+        else:
+            index.append(write_run(root, "adaptiveload", seed))
+    return index
