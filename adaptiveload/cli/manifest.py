@@ -1,1 +1,104 @@
-"""`adaptiveload manifest`: under construction (see the issue that owns this stage)."""
+"""`adaptiveload manifest synth|probe|describe`: make a manifest, or say what is in one."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import warnings
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from adaptiveload.cli.app import app
+
+manifest_app = typer.Typer(
+    help="Manifests: synthesize a named mixture, probe real media, describe buckets and tokens.",
+    no_args_is_help=True,
+)
+app.add_typer(manifest_app, name="manifest")
+Opt, Arg = typer.Option, typer.Argument
+OutFile = Annotated[Path, Opt("-o", "--out", help="output manifest: .csv or .parquet")]
+
+
+@manifest_app.command("synth")
+def synth(
+    mixture: Annotated[str, Opt(help="paper-mixed | opensora2-stage1 | images-only | ...")],
+    n: Annotated[int, Opt("-n", "--num-samples", help="number of rows")],
+    out: OutFile,
+    seed: Annotated[int, Opt(help="generator seed")] = 0,
+) -> None:
+    """Write `n` rows of a named synthetic mixture (deterministic by seed)."""
+    from adaptiveload.data.manifest import check_manifest_suffix, write_manifest
+    from adaptiveload.data.mixtures import synthesize
+
+    check_manifest_suffix(out)
+    frame = synthesize(mixture, n, seed)
+    write_manifest(out, frame)
+    typer.echo(f"{out}: {len(frame)} samples of mixture {mixture} (seed {seed})", err=True)
+
+
+@manifest_app.command("probe")
+def probe(
+    directory: Annotated[Path, Arg(help="folder of videos and images (searched recursively)")],
+    out: OutFile,
+) -> None:
+    """Read frames, size and fps of real files; unreadable ones are skipped, named and counted."""
+    from adaptiveload.data.manifest import check_manifest_suffix, write_manifest
+    from adaptiveload.data.probe import ProbeWarning, probe_directory
+
+    check_manifest_suffix(out)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ProbeWarning)  # reported below, one line each
+        probed = probe_directory(directory)
+    for rel, reason in probed.skipped:
+        typer.echo(f"warning: {directory / rel}: skipped, cannot be read: {reason}", err=True)
+    frame = probed.manifest.copy()
+    # paths are written relative to the manifest, which load_manifest resolves them against
+    rel_to_out = os.path.relpath(directory.resolve(), out.resolve().parent)
+    frame["path"] = (Path(rel_to_out).as_posix() + "/") + frame["path"]
+    write_manifest(out, frame)
+    typer.echo(
+        f"{out}: {len(frame)} samples from {directory}, {probed.num_skipped} skipped", err=True
+    )
+
+
+@manifest_app.command("describe")
+def describe(
+    manifest: Annotated[Path, Arg(help="a .csv or .parquet manifest")],
+    bucketing: Annotated[str, Opt(help="aspect | exact")] = "aspect",
+    grid: Annotated[str, Opt(help="aspect grid: wan | tiny")] = "wan",
+    max_frames: Annotated[int, Opt(help="longest clip kept, in frames (4k+1)")] = 81,
+    as_json: Annotated[bool, Opt("--json", help="print one JSON object")] = False,
+) -> None:
+    """Samples kept and excluded, token statistics and bucket counts under a bucketing."""
+    from adaptiveload.data.bucketing import bucketize
+    from adaptiveload.data.manifest import load_manifest
+
+    bucketed = bucketize(load_manifest(manifest), mode=bucketing, grid=grid, max_frames=max_frames)
+    table = bucketed.bucket_table()
+    summary = {
+        "manifest": str(manifest),
+        "bucketing": bucketing,
+        "grid": bucketed.grid,
+        "max_frames": max_frames,
+        "num_samples": bucketed.num_samples,
+        "num_bucketed": len(bucketed.samples),
+        "num_excluded": bucketed.num_excluded,
+        "tokens": bucketed.token_stats(),
+        "buckets": table.to_dict(orient="records"),
+    }
+    if as_json:
+        json.dump(summary, sys.stdout, default=int)
+        sys.stdout.write("\n")
+        return
+    tok = summary["tokens"]
+    typer.echo(
+        f"{manifest}: {summary['num_samples']} samples, {summary['num_bucketed']} bucketed, "
+        f"{summary['num_excluded']} excluded ({bucketing}, grid {bucketed.grid}, "
+        f"max {max_frames} frames)\n"
+        f"tokens: min {tok['min']}  p50 {tok['p50']:.0f}  mean {tok['mean']:.0f}  "
+        f"p99 {tok['p99']:.0f}  max {tok['max']}"
+    )
+    typer.echo(table.to_string(index=False))

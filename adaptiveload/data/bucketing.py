@@ -1,0 +1,228 @@
+"""Raw (frames, height, width) -> Wan 2.1 bucket shape -> tokens, for a whole manifest at once.
+
+Two modes:
+
+* ``aspect`` (Open-Sora style, ``opensora/datasets/bucket.py``): a grid of resolution tiers,
+  each a handful of aspect-ratio sizes of about equal area, times a ladder of 4k+1 frame
+  counts. A sample takes the largest tier that has a size fitting inside it, within that tier
+  the size whose aspect ratio is nearest its own, and the largest frame count not above its
+  own. "Fitting" means bucket height <= sample height and bucket width <= sample width, so a
+  resize-then-centre-crop never upscales (stricter than Open-Sora's 0.8x-area rule).
+* ``exact``: the sample keeps its own shape, rounded down to 4k+1 frames (capped at
+  ``max_frames``) and to multiples of 16 pixels.
+
+Samples that fit no bucket are dropped and counted in ``Bucketed.num_excluded``, never silently.
+Everything is numpy over whole columns: the grid is small (tens of cells), the rows are many.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from adaptiveload.errors import UserError
+from adaptiveload.tokens import FRAME_STEP, PIXEL_STEP, token_count
+
+MODES = ("aspect", "exact")
+BUCKET_COLUMNS = ("bucket_frames", "bucket_height", "bucket_width", "tokens")
+
+
+@dataclass(frozen=True)
+class Tier:
+    """One target resolution: (height, width) sizes of about equal area, one per aspect ratio."""
+
+    name: str
+    sizes: tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True)
+class Grid:
+    """An aspect-bucket grid: resolution tiers (small to large) x a 4k+1 frame ladder.
+
+    Frame counts are 1 (image), then 1 + ``frame_stride``*k up to min(max_frames, frame_cap);
+    the cap itself (rounded down to 4k+1) is always a rung, so every clip can use its length
+    up to the configured maximum.
+    """
+
+    name: str
+    tiers: tuple[Tier, ...]
+    frame_stride: int = 16
+    frame_cap: int | None = None
+
+    def frames(self, max_frames: int) -> np.ndarray:
+        top = max_frames if self.frame_cap is None else min(max_frames, self.frame_cap)
+        top = round_down_4k1(top)
+        ladder = np.arange(1, top + 1, self.frame_stride, dtype=np.int64)
+        return np.unique(np.append(ladder, top))
+
+    def sizes(self) -> list[tuple[int, int]]:
+        return [s for tier in self.tiers for s in tier.sizes]
+
+
+# Wan 2.1 grid. 480p and 720p tiers are Wan's native sizes (480x832, 720x1280 and their
+# portrait twins) plus 1:1 and ~3:4 sizes of the same area, snapped to 16 px; a 256p tier
+# (Wan's low-resolution pre-training stage; Open-Sora 2.0 stage 1 trains at 256px) keeps
+# small sources instead of dropping them.
+WAN_GRID = Grid(
+    name="wan",
+    tiers=(
+        Tier("256p", ((256, 256), (192, 336), (336, 192), (224, 288), (288, 224))),
+        Tier("480p", ((480, 832), (832, 480), (624, 624), (544, 720), (720, 544))),
+        Tier("720p", ((720, 1280), (1280, 720), (960, 960), (832, 1104), (1104, 832))),
+    ),
+)
+
+
+def _scaled(grid: Grid, name: str, factor: int, frame_cap: int) -> Grid:
+    """The same grid with every side divided by `factor` and snapped down to 16 px."""
+
+    def snap(v: int) -> int:
+        return max(PIXEL_STEP, (v // factor) // PIXEL_STEP * PIXEL_STEP)
+
+    tiers = tuple(
+        Tier(f"{t.name}/{factor}", tuple((snap(h), snap(w)) for h, w in t.sizes))
+        for t in grid.tiers
+    )
+    return Grid(name=name, tiers=tiers, frame_stride=grid.frame_stride, frame_cap=frame_cap)
+
+
+# CPU default: the Wan grid at 1/4 of the side length, clips up to 65 frames, so tokens span
+# 12 (48x64 image) .. 3,740 (65f 176x320) and tiny models train on 2 cores.
+TINY_GRID = _scaled(WAN_GRID, "tiny", factor=4, frame_cap=65)
+
+GRIDS: dict[str, Grid] = {g.name: g for g in (WAN_GRID, TINY_GRID)}
+
+
+@dataclass
+class Bucketed:
+    """Bucketed manifest: kept rows (+ bucket shape and tokens), and how many were dropped."""
+
+    samples: pd.DataFrame
+    num_excluded: int
+    mode: str
+    grid: str
+    max_frames: int
+    excluded_ids: pd.Series = field(repr=False, default_factory=lambda: pd.Series([], dtype=str))
+
+    @property
+    def num_samples(self) -> int:
+        """Rows in the input manifest (kept + excluded)."""
+        return len(self.samples) + self.num_excluded
+
+    def bucket_table(self) -> pd.DataFrame:
+        """One row per bucket shape: frames, height, width, tokens, count (sorted by tokens)."""
+        cols = list(BUCKET_COLUMNS)
+        table = self.samples.groupby(cols, sort=False).size().reset_index(name="count")
+        table = table.rename(
+            columns={"bucket_frames": "frames", "bucket_height": "height", "bucket_width": "width"}
+        )
+        table = table.sort_values(["tokens", "frames", "height", "width"], ignore_index=True)
+        return table[["frames", "height", "width", "tokens", "count"]]
+
+    def token_stats(self) -> dict[str, float]:
+        """min, max, mean, p50, p99 of tokens over kept samples (zeros when none are kept)."""
+        tok = self.samples["tokens"].to_numpy()
+        if tok.size == 0:
+            return {"min": 0, "max": 0, "mean": 0.0, "p50": 0.0, "p99": 0.0}
+        return {
+            "min": int(tok.min()),
+            "max": int(tok.max()),
+            "mean": float(tok.mean()),
+            "p50": float(np.percentile(tok, 50)),
+            "p99": float(np.percentile(tok, 99)),
+        }
+
+
+def round_down_4k1(frames):
+    """Largest 4k+1 not above `frames` (frames >= 1); ints or integer arrays."""
+    return (frames - 1) // FRAME_STEP * FRAME_STEP + 1
+
+
+def get_grid(name: str) -> Grid:
+    try:
+        return GRIDS[name]
+    except KeyError:
+        raise UserError(
+            f"grid '{name}': unknown; expected one of {', '.join(sorted(GRIDS))}"
+        ) from None
+
+
+def bucketize(
+    manifest_df: pd.DataFrame,
+    mode: str = "aspect",
+    grid: str = "wan",
+    max_frames: int = 81,
+) -> Bucketed:
+    """Assign every row of a validated manifest to a bucket shape and its token count.
+
+    `grid` is only used by ``aspect``; ``exact`` rounds each sample's own shape.
+    Row order of the kept samples is the manifest's.
+    """
+    if mode not in MODES:
+        raise UserError(f"bucketing mode '{mode}': unknown; expected one of {', '.join(MODES)}")
+    if (
+        isinstance(max_frames, bool)
+        or not isinstance(max_frames, (int, np.integer))
+        or (max_frames < 1)
+    ):
+        raise UserError(f"max_frames {max_frames!r}: expected an integer >= 1")
+    the_grid = get_grid(grid)
+    frames = manifest_df["num_frames"].to_numpy(dtype=np.int64)
+    height = manifest_df["height"].to_numpy(dtype=np.int64)
+    width = manifest_df["width"].to_numpy(dtype=np.int64)
+
+    if mode == "exact":
+        bf = round_down_4k1(np.minimum(frames, max_frames))
+        bh = height // PIXEL_STEP * PIXEL_STEP
+        bw = width // PIXEL_STEP * PIXEL_STEP
+        keep = (bh > 0) & (bw > 0)
+    else:
+        bf, bh, bw, keep = _aspect(frames, height, width, the_grid, int(max_frames))
+
+    samples = manifest_df.loc[keep].reset_index(drop=True)
+    bf, bh, bw = bf[keep], bh[keep], bw[keep]
+    samples["bucket_frames"] = bf
+    samples["bucket_height"] = bh
+    samples["bucket_width"] = bw
+    samples["tokens"] = token_count(bf, bh, bw).astype(np.int64)
+    excluded = manifest_df.loc[~keep, "sample_id"].reset_index(drop=True)
+    return Bucketed(
+        samples=samples,
+        num_excluded=int((~keep).sum()),
+        mode=mode,
+        grid=the_grid.name if mode == "aspect" else "exact",
+        max_frames=int(max_frames),
+        excluded_ids=excluded,
+    )
+
+
+def _aspect(
+    frames: np.ndarray, height: np.ndarray, width: np.ndarray, grid: Grid, max_frames: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    n = frames.shape[0]
+    bh = np.zeros(n, dtype=np.int64)
+    bw = np.zeros(n, dtype=np.int64)
+    placed = np.zeros(n, dtype=bool)
+    log_ar = np.log(height.astype(np.float64)) - np.log(width.astype(np.float64))
+    # largest tier first; within a tier the fitting size of nearest aspect ratio wins
+    for tier in reversed(grid.tiers):
+        best = np.full(n, np.inf)
+        tier_h = np.zeros(n, dtype=np.int64)
+        tier_w = np.zeros(n, dtype=np.int64)
+        open_rows = ~placed
+        for h, w in tier.sizes:
+            dist = np.abs(log_ar - np.log(h / w))
+            better = open_rows & (height >= h) & (width >= w) & (dist < best)
+            best = np.where(better, dist, best)
+            tier_h[better] = h
+            tier_w[better] = w
+        hit = np.isfinite(best)
+        bh[hit] = tier_h[hit]
+        bw[hit] = tier_w[hit]
+        placed |= hit
+    ladder = grid.frames(max_frames)
+    rung = np.searchsorted(ladder, frames, side="right") - 1  # frames >= 1 so rung >= 0
+    bf = ladder[rung]
+    return bf, bh, bw, placed

@@ -1,0 +1,239 @@
+"""Named synthetic manifests that imitate published data recipes, deterministic by seed.
+
+The paper (arXiv 2605.17923) does not publish its data mix, so no mixture here claims to be
+it. Each mixture imitates a public recipe or statistic, named in its `provenance`, and every
+weight that the source does not give is marked as our assumption. Raw sizes are what sources
+look like (1920x1080, 854x480, 4:5 photos, odd frame counts from duration x fps, letterbox
+crops), not bucket shapes, so bucketing has real work to do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from adaptiveload.data.manifest import COLUMNS, validate_manifest
+from adaptiveload.errors import UserError
+
+# (height, width, weight) source sizes; weights are relative within a list
+HD_LANDSCAPE = ((1080, 1920, 0.50), (720, 1280, 0.30), (2160, 3840, 0.12), (1440, 2560, 0.08))
+HD_PORTRAIT = ((1920, 1080, 0.6), (1280, 720, 0.4))
+SD_VIDEO = (
+    (480, 854, 0.40),
+    (480, 848, 0.15),
+    (540, 960, 0.20),
+    (360, 640, 0.15),
+    (480, 640, 0.10),
+)
+PHOTOS = (
+    (1024, 1024, 0.20),  # square T2I / social
+    (1350, 1080, 0.15),  # 4:5 portrait
+    (1080, 1920, 0.15),
+    (1024, 1536, 0.10),  # 3:2 landscape
+    (1536, 1024, 0.10),
+    (768, 1024, 0.10),  # 4:3 landscape
+    (3000, 4000, 0.10),  # phone camera 4:3
+    (720, 1280, 0.05),
+    (512, 512, 0.05),
+)
+CLIP_FPS = ((23.976, 0.25), (24.0, 0.15), (25.0, 0.15), (29.97, 0.25), (30.0, 0.15), (60.0, 0.05))
+CROP_SHARE = 0.15  # share of sources centre-cropped (letterbox removal, reframing): odd sizes
+
+
+@dataclass(frozen=True)
+class Frames:
+    """How many raw frames a component's samples have.
+
+    ``seconds=(median, sigma)``: log-normal duration times the sample's fps, clipped to
+    ``[lo, hi]`` frames. ``seconds=None`` and ``lo == hi == 1``: images. ``seconds=None``
+    otherwise: uniform integers in ``[lo, hi]``.
+    """
+
+    lo: int = 1
+    hi: int = 1
+    seconds: tuple[float, float] | None = None
+
+    def sample(self, rng: np.random.Generator, fps: np.ndarray) -> np.ndarray:
+        n = fps.shape[0]
+        if self.seconds is not None:
+            median, sigma = self.seconds
+            dur = rng.lognormal(np.log(median), sigma, n)
+            raw = np.rint(dur * fps).astype(np.int64)
+        else:
+            raw = rng.integers(self.lo, self.hi + 1, n)
+        return np.clip(raw, self.lo, self.hi)
+
+    @property
+    def is_image(self) -> bool:
+        return self.hi == 1
+
+
+IMAGE = Frames()
+
+
+@dataclass(frozen=True)
+class Component:
+    weight: float
+    sources: tuple[tuple[int, int, float], ...]
+    frames: Frames
+
+
+@dataclass(frozen=True)
+class Mixture:
+    name: str
+    components: tuple[Component, ...]
+    provenance: str
+    side_divisor: int = 1  # tiny mixtures: every source side // divisor
+
+
+PAPER_MIXED = Mixture(
+    name="paper-mixed",
+    components=(
+        Component(0.35, PHOTOS, IMAGE),
+        Component(0.30, SD_VIDEO, Frames(8, 300, seconds=(2.0, 0.6))),
+        Component(0.15, HD_LANDSCAPE + HD_PORTRAIT, Frames(8, 300, seconds=(1.5, 0.6))),
+        Component(0.13, SD_VIDEO, Frames(48, 3000, seconds=(8.0, 0.6))),
+        Component(0.07, HD_LANDSCAPE, Frames(48, 3000, seconds=(10.0, 0.6))),
+    ),
+    provenance=(
+        "The mix the AdaptiveLoad abstract describes (images + short + long clips at 480p/720p) "
+        "with the long tail of world-model / web-video corpora: most samples are images and "
+        "short clips, few are long high-resolution clips, which dominate compute. Shares "
+        "(35% images, 45% short clips, 20% long clips of which 7 points at 720p+) are our "
+        "assumption; the paper does not publish its mix. Under the Wan grid this covers every "
+        "row of the Wan 2.1 token table (reference notes section 1.9): 1,560..75,600 tokens."
+    ),
+)
+
+# Open-Sora 2.0 stage 1 (configs/diffusion/train/stage1.py): buckets image bs 45, 5-33f bs 12,
+# 37-65f bs 6, 69-97f bs 4, 101-129f bs 3. We give each bucket a sample share proportional
+# to its batch size, i.e. every bucket contributes the same number of micro-batches (the
+# per-bucket sample counts are not published: our assumption).
+_OS2_BS = {(1, 1): 45, (5, 33): 12, (37, 65): 6, (69, 97): 4, (101, 129): 3}
+OPENSORA2_STAGE1 = Mixture(
+    name="opensora2-stage1",
+    components=tuple(
+        Component(
+            bs / sum(_OS2_BS.values()),
+            PHOTOS if lo == 1 else HD_LANDSCAPE + HD_PORTRAIT,
+            IMAGE if lo == 1 else Frames(lo, hi + 3),  # raw lengths overshoot the 4k+1 rungs
+        )
+        for (lo, hi), bs in _OS2_BS.items()
+    ),
+    provenance=(
+        "Open-Sora 2.0 stage-1 bucket table (hpcaitech/Open-Sora configs/diffusion/train/"
+        "stage1.py): images and clips of 5-33, 37-65, 69-97 and 101-129 frames with batch "
+        "sizes 45/12/6/4/3. Sample shares are proportional to those batch sizes (equal "
+        "micro-batch counts per bucket; our assumption). Sources are HD web video; Open-Sora "
+        "resizes them to 256px in stage 1, here the bucket grid decides. Use max_frames=129 "
+        "to keep its longest buckets."
+    ),
+)
+
+IMAGES_ONLY = Mixture(
+    name="images-only",
+    components=(Component(1.0, PHOTOS, IMAGE),),
+    provenance=(
+        "An image pre-training stage (Wan 2.1 starts with image-only pre-training; Open-Sora "
+        "2.0 configs/diffusion/train/image.py): photos and web images at common camera and "
+        "social-media sizes (1:1, 4:5, 3:2, 4:3, 16:9). Size shares are our assumption."
+    ),
+)
+
+
+def _videosys_zipf(alpha: float = 3.0, offset: int = 5) -> tuple[Component, ...]:
+    """Video cells sorted by pixels x frames, sample share ~ (rank + offset)^-alpha."""
+    resolutions = ((360, 640), (480, 854), (720, 1280), (1080, 1920))
+    lengths = ((17, 32), (33, 64), (65, 128), (129, 256))
+    cells = sorted(
+        ((h, w, lo, hi) for h, w in resolutions for lo, hi in lengths),
+        key=lambda c: c[0] * c[1] * c[2],
+    )
+    weights = (np.arange(len(cells)) + offset) ** -alpha
+    weights = weights / weights.sum()
+    return tuple(
+        Component(float(p), ((h, w, 1.0),), Frames(lo, hi))
+        for p, (h, w, lo, hi) in zip(weights, cells, strict=True)
+    )
+
+
+VIDEO_ONLY = Mixture(
+    name="video-only",
+    components=_videosys_zipf(),
+    provenance=(
+        "VideoSys Data-Centric Parallel benchmark data (NUS-HPC-AI-Lab/VideoSys docs/dcp.md): "
+        "synthetic Zipf over buckets sorted by pixels x frames, alpha 3.0, offset 5, here "
+        "without the image share: 4 resolutions (360p..1080p) x 4 length ranges (17..256 "
+        "frames), share of the k-th smallest cell ~ (k + 5)^-3. Our reading of the recipe, "
+        "not VideoSys's exact sampler."
+    ),
+)
+
+TINY_CPU = Mixture(
+    name="tiny-cpu",
+    components=PAPER_MIXED.components,
+    side_divisor=4,
+    provenance=(
+        "paper-mixed with every source side divided by 4 (1920x1080 -> 480x270) and the "
+        "same frame counts; with the tiny grid (Wan grid / 4, clips up to 65 frames) tokens "
+        "span about 12..3,740, so tiny Wan models train on 2 CPU cores."
+    ),
+)
+
+MIXTURES: dict[str, Mixture] = {
+    m.name: m for m in (PAPER_MIXED, OPENSORA2_STAGE1, IMAGES_ONLY, VIDEO_ONLY, TINY_CPU)
+}
+
+
+def synthesize(name: str, n: int, seed: int) -> pd.DataFrame:
+    """`n` manifest rows of mixture `name`; the same (name, n, seed) gives the same frame."""
+    if name not in MIXTURES:
+        raise UserError(f"mixture '{name}': unknown; expected one of {', '.join(MIXTURES)}")
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise UserError(f"number of samples {n!r}: expected an integer >= 1")
+    mix = MIXTURES[name]
+    rng = np.random.default_rng(seed)
+    weights = np.array([c.weight for c in mix.components])
+    which = rng.choice(len(mix.components), size=n, p=weights / weights.sum())
+    frames = np.ones(n, dtype=np.int64)
+    height = np.zeros(n, dtype=np.int64)
+    width = np.zeros(n, dtype=np.int64)
+    fps = np.full(n, np.nan)
+    fps_values = np.array([f for f, _ in CLIP_FPS])
+    fps_p = np.array([p for _, p in CLIP_FPS])
+    for k, comp in enumerate(mix.components):
+        rows = np.flatnonzero(which == k)
+        if rows.size == 0:
+            continue
+        src = np.array([(h, w) for h, w, _ in comp.sources])
+        p = np.array([p for _, _, p in comp.sources])
+        pick = src[rng.choice(len(src), size=rows.size, p=p / p.sum())]
+        height[rows], width[rows] = pick[:, 0], pick[:, 1]
+        if not comp.frames.is_image:
+            fps[rows] = rng.choice(fps_values, size=rows.size, p=fps_p / fps_p.sum())
+        frames[rows] = comp.frames.sample(rng, fps[rows])
+    height, width = _crop(rng, height, width)
+    height //= mix.side_divisor
+    width //= mix.side_divisor
+    ids = pd.Series(np.arange(n)).astype(str).str.zfill(len(str(n - 1)))
+    frame = pd.DataFrame(
+        {
+            "sample_id": f"{name}-s{seed}-" + ids,
+            "num_frames": frames,
+            "height": height,
+            "width": width,
+            "fps": fps,
+        }
+    )
+    return validate_manifest(frame, origin=f"mixture {name}")[list(COLUMNS)]
+
+
+def _crop(rng: np.random.Generator, h: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Centre-crop a share of sources by up to 25% per side, to even sizes (as codecs need)."""
+    n = h.shape[0]
+    cropped = rng.random(n) < CROP_SHARE
+    fh = np.where(cropped, rng.uniform(0.75, 1.0, n), 1.0)
+    fw = np.where(cropped, rng.uniform(0.75, 1.0, n), 1.0)
+    return (h * fh).astype(np.int64) // 2 * 2, (w * fw).astype(np.int64) // 2 * 2
