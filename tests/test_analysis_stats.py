@@ -1,5 +1,7 @@
 """Stats on synthetic runs with a planted effect (must be found) and without (must not be)."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from analysis_synth import write_experiment
@@ -66,8 +68,8 @@ def test_bad_summary_names_the_field(tmp_path):
 
     index = write_experiment(tmp_path, planted=False, seeds=(0,))
     path = index[0]["summary"]
-    data = json.loads(open(path).read())
+    data = json.loads(Path(path).read_text())
     del data["policy"]
-    open(path, "w").write(json.dumps(data))
+    Path(path).write_text(json.dumps(data))
     with pytest.raises(UserError, match="policy"):
         aggregate(parse_index(json.dumps(index)))

@@ -49,7 +49,7 @@ class RunRef:
 
 @dataclass(frozen=True)
 class Aggregate:
-    """`runs`: one row per run (labels + summary metrics); `steps`: one row per (run, step, rank)."""
+    """`runs`: one row per run (labels, summary metrics); `steps`: one per (run, step, rank)."""
 
     runs: pd.DataFrame
     steps: pd.DataFrame

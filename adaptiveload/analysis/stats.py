@@ -81,6 +81,14 @@ def _groups(steps: pd.DataFrame, runs: pd.DataFrame) -> Iterator[tuple[tuple, pd
         yield key, run_group, steps[mask]
 
 
+def _row(head: tuple, metric: str, level: str, test: str, n_b: int, n_p: int,
+         estimate: float, ci: tuple[float, float] = (np.nan, np.nan),
+         statistic: float = np.nan, p: float = np.nan, effect: float = np.nan,
+         effect_name: str = "") -> Row:
+    return Row(*head, metric, level, test, n_b, n_p, float(estimate), float(ci[0]),
+               float(ci[1]), float(statistic), float(p), float(effect), effect_name)
+
+
 def _stratified_resample(
     values: dict[str, np.ndarray], strata: np.ndarray, n_boot: int, rng: np.random.Generator
 ) -> dict[str, np.ndarray]:
@@ -115,13 +123,7 @@ def compare(
             pol_steps = group_steps[group_steps["policy"] == policy]
             pol_runs = run_group[run_group["policy"] == policy]
 
-            def row(metric: str, level: str, test: str, n_b: int, n_p: int, estimate: float,
-                    ci: tuple[float, float] = (np.nan, np.nan), statistic: float = np.nan,
-                    p: float = np.nan, effect: float = np.nan, effect_name: str = "",
-                    policy: str = policy) -> Row:
-                return Row(setup, variant, kernel, policy, baseline, source, metric, level,
-                           test, n_b, n_p, float(estimate), float(ci[0]), float(ci[1]),
-                           float(statistic), float(p), float(effect), effect_name)
+            head = (setup, variant, kernel, policy, baseline, source)
 
             for metric in STEP_METRICS:
                 x = pol_steps[metric].dropna().to_numpy()
@@ -130,12 +132,12 @@ def compare(
                     continue
                 diff = x.mean() - y.mean()
                 mwu = sps.mannwhitneyu(x, y, alternative="two-sided")
-                rows.append(row(metric, "step", "Mann-Whitney U", len(y), len(x), diff,
+                rows.append(_row(head, metric, "step", "Mann-Whitney U", len(y), len(x), diff,
                                 statistic=mwu.statistic, p=mwu.pvalue,
                                 effect=cliffs_delta(x, y), effect_name="Cliff's delta"))
                 welch = sps.ttest_ind(x, y, equal_var=False)
                 ci = welch.confidence_interval(0.95)
-                rows.append(row(metric, "step", "Welch's t", len(y), len(x), diff,
+                rows.append(_row(head, metric, "step", "Welch's t", len(y), len(x), diff,
                                 ci=(ci.low, ci.high), statistic=welch.statistic,
                                 p=welch.pvalue, effect=cohens_d(x, y),
                                 effect_name="Cohen's d"))
@@ -152,21 +154,23 @@ def compare(
                 if sd > 0:
                     tt = sps.ttest_rel(pair[metric], pair[f"{metric}_base"])
                     ci = tt.confidence_interval(0.95)
-                    rows.append(row(metric, "run (paired by seed)", "paired t", n, n,
+                    rows.append(_row(head, metric, "run (paired by seed)", "paired t", n, n,
                                     d.mean(), ci=(ci.low, ci.high), statistic=tt.statistic,
                                     p=tt.pvalue, effect=effect, effect_name="Cohen's d (dz)"))
                 if np.any(d != 0):
                     wil = sps.wilcoxon(d)
-                    rows.append(row(metric, "run (paired by seed)", "Wilcoxon signed-rank",
+                    rows.append(_row(head, metric, "run (paired by seed)", "Wilcoxon signed-rank",
                                     n, n, float(np.median(d)), statistic=wil.statistic,
                                     p=wil.pvalue, effect=effect, effect_name="Cohen's d (dz)"))
 
-            rows.extend(_bootstrap(pol_steps, base_steps, n_boot, seed, row))
+            rows.extend(_bootstrap(pol_steps, base_steps, n_boot, seed, head))
     frame = pd.DataFrame([asdict(r) for r in rows], columns=list(Row.__dataclass_fields__))
     return frame
 
 
-def _bootstrap(pol: pd.DataFrame, base: pd.DataFrame, n_boot: int, seed: int, row) -> list[Row]:
+def _bootstrap(
+    pol: pd.DataFrame, base: pd.DataFrame, n_boot: int, seed: int, head: tuple
+) -> list[Row]:
     """Throughput ratios (sum samples / sum step time) and imbalance-rate difference."""
     if len(pol) < 2 or len(base) < 2:
         return []
@@ -190,13 +194,13 @@ def _bootstrap(pol: pd.DataFrame, base: pd.DataFrame, n_boot: int, seed: int, ro
         lo, hi = np.percentile(ratio, [2.5, 97.5])
         # two-sided bootstrap p-value for "ratio = 1"
         p = min(1.0, 2 * min(np.mean(ratio <= 1.0), np.mean(ratio >= 1.0)))
-        out.append(row(f"{unit}_per_s ratio", "bootstrap", "bootstrap 95% CI", n_b, n_p,
+        out.append(_row(head, f"{unit}_per_s ratio", "bootstrap", "bootstrap 95% CI", n_b, n_p,
                        point, ci=(lo, hi), p=p))
     diff = pb["imbalance"] / n_p - bb["imbalance"] / n_b
     point = pp["imbalance"] / n_p - bp["imbalance"] / n_b
     lo, hi = np.percentile(diff, [2.5, 97.5])
     p = min(1.0, 2 * min(np.mean(diff <= 0.0), np.mean(diff >= 0.0)))
-    out.append(row("imbalance_rate difference", "bootstrap", "bootstrap 95% CI", n_b, n_p,
+    out.append(_row(head, "imbalance_rate difference", "bootstrap", "bootstrap 95% CI", n_b, n_p,
                    point, ci=(lo, hi), p=p))
     return out
 

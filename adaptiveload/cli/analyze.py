@@ -1,1 +1,142 @@
-"""`adaptiveload analyze`: under construction (see the issue that owns this stage)."""
+"""`adaptiveload analyze`: aggregate runs, test, tabulate, draw and record an experiment.
+
+Each subcommand is one pipeline rule; all read the tidy tables written by `aggregate`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from adaptiveload.cli.app import app
+from adaptiveload.errors import UserError
+
+analyze = typer.Typer(no_args_is_help=True, help="Statistics, tables, figures of an experiment.")
+app.add_typer(analyze, name="analyze")
+Opt = typer.Option
+
+
+def _read(path: Path):
+    import pandas as pd
+
+    if not path.exists():
+        raise UserError(f"{path}: not found; run `adaptiveload analyze aggregate` first")
+    return pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
+
+
+def _skip_reason(status: Path | None) -> str | None:
+    if status is None or not status.exists():
+        return None
+    data = json.loads(status.read_text())
+    return data.get("reason") or data.get("skipped")
+
+
+@analyze.command("aggregate")
+def aggregate_cmd(
+    index: Annotated[str, Opt(help="JSON list of {setup, variant, summary, steps} or a file")],
+    runs_out: Annotated[Path, Opt(help="one row per run (Parquet)")],
+    steps_out: Annotated[Path, Opt(help="one row per (run, step, rank) (Parquet)")],
+) -> None:
+    """Collect per-step tables and run summaries into one tidy pair of tables."""
+    from adaptiveload.analysis.aggregate import aggregate, parse_index
+    from adaptiveload.io import write_parquet
+
+    agg = aggregate(parse_index(index))
+    write_parquet(runs_out, agg.runs)
+    write_parquet(steps_out, agg.steps)
+    typer.echo(f"{len(agg.runs)} runs, {len(agg.steps)} rank-steps -> {runs_out}, {steps_out}")
+
+
+@analyze.command("stats")
+def stats_cmd(
+    runs: Annotated[Path, Opt()],
+    steps: Annotated[Path, Opt()],
+    csv: Annotated[Path, Opt(help="all tests, one row each")],
+    md: Annotated[Path, Opt(help="the same, readable")],
+    baseline: Annotated[str, Opt()] = "equal-token",
+    n_boot: Annotated[int, Opt(min=100, help="bootstrap resamples")] = 2000,
+    seed: Annotated[int, Opt(help="bootstrap seed")] = 0,
+) -> None:
+    """Baseline vs each policy: Mann-Whitney U, Welch's t, paired tests, bootstrap CIs."""
+    from adaptiveload.analysis.stats import compare, to_markdown
+    from adaptiveload.io import write_text
+
+    table = compare(_read(runs), _read(steps), baseline=baseline, n_boot=n_boot, seed=seed)
+    write_text(csv, table.to_csv(index=False))
+    write_text(md, to_markdown(table))
+    typer.echo(f"{len(table)} tests -> {csv}, {md}")
+
+
+@analyze.command("tables")
+def tables_cmd(
+    runs: Annotated[Path, Opt()],
+    steps: Annotated[Path, Opt()],
+    stats: Annotated[Path, Opt()],
+    out_dir: Annotated[Path, Opt(help="writes paper_table.* and kernel_table.* here")],
+    kernel_bench: Annotated[Path | None, Opt(help="kernel benchmark CSV")] = None,
+    kernel_status: Annotated[Path | None, Opt(help="kernel bench status JSON")] = None,
+    baseline: Annotated[str, Opt()] = "equal-token",
+) -> None:
+    """The paper table (md, csv, html) and the kernel table."""
+    from adaptiveload.analysis.tables import PAPER_NOTE, kernel_table, paper_table
+
+    table = paper_table(_read(runs), _read(steps), _read(stats), baseline=baseline)
+    table.write(out_dir / "paper_table", "AdaptiveLoad vs equal-token", PAPER_NOTE)
+    reason = _skip_reason(kernel_status)
+    bench = kernel_bench if kernel_bench is not None and kernel_bench.exists() else None
+    kernel_table(bench, reason).write(
+        out_dir / "kernel_table", "Fused LayerNorm-Modulate kernel",
+        "Times and achieved bandwidth per implementation (measured)."
+        if bench else "Not measured in this run.")
+    typer.echo(f"tables -> {out_dir}")
+
+
+@analyze.command("figures")
+def figures_cmd(
+    runs: Annotated[Path, Opt()],
+    steps: Annotated[Path, Opt()],
+    stats: Annotated[Path, Opt()],
+    out_dir: Annotated[Path, Opt()],
+    figure: Annotated[list[str], Opt(help="figure names to draw (repeatable)")],
+    describe: Annotated[Path | None, Opt(help="`manifest describe --json` out")] = None,
+    calibration: Annotated[Path | None, Opt(help="calibration JSON")] = None,
+    kernel_bench: Annotated[Path | None, Opt()] = None,
+    kernel_status: Annotated[Path | None, Opt()] = None,
+) -> None:
+    """Draw the named figures as PNGs (names: see adaptiveload.analysis.figures.FIGURES)."""
+    from tqdm import tqdm
+
+    from adaptiveload.analysis.figures import FIGURES, FigureInputs, load_json, render
+
+    unknown = sorted(set(figure) - set(FIGURES))
+    if unknown:
+        raise UserError(f"--figure: unknown {', '.join(unknown)}; known: {', '.join(FIGURES)}")
+    inputs = FigureInputs(
+        runs=_read(runs), steps=_read(steps), stats=_read(stats),
+        describe=load_json(describe), calibration=load_json(calibration),
+        kernel_csv=kernel_bench, kernel_skip=_skip_reason(kernel_status),
+    )
+    for name in tqdm(figure, desc="figures", unit="fig"):
+        render(name, inputs, out_dir / f"{name}.png")
+    typer.echo(f"{len(figure)} figures -> {out_dir}")
+
+
+@analyze.command("record")
+def record_cmd(
+    experiment: Annotated[str, Opt(help="MLflow experiment (the experiment's name)")],
+    paper_table: Annotated[Path, Opt(help="paper_table.csv")],
+    stats: Annotated[Path, Opt(help="stats.csv")],
+    out: Annotated[Path, Opt("--out", "-o", help="JSON naming the analysis run")],
+    artifact: Annotated[list[Path] | None, Opt(help="file to attach (repeatable)")] = None,
+) -> None:
+    """Log the analysis to MLflow as the experiment's "analysis" run."""
+    from adaptiveload.analysis.record import log_analysis
+    from adaptiveload.io import write_json
+    from adaptiveload.tracking.store import tracking_uri
+
+    run_id = log_analysis(experiment, _read(paper_table), _read(stats), artifact or [])
+    write_json(out, {"experiment": experiment, "run_id": run_id, "tracking_uri": tracking_uri()})
+    typer.echo(f"analysis run {run_id} in {tracking_uri()}")

@@ -1,0 +1,341 @@
+"""The figures: one message each, titled, units on axes, every panel labelled `measured (device)`
+or `model (device)`. Seaborn on the Agg backend (no display needed).
+
+Each figure is a function of `FigureInputs` registered in `FIGURES`; a figure whose data do not
+exist in this experiment (no CUDA for the kernel benchmark, no measured calibration points)
+is still written, saying what is missing and why, so the pipeline's outputs are fixed.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import seaborn as sns
+
+from adaptiveload.analysis.aggregate import per_step
+
+POLICY_ORDER = ["equal-token", "adaptiveload", "adaptiveload-balanced"]
+PALETTE = dict(zip(POLICY_ORDER, sns.color_palette("colorblind", 3), strict=True))
+
+
+@dataclass
+class FigureInputs:
+    runs: pd.DataFrame
+    steps: pd.DataFrame
+    stats: pd.DataFrame
+    describe: dict | None = None
+    calibration: dict | None = None
+    kernel_csv: Path | None = None
+    kernel_skip: str | None = None
+
+    def __post_init__(self) -> None:
+        self.step_table = per_step(self.steps)
+
+
+def _order(policies) -> list[str]:
+    present = list(dict.fromkeys(policies))
+    return [p for p in POLICY_ORDER if p in present] + [p for p in present
+                                                         if p not in POLICY_ORDER]
+
+
+def _placeholder(title: str, why: str) -> plt.Figure:
+    fig, ax = plt.subplots(figsize=(7, 2.5))
+    ax.axis("off")
+    ax.set_title(title)
+    ax.text(0.5, 0.5, f"not available in this run:\n{why}", ha="center", va="center", wrap=True)
+    return fig
+
+
+def _base(frame: pd.DataFrame) -> pd.DataFrame:
+    return frame[frame["variant"] == "base"]
+
+
+def _setups(frame: pd.DataFrame) -> list[str]:
+    return sorted(set(frame["setup"]), key=lambda s: (not s.startswith("train"), s))
+
+
+def _label(frame: pd.DataFrame) -> str:
+    return ", ".join(sorted(set(frame["label"])))
+
+
+def mixture_tokens(inp: FigureInputs) -> plt.Figure:
+    """Sequence-length distribution of the bucketed mixture, bucket token counts marked."""
+    if not inp.describe or not inp.describe.get("buckets"):
+        return _placeholder("Sequence lengths of the mixture", "no manifest description")
+    buckets = pd.DataFrame(inp.describe["buckets"])
+    fig, ax = plt.subplots(figsize=(8, 4))
+    bins = np.geomspace(max(1, buckets["tokens"].min() / 1.5), buckets["tokens"].max() * 1.5, 40)
+    ax.hist(buckets["tokens"], bins=bins, weights=buckets["count"], color="0.35")
+    for tokens in sorted(set(buckets["tokens"])):
+        ax.axvline(tokens, color="tab:orange", lw=0.6, alpha=0.6)
+    ax.set_xscale("log")
+    ax.set_xlabel("sequence length S (tokens per sample, log scale)")
+    ax.set_ylabel("samples")
+    n, excl = inp.describe.get("num_samples"), inp.describe.get("num_excluded", 0)
+    ax.set_title(f"Mixture: S spans {buckets['tokens'].min():,}–{buckets['tokens'].max():,} "
+                 f"tokens ({n} samples, {excl} excluded); orange = bucket sizes")
+    return fig
+
+
+def compute_heatmap(inp: FigureInputs) -> plt.Figure:
+    """Per-rank compute per step (first seed, base variant), one panel per policy."""
+    steps = _base(inp.steps)
+    setup = _setups(steps)[0]
+    steps = steps[steps["setup"] == setup]
+    kernel = sorted(set(steps["kernel"]))[0]
+    steps = steps[(steps["kernel"] == kernel) & (steps["seed"] == steps["seed"].min())]
+    policies = _order(steps["policy"])
+    vmax = steps["compute_s"].max()
+    fig, axes = plt.subplots(len(policies), 1, figsize=(10, 1.2 + 1.1 * len(policies)),
+                             sharex=True, squeeze=False)
+    for ax, policy in zip(axes[:, 0], policies, strict=True):
+        sel = steps[steps["policy"] == policy]
+        grid = sel.pivot(index="rank", columns="step", values="compute_s")
+        mesh = ax.imshow(grid.to_numpy(), aspect="auto", cmap="viridis", vmin=0, vmax=vmax,
+                         interpolation="nearest")
+        imb = per_step(sel)["imbalance"].mean()
+        ax.set_ylabel("rank")
+        ax.set_title(f"{policy}: mean imbalance {100 * imb:.1f}%", fontsize=9, loc="left")
+    axes[-1, 0].set_xlabel("step")
+    fig.colorbar(mesh, ax=axes[:, 0].tolist(), label="compute time per rank (s)")
+    fig.suptitle(f"Per-rank compute per step, {setup}, seed {steps['seed'].min()} "
+                 f"[{_label(steps)}]: dark cells = ranks left idle")
+    return fig
+
+
+def imbalance_distribution(inp: FigureInputs) -> plt.Figure:
+    """Per-step imbalance rate by policy, one panel per setup."""
+    table = _base(inp.step_table)
+    setups = _setups(table)
+    fig, axes = plt.subplots(1, len(setups), figsize=(4.5 * len(setups), 4), squeeze=False)
+    for ax, setup in zip(axes[0], setups, strict=True):
+        sel = table[table["setup"] == setup]
+        order = _order(sel["policy"])
+        sns.boxplot(data=sel, x="policy", y="imbalance", order=order, hue="policy",
+                    palette=PALETTE, ax=ax, showfliers=False, legend=False)
+        ax.set_ylabel("per-step imbalance rate (max−min)/max")
+        ax.set_xlabel("")
+        ax.tick_params(axis="x", rotation=20)
+        ax.set_title(f"{setup}\n[{_label(sel)}]", fontsize=9)
+    fig.suptitle("Imbalance rate per step: lower = ranks finish together")
+    fig.tight_layout()
+    return fig
+
+
+def throughput(inp: FigureInputs) -> plt.Figure:
+    """Throughput change vs the baseline with bootstrap 95% CIs, per setup and kernel."""
+    stats = inp.stats
+    sel = stats[(stats["metric"] == "samples_per_s ratio") & (stats["variant"] == "base")]
+    if sel.empty:
+        return _placeholder("Throughput vs baseline", "no baseline comparison")
+    sel = sel.assign(group=sel["setup"] + " / " + sel["kernel"],
+                     change=100 * (sel["estimate"] - 1),
+                     lo=100 * (sel["estimate"] - sel["ci_low"]),
+                     hi=100 * (sel["ci_high"] - sel["estimate"]))
+    groups = sorted(set(sel["group"]))
+    policies = _order(sel["policy"])
+    fig, ax = plt.subplots(figsize=(1.5 + 2.2 * len(groups), 4))
+    width = 0.8 / len(policies)
+    for i, policy in enumerate(policies):
+        part = sel[sel["policy"] == policy].set_index("group").reindex(groups)
+        x = np.arange(len(groups)) + i * width
+        ax.bar(x, part["change"], width, color=PALETTE.get(policy), label=policy,
+               yerr=[part["lo"], part["hi"]], capsize=3)
+    ax.axhline(0, color="k", lw=0.8)
+    ax.set_xticks(np.arange(len(groups)) + width * (len(policies) - 1) / 2)
+    ax.set_xticklabels([f"{g}\n[{_label(inp.runs[inp.runs['setup'] == g.split(' / ')[0]])}]"
+                        for g in groups], fontsize=8)
+    ax.set_ylabel("samples/s change vs equal-token (%)")
+    ax.legend(title="policy")
+    ax.set_title("Training throughput vs the equal-token baseline (bootstrap 95% CI)")
+    fig.tight_layout()
+    return fig
+
+
+def vram_utilization(inp: FigureInputs) -> plt.Figure:
+    """Per-step mean VRAM utilization by policy: measured where it exists, else the model's."""
+    table = _base(inp.step_table).copy()
+    measured = table["vram_util_measured"].notna()
+    table["vram"] = np.where(measured, table["vram_util_measured"], table["vram_util_model"])
+    table["vram_source"] = np.where(measured, "measured", "model estimate")
+    table = table[table["vram"].notna()]
+    if table.empty:
+        return _placeholder("VRAM utilization", "neither measured peaks nor a capacity to "
+                            "compare the model's estimate with")
+    setups = _setups(table)
+    fig, axes = plt.subplots(1, len(setups), figsize=(4.5 * len(setups), 4), squeeze=False)
+    for ax, setup in zip(axes[0], setups, strict=True):
+        sel = table[table["setup"] == setup]
+        order = _order(sel["policy"])
+        sns.boxplot(data=sel, x="policy", y=100 * sel["vram"], order=order, hue="policy",
+                    palette=PALETTE, ax=ax, showfliers=False, legend=False)
+        ax.set_ylabel("peak memory / device capacity (%)")
+        ax.set_xlabel("")
+        ax.tick_params(axis="x", rotation=20)
+        src = ", ".join(sorted(set(sel["vram_source"])))
+        ax.set_title(f"{setup}\n[{src}; {_label(sel)}]", fontsize=9)
+    fig.suptitle("VRAM utilization per step: higher = memory budget used, not wasted")
+    fig.tight_layout()
+    return fig
+
+
+def calibration_fit(inp: FigureInputs) -> plt.Figure:
+    """Measured step times against the fitted cost model, with R²."""
+    cal = inp.calibration or {}
+    points = pd.DataFrame(cal.get("points") or cal.get("measurements") or [])
+    needed = {"batch", "tokens", "time_s"}
+    if points.empty or not needed <= set(points.columns):
+        return _placeholder("Calibration fit", "the calibration has no measured points "
+                            f"({cal.get('source', 'no calibration')})")
+    cost = cal["cost"]
+    s = points["tokens"].to_numpy(float)
+    pred = cost["c0"] + points["batch"] * (cost["a"] * s + cost["b"] * s * s)
+    resid = points["time_s"] - pred
+    r2 = 1 - (resid**2).sum() / ((points["time_s"] - points["time_s"].mean()) ** 2).sum()
+    fig, ax = plt.subplots(figsize=(6, 5))
+    sns.scatterplot(x=pred, y=points["time_s"], hue=points["batch"].astype(str),
+                    size=points["tokens"], ax=ax)
+    lim = [min(pred.min(), points["time_s"].min()) * 0.8,
+           max(pred.max(), points["time_s"].max()) * 1.2]
+    ax.plot(lim, lim, "k--", lw=0.8, label="y = x")
+    ax.set(xscale="log", yscale="log", xlim=lim, ylim=lim,
+           xlabel="fitted t(B,S) = c0 + B(aS + bS²) (s)", ylabel="measured step time (s)")
+    ax.legend(title="B / S", fontsize=7)
+    ax.set_title(f"Calibration of {cal.get('model')} on {cal.get('device')}: R² = {r2:.4f}, "
+                 f"p = {cal.get('p', float('nan')):.2f} [{cal.get('source')}]", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def _sweep_figure(inp: FigureInputs, axis: str, xlabel: str, logx: bool = False) -> plt.Figure:
+    runs = inp.runs[inp.runs["sweep_axis"] == axis]
+    title = f"Sweep over {xlabel}"
+    if runs.empty:
+        return _placeholder(title, f"this experiment has no `{axis}` sweep")
+    numeric = axis != "mixture"
+    runs = runs.assign(x=runs["sweep_value"].astype(float) if numeric else runs["sweep_value"])
+    ratio = inp.stats[(inp.stats["metric"] == "samples_per_s ratio")
+                      & (inp.stats["variant"].str.startswith(f"{axis}="))]
+    ratio = ratio.assign(x=ratio["variant"].str.split("=").str[1])
+    if numeric:
+        ratio = ratio.assign(x=ratio["x"].astype(float))
+    setups = _setups(runs)
+    fig, axes = plt.subplots(2, len(setups), figsize=(5 * len(setups), 7), squeeze=False,
+                             sharex="col")
+    for col, setup in enumerate(setups):
+        sel = runs[runs["setup"] == setup]
+        ax = axes[0, col]
+        sns.lineplot(data=sel, x="x", y=100 * sel["imbalance_rate"], hue="policy",
+                     hue_order=_order(sel["policy"]), palette=PALETTE, marker="o", ax=ax,
+                     errorbar=("pi", 100) if sel["seed"].nunique() > 1 else None)
+        ax.set_ylabel("imbalance rate (%)")
+        ax.set_title(f"{setup} [{_label(sel)}]", fontsize=9)
+        ax = axes[1, col]
+        rsel = ratio[ratio["setup"] == setup]
+        for policy in _order(rsel["policy"]):
+            part = rsel[rsel["policy"] == policy].sort_values("x")
+            ax.errorbar(part["x"], 100 * (part["estimate"] - 1),
+                        yerr=[100 * (part["estimate"] - part["ci_low"]),
+                              100 * (part["ci_high"] - part["estimate"])],
+                        marker="o", capsize=3, color=PALETTE.get(policy), label=policy)
+        ax.axhline(0, color="k", lw=0.8)
+        ax.set_ylabel("samples/s vs equal-token (%)")
+        ax.set_xlabel(xlabel)
+        if logx:
+            ax.set_xscale("log", base=2)
+        if not numeric:
+            ax.tick_params(axis="x", rotation=20)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"{title}: imbalance (top, band = range over seeds) and throughput change "
+                 "with bootstrap 95% CI (bottom)")
+    fig.tight_layout()
+    return fig
+
+
+def p_sweep(inp: FigureInputs) -> plt.Figure:
+    return _sweep_figure(inp, "p", "exponent p of the compute budget B·S^p ≤ M_comp")
+
+
+def m_comp_sweep(inp: FigureInputs) -> plt.Figure:
+    return _sweep_figure(inp, "m_comp", "M_comp as a multiple of the calibrated budget",
+                         logx=True)
+
+
+def world_size_scaling(inp: FigureInputs) -> plt.Figure:
+    return _sweep_figure(inp, "world_size", "world size N (ranks, log scale)", logx=True)
+
+
+def mixture_sweep(inp: FigureInputs) -> plt.Figure:
+    return _sweep_figure(inp, "mixture", "data mixture")
+
+
+def kernel_bandwidth(inp: FigureInputs) -> plt.Figure:
+    """Achieved bandwidth of each LN-modulate implementation against the copy ceiling."""
+    title = "Fused LayerNorm-Modulate: achieved bandwidth vs copy ceiling"
+    if inp.kernel_csv is None or not inp.kernel_csv.exists():
+        return _placeholder(title, inp.kernel_skip or "no kernel benchmark ran")
+    bench = pd.read_csv(inp.kernel_csv)
+    needed = {"impl", "tokens", "dim", "pass", "gbps"}
+    if not needed <= set(bench.columns):
+        return _placeholder(title, f"benchmark CSV lacks columns {sorted(needed)}")
+    dims = sorted(set(bench["dim"]))
+    passes = [p for p in ("fwd", "bwd", "fwd+bwd") if p in set(bench["pass"])]
+    fig, axes = plt.subplots(len(dims), len(passes), figsize=(4.5 * len(passes), 3.5 * len(dims)),
+                             squeeze=False, sharey=True)
+    device = bench["device"].iloc[0] if "device" in bench.columns else "unknown device"
+    for i, dim in enumerate(dims):
+        for j, pss in enumerate(passes):
+            ax = axes[i, j]
+            sel = bench[(bench["dim"] == dim) & (bench["pass"] == pss)]
+            impls = sel[sel["impl"] != "copy"]
+            sns.lineplot(data=impls, x="tokens", y="gbps", hue="impl", marker="o", ax=ax)
+            copy = sel[sel["impl"] == "copy"]
+            if not copy.empty:
+                ax.axhline(copy["gbps"].max(), color="k", ls="--", lw=0.8, label="copy ceiling")
+            ax.set(xscale="log", xlabel="tokens S", ylabel="achieved GB/s",
+                   title=f"D={dim}, {pss}")
+            ax.legend(fontsize=7)
+    fig.suptitle(f"{title} [measured ({device})]")
+    fig.tight_layout()
+    return fig
+
+
+FIGURES: dict[str, Callable[[FigureInputs], plt.Figure]] = {
+    "mixture_tokens": mixture_tokens,
+    "compute_heatmap": compute_heatmap,
+    "imbalance_distribution": imbalance_distribution,
+    "throughput": throughput,
+    "vram_utilization": vram_utilization,
+    "calibration_fit": calibration_fit,
+    "p_sweep": p_sweep,
+    "m_comp_sweep": m_comp_sweep,
+    "world_size_scaling": world_size_scaling,
+    "mixture_sweep": mixture_sweep,
+    "kernel_bandwidth": kernel_bandwidth,
+}
+
+
+def render(name: str, inputs: FigureInputs, path: Path) -> Path:
+    """Draw figure `name` and save it as PNG (atomically)."""
+    from adaptiveload.io import atomic_path
+
+    sns.set_theme(style="whitegrid", context="notebook")
+    fig = FIGURES[name](inputs)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=120, bbox_inches="tight", format="png")
+    plt.close(fig)
+    return path
+
+
+def load_json(path: Path | None) -> dict | None:
+    return json.loads(path.read_text()) if path is not None and path.exists() else None
