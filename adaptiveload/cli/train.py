@@ -1,1 +1,96 @@
-"""`adaptiveload train`: under construction (see the issue that owns this stage)."""
+"""`adaptiveload train | sync | tracking init`: measured training runs and their tracking."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from adaptiveload.cli.app import app
+
+tracking_app = typer.Typer(help="The MLflow tracking store.", no_args_is_help=True)
+app.add_typer(tracking_app, name="tracking")
+
+_POLICIES = "equal-token | adaptiveload | adaptiveload-balanced"
+
+
+@app.command("train")
+def train(
+    config: Annotated[Path, typer.Option("--config", help="experiment YAML")],
+    policy: Annotated[str, typer.Option("--policy", help=_POLICIES)],
+    seed: Annotated[int, typer.Option("--seed")],
+    steps: Annotated[int | None, typer.Option("--steps", help="override train.steps")] = None,
+    emulate_world_size: Annotated[
+        int | None,
+        typer.Option("--emulate-world-size", help="run N ranks in turn on one device"),
+    ] = None,
+    kernel: Annotated[str | None, typer.Option("--kernel", help="eager | fused")] = None,
+    calibration: Annotated[
+        Path | None, typer.Option("--calibration", help="calibration JSON")
+    ] = None,
+    manifest: Annotated[
+        Path | None, typer.Option("--manifest", help="manifest instead of the mixture")
+    ] = None,
+    out: Annotated[
+        Path | None, typer.Option("--out", help="run dir (default results/runs/<exp>/<run>)")
+    ] = None,
+    device: Annotated[str | None, typer.Option("--device", help="cpu | cuda")] = None,
+    no_track: Annotated[bool, typer.Option("--no-track", help="no MLflow run")] = False,
+    init_store_only: Annotated[
+        bool, typer.Option("--init-store-only", help="create the tracking store and exit")
+    ] = False,
+) -> None:
+    """Train Wan 2.1 on a policy's plan, measuring every rank's step; resumes if interrupted.
+
+    Under `torchrun --nproc-per-node N -m adaptiveload train ...` each process is one rank
+    (DDP; gloo on CPU, NCCL on CUDA); otherwise one process emulates the ranks in turn.
+    """
+    from adaptiveload.tracking.store import configure_environment, init_store
+
+    configure_environment()
+    if init_store_only:
+        typer.echo(f"tracking store ready: {init_store()}", err=True)
+        return
+    from adaptiveload.tracking.session import Request
+    from adaptiveload.tracking.session import train as run
+
+    summary = run(
+        Request(
+            config=config, policy=policy, seed=seed, steps=steps,
+            emulate_world_size=emulate_world_size, kernel=kernel, calibration=calibration,
+            manifest=manifest, out=out, device=device, track=not no_track,
+        )
+    )  # fmt: skip
+    if summary:
+        keys = ("policy", "seed", "launch_mode", "imbalance_rate", "samples_per_s", "tokens_per_s")
+        typer.echo(json.dumps({k: summary[k] for k in keys}))
+
+
+@app.command("sync")
+def sync(
+    spool: Annotated[Path, typer.Argument(help="a run's tracking.spool.jsonl")],
+    tracking_uri: Annotated[
+        str | None, typer.Option("--tracking-uri", help="upload here instead")
+    ] = None,
+) -> None:
+    """Upload metrics a run spooled while its tracking store was unreachable (idempotent)."""
+    from adaptiveload.tracking.run import sync as upload
+    from adaptiveload.tracking.store import configure_environment
+
+    configure_environment()
+    n = upload(spool, tracking_uri)
+    typer.echo(f"{spool}: {n} record(s) uploaded", err=True)
+
+
+@tracking_app.command("init")
+def init(
+    uri: Annotated[
+        str | None, typer.Option("--uri", help="default: $MLFLOW_TRACKING_URI or sqlite file")
+    ] = None,
+) -> None:
+    """Create the tracking store once, before parallel jobs log to it."""
+    from adaptiveload.tracking.store import init_store
+
+    typer.echo(f"tracking store ready: {init_store(uri)}", err=True)

@@ -1,0 +1,1 @@
+"""MLflow tracking of training runs: store set-up, batched logging, a local spool for outages."""

@@ -1,0 +1,237 @@
+"""One MLflow run of one training run, robust to the store going away mid-run.
+
+Records go to the store through `MlflowClient.log_batch` (one call per step, <= 1000 metrics
+each). When a call fails the tracker switches to spooling: records are appended to a local JSONL
+file (see `spool.py`) with one warning, and every later record retries the upload of the whole
+backlog, in order, at most every `retry_s` seconds. `adaptiveload sync SPOOL` uploads what is
+left after the run. No step is ever logged twice: before uploading after a failure, or when a
+run is resumed, the tracker asks the store for the last step it holds and skips up to it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import warnings
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from adaptiveload.tracking.spool import Spool
+from adaptiveload.tracking.store import _client
+
+log = logging.getLogger(__name__)
+
+MAX_METRICS_PER_CALL = 1000  # MLflow's log_batch limit
+MAX_PARAMS_PER_CALL = 100
+STEP_KEY = "loss"  # logged at every step: its history says which steps the store holds
+
+
+def _chunks(items: list[Any], size: int) -> Iterable[list[Any]]:
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
+
+
+def _flatten(prefix: str, value: Any) -> Iterable[tuple[str, str]]:
+    if isinstance(value, Mapping):
+        for key, sub in value.items():
+            yield from _flatten(f"{prefix}.{key}" if prefix else str(key), sub)
+    else:
+        yield prefix, str(value)[:6000]
+
+
+class RunTracker:
+    """Logs one run's steps, summary, artifacts and status; spools them while the store is down."""
+
+    def __init__(self, uri: str, run_id: str, spool_path: Path, retry_s: float = 5.0):
+        from mlflow.entities import Metric
+
+        self._metric_cls = Metric
+        self.uri = uri
+        self.run_id = run_id
+        self.client = _client(uri)
+        self.retry_s = retry_s
+        self._last_failure: float | None = None
+        self._system = None
+        path = Path(spool_path)
+        self.spool = Spool.load(path) if path.exists() else Spool(path, run_id, uri)
+        if self.spool.run_id != run_id:
+            raise RuntimeError(f"{path}: spool belongs to run {self.spool.run_id}, not {run_id}")
+        self.logged_through = self._store_last_step()
+
+    # -- creation ---------------------------------------------------------------------------
+    @classmethod
+    def start(
+        cls,
+        uri: str,
+        experiment: str,
+        run_name: str,
+        params: Mapping[str, Any],
+        tags: Mapping[str, str],
+        spool_path: Path,
+        run_id: str | None = None,
+    ) -> RunTracker:
+        """Create the run (or reopen `run_id` when resuming); the store must be reachable."""
+        client = _client(uri)
+        if run_id is None:
+            exp = client.get_experiment_by_name(experiment)
+            if exp is None:
+                exp_id = client.create_experiment(experiment, artifact_location=_artifacts(uri))
+            else:
+                exp_id = exp.experiment_id
+            run_id = client.create_run(exp_id, run_name=run_name, tags=dict(tags)).info.run_id
+            from mlflow.entities import Param
+
+            flat = [Param(k, v) for k, v in _flatten("", params)]
+            for chunk in _chunks(flat, MAX_PARAMS_PER_CALL):
+                client.log_batch(run_id, params=chunk, synchronous=True)
+        else:
+            client.update_run(run_id, status="RUNNING")
+        return cls(uri, run_id, spool_path)
+
+    def start_system_metrics(self, sampling_interval: float = 5.0) -> None:
+        """MLflow's CPU/GPU/memory monitor (needs psutil; pynvml for GPUs), resumed in place."""
+        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+        self._system = SystemMetricsMonitor(
+            self.run_id,
+            sampling_interval=sampling_interval,
+            resume_logging=True,
+            tracking_uri=self.uri,
+        )
+        self._system.start()
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps to continue this run after a restart."""
+        return {"run_id": self.run_id, "uri": self.uri, "logged_through": self.logged_through}
+
+    # -- what the store already holds --------------------------------------------------------
+    def _store_last_step(self) -> int:
+        """Highest step of `STEP_KEY` in the store (-1 if none); raises if unreachable."""
+        history = self.client.get_metric_history(self.run_id, STEP_KEY)
+        return max((m.step for m in history), default=-1)
+
+    # -- records -------------------------------------------------------------------------------
+    def log_step(self, step: int, metrics: Mapping[str, float]) -> None:
+        """Per-step metrics under stable keys; must include STEP_KEY."""
+        if step <= self.logged_through and not self.spool.records:
+            return  # resumed run recomputing a step the store already holds
+        self._record({"kind": "step", "step": step, "ts": _now_ms(), "metrics": dict(metrics)})
+
+    def log_summary(self, metrics: Mapping[str, float]) -> None:
+        self._record({"kind": "summary", "ts": _now_ms(), "metrics": dict(metrics)})
+
+    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
+        record = {"kind": "artifact", "path": str(Path(path).resolve())}
+        self._record(record | {"artifact_path": artifact_path})
+
+    def finish(self, status: str = "FINISHED") -> bool:
+        """Stop system metrics, try a last upload. True if nothing is left in the spool."""
+        if self._system is not None:
+            self._system.finish()
+            self._system = None
+        self._record({"kind": "status", "status": status}, force=True)
+        if self.spool.records:
+            warnings.warn(
+                f"MLflow store {self.uri} unreachable at the end of the run: "
+                f"{len(self.spool.records)} record(s) kept in {self.spool.path}; upload them "
+                f"with `adaptiveload sync {self.spool.path}`",
+                stacklevel=2,
+            )
+        return not self.spool.records
+
+    def _record(self, record: dict[str, Any], force: bool = False) -> None:
+        if self.spool.records:
+            self.spool.append(record)
+            self.flush(force=force)
+            return
+        try:
+            self._upload(record)
+        except Exception as exc:
+            self._went_offline(exc)
+            self.spool.append(record)
+
+    # -- upload ----------------------------------------------------------------------------------
+    def flush(self, force: bool = False) -> bool:
+        """Upload the spooled backlog in order; True when the spool is empty afterwards."""
+        if not self.spool.records:
+            return True
+        recent = self._last_failure and time.monotonic() - self._last_failure < self.retry_s
+        if recent and not force:
+            return False
+        try:
+            # a failed call may still have landed server-side: ask before re-sending
+            self.logged_through = self._store_last_step()
+            while self.spool.records:
+                self._upload(self.spool.records[0])
+                self.spool.records.pop(0)
+        except Exception as exc:
+            self._went_offline(exc)
+            self.spool.rewrite()
+            return False
+        self.spool.clear()
+        log.warning("MLflow store %s reachable again: spooled records uploaded", self.uri)
+        self._last_failure = None
+        return True
+
+    def _went_offline(self, exc: Exception) -> None:
+        if self._last_failure is None:
+            warnings.warn(
+                f"MLflow store {self.uri} unreachable ({type(exc).__name__}); training goes on, "
+                f"metrics are spooled to {self.spool.path} and uploaded when it is back",
+                stacklevel=3,
+            )
+        self._last_failure = time.monotonic()
+
+    def _upload(self, record: dict[str, Any]) -> None:
+        kind = record["kind"]
+        if kind == "step":
+            if record["step"] <= self.logged_through:
+                return
+            self._log_metrics(record["metrics"], record["step"], record["ts"])
+            self.logged_through = record["step"]
+        elif kind == "summary":
+            held = self.client.get_run(self.run_id).data.metrics
+            if not all(k in held for k in record["metrics"]):
+                self._log_metrics(record["metrics"], 0, record["ts"])
+        elif kind == "artifact":
+            self.client.log_artifact(self.run_id, record["path"], record.get("artifact_path"))
+        elif kind == "status":
+            self.client.set_terminated(self.run_id, status=record["status"])
+        else:
+            raise ValueError(f"unknown spool record kind {kind!r}")
+
+    def _log_metrics(self, metrics: Mapping[str, float], step: int, ts: int) -> None:
+        batch = [
+            self._metric_cls(key, float(value), ts, step)
+            for key, value in metrics.items()
+            if value is not None
+        ]
+        for chunk in _chunks(batch, MAX_METRICS_PER_CALL):
+            self.client.log_batch(self.run_id, metrics=chunk, synchronous=True)
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _artifacts(uri: str) -> str | None:
+    """Artifacts of a sqlite store live beside the db file, not in the working directory."""
+    if uri.startswith("sqlite:///"):
+        return (Path(uri.removeprefix("sqlite:///")).parent / "mlartifacts").resolve().as_uri()
+    return None  # a server decides (proxied artifacts)
+
+
+def sync(spool_path: str | Path, uri: str | None = None) -> int:
+    """Upload a run's spool (`adaptiveload sync`); returns the number of records uploaded."""
+    spool = Spool.load(spool_path)
+    pending = len(spool.records)
+    from adaptiveload.tracking.store import check_reachable
+
+    uri = check_reachable(uri or spool.uri)
+    tracker = RunTracker(uri, spool.run_id, Path(spool_path))
+    if not tracker.flush(force=True):
+        from adaptiveload.errors import UserError
+
+        raise UserError(f"{spool_path}: upload to {uri} failed; the spool is kept, retry later")
+    return pending

@@ -1,0 +1,193 @@
+"""A tracked training run end to end: experiment file -> plan -> training -> table, summary,
+MLflow. What `adaptiveload train` calls; usable from Python the same way.
+
+Outputs under `out` (all written atomically):
+    steps.parquet        the per-step table (one row per (step, rank), shared schema)
+    summary.json         the run summary (metrics over steps >= warmup_steps)
+    plan_summary.json    the plan's summary (epoch 0)
+    checkpoints/         ckpt-<step>.pt, the newest two
+    tracking.spool.jsonl metrics waiting for an unreachable store (only while some are)
+Starting the same command again resumes from the newest checkpoint, in the same MLflow run.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from adaptiveload import config as experiment_config
+from adaptiveload.costmodel import Calibration
+from adaptiveload.data.bucketing import bucketize
+from adaptiveload.data.dataset import LatentDataset
+from adaptiveload.data.manifest import load_manifest
+from adaptiveload.data.mixtures import synthesize
+from adaptiveload.errors import UserError
+from adaptiveload.io import write_json, write_parquet
+from adaptiveload.model.configs import get_config
+from adaptiveload.planning.policies import Budgets
+from adaptiveload.planning.sampler import PlanBuilder
+from adaptiveload.tracking.run import RunTracker
+from adaptiveload.tracking.store import check_reachable, tracking_uri
+from adaptiveload.training import checkpoint
+from adaptiveload.training.config import TrainConfig, from_experiment
+from adaptiveload.training.distributed import under_torchrun
+from adaptiveload.training.loop import TrainData, Trainer
+from adaptiveload.training.summary import device_name, run_summary
+
+DATA_SEED = 0  # the dataset is fixed per experiment; the run seed varies plan, init and noise
+
+
+@dataclass
+class Request:
+    """What the user asked for on the command line."""
+
+    config: Path
+    policy: str
+    seed: int
+    steps: int | None = None
+    emulate_world_size: int | None = None
+    kernel: str | None = None
+    calibration: Path | None = None
+    manifest: Path | None = None
+    out: Path | None = None
+    device: str | None = None
+    track: bool = True
+    progress: bool = True
+
+
+def resolve(req: Request) -> tuple[dict[str, Any], TrainConfig, Calibration | None, Path]:
+    """Validate everything (files, fields, flags) before any output is written."""
+    exp = experiment_config.load(req.config)
+    if req.emulate_world_size is not None and under_torchrun():
+        raise UserError("--emulate-world-size: not with torchrun (one process per rank there)")
+    if under_torchrun():
+        mode, world = "distributed", int(os.environ["WORLD_SIZE"])
+    else:
+        mode, world = "emulated", req.emulate_world_size or exp["train"]["world_size"]
+    if world < 1:
+        raise UserError(f"--emulate-world-size {world}: must be >= 1")
+    cfg = from_experiment(
+        exp, req.policy, req.seed, launch_mode=mode, world_size=world, steps=req.steps,
+        kernel=req.kernel, device=req.device,
+    )  # fmt: skip
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda: no CUDA device visible; use --device cpu")
+    cal_path = req.calibration or exp["calibration"]["file"]
+    calibration = Calibration.load(cal_path) if cal_path else None
+    out = req.out or Path("results") / "runs" / cfg.experiment / cfg.run_name
+    return exp, cfg, calibration, Path(out)
+
+
+def prepare_data(
+    exp: dict[str, Any], cfg: TrainConfig, calibration: Calibration | None, manifest: Path | None
+) -> TrainData:
+    data = exp["data"]
+    manifest = manifest or data["manifest"]
+    frame = (
+        load_manifest(manifest)
+        if manifest
+        else synthesize(data["mixture"], data["num_samples"], DATA_SEED)
+    )
+    bucketed = bucketize(
+        frame, mode=data["bucketing"], grid=data["grid"], max_frames=data["max_frames"]
+    )
+    samples = bucketed.samples.reset_index(drop=True)
+    budgets = Budgets.resolve(**exp["budgets"], calibration=calibration)
+    builder = PlanBuilder(
+        samples, cfg.policy, budgets, cfg.world_size, cfg.seed, cost_model=calibration,
+        num_excluded=int(bucketed.num_excluded),
+    )  # fmt: skip
+    mcfg = get_config(cfg.model)
+    dataset = LatentDataset(
+        samples,
+        latent_channels=mcfg.in_dim,
+        text_len=mcfg.text_len,
+        text_dim=mcfg.text_dim,
+        seed=DATA_SEED,
+    )
+    return TrainData(builder=builder, dataset=dataset, calibration=calibration)
+
+
+def _git_commit() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
+            cwd=Path(__file__).resolve().parent,
+        )  # fmt: skip
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def _numeric(summary: dict[str, Any]) -> dict[str, float]:
+    return {
+        f"summary/{k}": float(v)
+        for k, v in summary.items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in ("seed",)
+    }
+
+
+def train(req: Request) -> dict[str, Any]:
+    """Run (or resume) one training run; returns its summary (on the main process)."""
+    exp, cfg, calibration, out = resolve(req)
+    data = prepare_data(exp, cfg, calibration, req.manifest)
+    resume = checkpoint.latest(out / "checkpoints")
+    main = int(os.environ.get("RANK", 0)) == 0
+    tracker = None
+    if req.track and main:
+        uri = check_reachable(tracking_uri())  # clear error before any training
+        tracker = RunTracker.start(
+            uri,
+            experiment=cfg.experiment,
+            run_name=cfg.run_name,
+            params={
+                "experiment": exp,
+                "run": cfg.to_dict(),
+                "calibration": calibration.label if calibration else "none",
+            },
+            tags={
+                "git_commit": _git_commit(),
+                "device": device_name(cfg.device),
+                "torch": torch.__version__,
+                "cuda": str(torch.version.cuda),
+                "experiment": cfg.experiment,
+                "policy": cfg.policy,
+                "seed": str(cfg.seed),
+                "kernel": cfg.kernel,
+                "launch_mode": cfg.launch_mode,
+                "world_size": str(cfg.world_size),
+                "source": "measured",
+            },
+            spool_path=out / "tracking.spool.jsonl",
+            run_id=(resume or {}).get("tracking", {}).get("run_id"),
+        )
+        tracker.start_system_metrics()
+    trainer = Trainer(
+        cfg, data, out / "checkpoints", sink=tracker, resume=resume, progress=req.progress
+    )
+    try:
+        result = trainer.run()
+    except BaseException:
+        if tracker is not None:
+            tracker.finish(status="FAILED")
+        raise
+    finally:
+        trainer.close()
+    if not main:
+        return {}
+    summary = run_summary(cfg, result.steps, data.builder, calibration, trainer.capacity)
+    plan_summary = data.builder(0).summary
+    write_parquet(out / "steps.parquet", result.steps)
+    write_json(out / "plan_summary.json", plan_summary)
+    write_json(out / "summary.json", summary)
+    if tracker is not None:
+        tracker.log_summary(_numeric(summary))
+        for name in ("steps.parquet", "plan_summary.json", "summary.json"):
+            tracker.log_artifact(out / name)
+        tracker.finish()
+    return summary

@@ -1,0 +1,134 @@
+"""The resolved settings of one training run, built from a validated experiment dict.
+
+Grouped like torchtitan's job config (optimizer, objective, run), frozen so that nothing
+changes them mid-run; `fingerprint()` lets a resumed run check it is the same run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from adaptiveload.errors import UserError
+
+LAUNCH_MODES = ("emulated", "distributed")
+KERNELS = ("eager", "fused")
+DEVICES = ("cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """AdamW with global-norm gradient clipping (Wan's trainers use AdamW, no EMA here)."""
+
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    grad_clip: float = 1.0
+
+
+@dataclass(frozen=True)
+class ObjectiveConfig:
+    """Rectified flow as Wan trains it; see `objective.py` for the formulas."""
+
+    timestep_shift: float = 5.0
+    timestep_sampling: str = "uniform"  # or "logit-normal"
+    logit_mean: float = 0.0
+    logit_std: float = 1.0
+    num_train_timesteps: int = 1000
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    experiment: str
+    policy: str
+    seed: int
+    model: str
+    kernel: str = "eager"
+    launch_mode: str = "emulated"
+    world_size: int = 4
+    device: str = "cpu"
+    steps: int = 24
+    warmup_steps: int = 4
+    checkpoint_every: int = 10
+    allreduce_gbps: float = 100.0
+    fsdp: bool = False
+    activation_checkpointing: bool = False
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+
+    def __post_init__(self) -> None:
+        for name, allowed in (
+            ("launch_mode", LAUNCH_MODES),
+            ("kernel", KERNELS),
+            ("device", DEVICES),
+        ):
+            if getattr(self, name) not in allowed:
+                raise UserError(f"{name} '{getattr(self, name)}': expected one of {allowed}")
+        if self.fsdp and self.launch_mode != "distributed":
+            raise UserError("train.fsdp: FSDP2 shards over real processes; launch with torchrun")
+        if self.warmup_steps >= self.steps:
+            raise UserError(
+                f"train.warmup_steps={self.warmup_steps} must be below steps={self.steps}: "
+                "metrics are computed over the steps after warm-up"
+            )
+
+    @property
+    def run_name(self) -> str:
+        """One MLflow run per (experiment, policy, seed, kernel, launch mode)."""
+        return f"{self.policy}-s{self.seed}-{self.kernel}-{self.launch_mode}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def fingerprint(self) -> str:
+        """Hash of everything that determines the batches and the math (not `steps`)."""
+        data = self.to_dict()
+        data.pop("steps")
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def from_experiment(
+    experiment: dict[str, Any],
+    policy: str,
+    seed: int,
+    *,
+    launch_mode: str,
+    world_size: int,
+    steps: int | None = None,
+    kernel: str | None = None,
+    device: str | None = None,
+) -> TrainConfig:
+    """TrainConfig from `adaptiveload.config.load(...)` output plus command-line overrides."""
+    if policy not in experiment["policies"]:
+        raise UserError(
+            f"--policy {policy}: not among this experiment's policies {experiment['policies']}"
+        )
+    train = experiment["train"]
+    kernels = experiment["model"]["kernels"]
+    return TrainConfig(
+        experiment=experiment["name"],
+        policy=policy,
+        seed=seed,
+        model=experiment["model"]["config"],
+        kernel=kernel or kernels[0],
+        launch_mode=launch_mode,
+        world_size=world_size,
+        device=device or experiment["calibration"]["device"],
+        steps=steps if steps is not None else train["steps"],
+        warmup_steps=train["warmup_steps"],
+        checkpoint_every=train["checkpoint_every"],
+        allreduce_gbps=train["allreduce_gbps"],
+        fsdp=train["fsdp"],
+        activation_checkpointing=train["activation_checkpointing"],
+        optim=OptimConfig(
+            lr=train["lr"], weight_decay=train["weight_decay"], grad_clip=train["grad_clip"]
+        ),
+        objective=ObjectiveConfig(
+            timestep_shift=train["timestep_shift"],
+            timestep_sampling=train["timestep_sampling"],
+            logit_mean=train["logit_mean"],
+            logit_std=train["logit_std"],
+        ),
+    )

@@ -1,0 +1,193 @@
+"""Which ranks this process runs, and the data-parallel wrapping of the model.
+
+Two launch modes, one loop:
+
+- **distributed**: one process per rank under `torchrun` (or SLURM's srun with the torchrun
+  env vars). gloo on CPU, NCCL on CUDA. The model is wrapped in DDP (gradients all-reduced
+  in buckets during backward, overlapping communication with compute), or sharded with FSDP2
+  `fully_shard` per block (`train.fsdp`, meant for the 14B config: parameters, gradients and
+  optimizer state sharded, bf16 parameters, fp32 reduction).
+- **emulated**: one process plays all N ranks in turn on one device; no process group.
+
+Timing in distributed mode: a rank's compute time ends when its last parameter gradient is
+accumulated (a post-accumulate-grad hook on every parameter), and its wait time runs from
+there to the end of backward, which DDP holds until the bucketed all-reduce (and so the
+slowest rank) has finished. With FSDP2 the gradient hooks do not see sharded gradients; there
+compute time is the whole forward+backward and wait is the explicit barrier after it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """The plan's ranks and the subset this process runs."""
+
+    world_size: int
+    local: tuple[int, ...]
+    distributed: bool
+    process_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.process_rank == 0
+
+
+def under_torchrun() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def setup(launch_mode: str, world_size: int, device: str) -> tuple[Ranks, torch.device]:
+    """Start the process group (distributed) and pick this process's device."""
+    if launch_mode == "emulated":
+        dev = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else None
+        return Ranks(world_size, tuple(range(world_size)), False), dev or torch.device("cpu")
+    rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if device == "cuda":
+        local = int(os.environ.get("LOCAL_RANK", 0))
+        torch.cuda.set_device(local)
+        dev = torch.device("cuda", local)
+    else:
+        dev = torch.device("cpu")
+    if not dist.is_initialized():
+        dist.init_process_group(
+            backend="nccl" if device == "cuda" else "gloo",
+            device_id=dev if device == "cuda" else None,
+        )
+    return Ranks(size, (rank,), True, rank), dev
+
+
+def teardown(ranks: Ranks) -> None:
+    if ranks.distributed and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def wrap(model: nn.Module, ranks: Ranks, device: torch.device, fsdp: bool) -> nn.Module:
+    """DDP or FSDP2 around `model` in distributed mode; the bare model when emulated."""
+    if not ranks.distributed:
+        return model
+    if fsdp:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        if device.type != "cuda":
+            mp = MixedPrecisionPolicy()
+        for block in getattr(model, "blocks", []):
+            fully_shard(block, mp_policy=mp)
+        return fully_shard(model, mp_policy=mp)
+    ids = [device.index] if device.type == "cuda" else None
+    return nn.parallel.DistributedDataParallel(model, device_ids=ids)
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+
+
+def is_fsdp(model: nn.Module) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+def full_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
+    """Unsharded model and optimizer state dicts (on CPU for FSDP2)."""
+    if is_fsdp(model):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+        opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return get_state_dict(model, optimizer, options=opts)
+    return unwrap(model).state_dict(), optimizer.state_dict()
+
+
+def load_full_state(
+    model: nn.Module, optimizer: torch.optim.Optimizer, model_sd: dict, optim_sd: dict
+) -> None:
+    if is_fsdp(model):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+        opts = StateDictOptions(full_state_dict=True)
+        set_state_dict(
+            model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd, options=opts
+        )
+        return
+    unwrap(model).load_state_dict(model_sd)
+    optimizer.load_state_dict(optim_sd)
+
+
+def all_gather(obj: Any, ranks: Ranks) -> list[Any]:
+    """Every process's `obj`, in rank order (just [obj] when emulated)."""
+    if not ranks.distributed:
+        return [obj]
+    out: list[Any] = [None] * ranks.world_size
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def barrier(ranks: Ranks) -> None:
+    if ranks.distributed:
+        dist.barrier()
+
+
+class Clock:
+    """Device-synchronised wall clock: CUDA work is finished before a time is read."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+
+    def now(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+
+class GradReadyClock:
+    """Time at which this rank's backward produced its last parameter gradient.
+
+    Read after backward; None if some parameter received no gradient (unused parameters) or
+    hooks do not fire (FSDP2), in which case callers fall back to the end of backward.
+    On CUDA the time is taken from an event recorded on the compute stream.
+    """
+
+    def __init__(self, model: nn.Module, device: torch.device):
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.cuda = device.type == "cuda"
+        self._count = 0
+        self._t: float | None = None
+        self._event: torch.cuda.Event | None = None
+        self._handles = [p.register_post_accumulate_grad_hook(self._hook) for p in self.params]
+
+    def _hook(self, _: torch.Tensor) -> None:
+        self._count += 1
+        if self._count == len(self.params):
+            if self.cuda:
+                self._event = torch.cuda.Event(enable_timing=True)
+                self._event.record()
+            else:
+                self._t = time.perf_counter()
+
+    def reset(self) -> None:
+        self._count, self._t, self._event = 0, None, None
+
+    def elapsed_since(self, start: torch.cuda.Event | float) -> float | None:
+        """Seconds from `start` (a perf_counter value, or a CUDA event) to the last gradient."""
+        if self._count < len(self.params):
+            return None
+        if self.cuda:
+            assert self._event is not None and isinstance(start, torch.cuda.Event)
+            self._event.synchronize()
+            return start.elapsed_time(self._event) / 1000.0
+        assert self._t is not None
+        return self._t - float(start)
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()

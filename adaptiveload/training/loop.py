@@ -1,0 +1,333 @@
+"""The training loop: one code path for emulated and distributed ranks.
+
+Per step, every rank this process runs (all N when emulated, its own when distributed) takes
+its micro-batch from its PlanBatchSampler, runs forward+backward with its loss scaled so that
+the step's gradient is the mean over ALL samples of the step (DESIGN.md, loss weighting):
+
+    loss_r = sum_{i in r} l_i / G * k,   G = samples of the step over all ranks,
+
+k = N under DDP/FSDP (which average over ranks) and k = 1 when emulated (gradients of the N
+micro-batches accumulate). Then one clipped AdamW step. Each micro-batch is timed on its own
+(CUDA events on GPU, wall clock on CPU) and the rows of the per-step table are produced.
+
+Emulated step time (what the N ranks would take in parallel, minus communication):
+    step_time_s = max_r (load_r + compute_r) + optimizer_s
+    wait_r      = max_r' compute_r' - compute_r
+Distributed step time is the measured wall of the step, the slowest process's.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Mapping
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import pandas as pd
+import torch
+from tqdm import tqdm
+
+from adaptiveload import metrics
+from adaptiveload.costmodel import Calibration
+from adaptiveload.data.dataset import LatentDataset
+from adaptiveload.model.configs import get_config
+from adaptiveload.model.wan import WanModel
+from adaptiveload.planning.sampler import PlanBatchSampler, PlanBuilder
+from adaptiveload.planning.simulate import STEP_COLUMNS
+from adaptiveload.training import checkpoint
+from adaptiveload.training import distributed as dd
+from adaptiveload.training.config import TrainConfig
+from adaptiveload.training.objective import per_sample_loss, step_generator
+
+
+class StepSink(Protocol):
+    """Where per-step metrics go besides the table (the MLflow tracker implements it)."""
+
+    def log_step(self, step: int, metrics: Mapping[str, float]) -> None: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+
+@dataclass
+class TrainData:
+    """The plan source and the dataset it indexes (dataset order == builder.samples order)."""
+
+    builder: PlanBuilder
+    dataset: LatentDataset
+    calibration: Calibration | None = None
+
+
+@dataclass
+class TrainResult:
+    steps: pd.DataFrame  # one row per (step, rank), STEP_COLUMNS
+    timed: dict[str, float] = field(default_factory=dict)  # metrics over steps >= warmup
+    resumed_from: int | None = None  # completed steps of the checkpoint resumed, if any
+
+
+def build_model(cfg: TrainConfig, device: torch.device) -> WanModel:
+    """Wan 2.1 with seeded init: every launch mode starts from the same weights."""
+    torch.manual_seed(cfg.seed)
+    model = WanModel(
+        get_config(cfg.model),
+        ln_modulate_impl=cfg.kernel,
+        activation_checkpointing=cfg.activation_checkpointing,
+    )
+    return model.to(device)
+
+
+def collate(items: list[dict[str, Any]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """One micro-batch (one bucket shape): latents [B, C, T', H', W'], contexts [B, L, D]."""
+    latent = torch.stack([it["latent"] for it in items]).to(device, non_blocking=True)
+    context = torch.stack([it["context"] for it in items]).to(device, non_blocking=True)
+    return latent, context
+
+
+class Trainer:
+    """Holds the model, optimizer and per-rank samplers of one run; `run()` trains it."""
+
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        data: TrainData,
+        ckpt_dir: Path,
+        sink: StepSink | None = None,
+        resume: dict[str, Any] | None = None,
+        progress: bool = True,
+    ):
+        self.cfg, self.data, self.ckpt_dir, self.sink = cfg, data, Path(ckpt_dir), sink
+        self.progress = progress
+        self.ranks, self.device = dd.setup(cfg.launch_mode, cfg.world_size, cfg.device)
+        if self.ranks.world_size != data.builder.world_size:
+            raise ValueError(
+                f"plan is for {data.builder.world_size} ranks, launch has {self.ranks.world_size}"
+            )
+        self.clock = dd.Clock(self.device)
+        model = build_model(cfg, self.device)
+        self.model = dd.wrap(model, self.ranks, self.device, cfg.fsdp)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(),
+            lr=cfg.optim.lr,
+            betas=cfg.optim.betas,
+            weight_decay=cfg.optim.weight_decay,
+        )
+        self.samplers = {r: PlanBatchSampler(data.builder, r) for r in self.ranks.local}
+        self.rows: list[dict[str, Any]] = []
+        self.start_step = 0
+        self.resumed_from: int | None = None
+        if resume is not None:
+            self._restore(resume)
+        self._iters = {r: iter(s) for r, s in self.samplers.items()}
+        self.grad_clock = (
+            dd.GradReadyClock(self.model, self.device) if self.ranks.distributed else None
+        )
+        self.capacity = (
+            torch.cuda.get_device_properties(self.device).total_memory
+            if self.device.type == "cuda"
+            else None
+        )
+
+    # -- checkpoint ---------------------------------------------------------------------------
+    def _restore(self, state: dict[str, Any]) -> None:
+        if state["fingerprint"] != self.cfg.fingerprint():
+            raise ValueError(
+                f"{state['path']}: checkpoint is from a different configuration; "
+                "delete the run directory to start over"
+            )
+        dd.load_full_state(self.model, self.optimizer, state["model"], state["optimizer"])
+        for r, sampler in self.samplers.items():
+            sampler.load_state_dict(state["samplers"][r])
+        checkpoint.set_rng_state(state["rng"])
+        self.rows = list(state["rows"])
+        self.start_step = self.resumed_from = int(state["step"])
+
+    def _save(self, done: int) -> None:
+        model_sd, optim_sd = dd.full_state(self.model, self.optimizer)
+        samplers: dict[int, Any] = {}
+        for part in dd.all_gather(
+            {r: s.state_dict() for r, s in self.samplers.items()}, self.ranks
+        ):
+            samplers.update(part)
+        if self.ranks.is_main:
+            checkpoint.save(
+                self.ckpt_dir,
+                done,
+                {
+                    "fingerprint": self.cfg.fingerprint(),
+                    "config": self.cfg.to_dict(),
+                    "model": model_sd,
+                    "optimizer": optim_sd,
+                    "samplers": samplers,
+                    "rows": self.rows,
+                    "tracking": self.sink.state_dict() if self.sink else {},
+                },
+            )
+        dd.barrier(self.ranks)
+
+    # -- one step -------------------------------------------------------------------------------
+    def _next_batch(self, rank: int) -> tuple[list[int], int]:
+        """(dataset indices, samples of the whole step) for `rank`'s next micro-batch."""
+        sampler = self.samplers[rank]
+        try:
+            indices = next(self._iters[rank])
+        except StopIteration:  # epoch over: the next epoch's plan, from its first step
+            sampler.set_epoch(sampler.epoch + 1)
+            self._iters[rank] = iter(sampler)
+            indices = next(self._iters[rank])
+        step_in_epoch = sampler.state_dict()["step"] - 1
+        return indices, int(sampler.samples_per_step[step_in_epoch])
+
+    def _autocast(self):
+        if self.device.type == "cuda":
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return nullcontext()
+
+    def _micro_batch(self, step: int, rank: int) -> dict[str, Any]:
+        t_load = self.clock.now()
+        indices, global_samples = self._next_batch(rank)
+        items = [self.data.dataset[i] for i in indices]
+        x0, context = collate(items, self.device)
+        b = x0.shape[0]
+        frames, height, width = self.data.dataset.shapes[indices[0]]
+        tokens = int(self.data.builder.samples["tokens"].iat[indices[0]])
+        scale = (self.ranks.world_size if self.ranks.distributed else 1) / global_samples
+        cuda = self.device.type == "cuda"
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(self.device)
+        if self.grad_clock:
+            self.grad_clock.reset()
+        t0 = self.clock.now()
+        start: Any = t0
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+        with self._autocast():
+            gen = step_generator(self.cfg.seed, step, rank)
+            losses = per_sample_loss(self.model, x0, context, self.cfg.objective, gen)
+        (losses.sum() * scale).backward()
+        if cuda:
+            end.record()
+            end.synchronize()
+            fwd_bwd = start.elapsed_time(end) / 1000.0
+        else:
+            fwd_bwd = self.clock.now() - t0
+        compute = fwd_bwd
+        wait = 0.0
+        if self.ranks.distributed:
+            ready = self.grad_clock.elapsed_since(start) if self.grad_clock else None
+            if ready is not None:
+                compute, wait = ready, max(fwd_bwd - ready, 0.0)
+            else:  # FSDP2: gradients are reduce-scattered outside the hooks' view
+                t_b = self.clock.now()
+                dd.barrier(self.ranks)
+                wait = self.clock.now() - t_b
+        loss_sum = float(losses.detach().sum())
+        return {
+            "step": step,
+            "rank": rank,
+            "compute_s": compute,
+            "wait_s": wait,
+            "samples": b,
+            "tokens": b * tokens,
+            "frames": int(frames),
+            "height": int(height),
+            "width": int(width),
+            "peak_bytes": float(torch.cuda.max_memory_allocated(self.device)) if cuda else None,
+            "peak_bytes_model": (
+                float(self.data.calibration.cost.memory(b, tokens))
+                if self.data.calibration
+                else None
+            ),
+            "loss": loss_sum / b,
+            "_loss_sum": loss_sum,
+            "_load_s": t0 - t_load,
+        }
+
+    def _step(self, step: int) -> list[dict[str, Any]]:
+        t_step = self.clock.now()
+        self.optimizer.zero_grad(set_to_none=True)
+        local = [self._micro_batch(step, r) for r in self.ranks.local]
+        t_opt = self.clock.now()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.grad_clip)
+        self.optimizer.step()
+        t_end = self.clock.now()
+        if self.ranks.distributed:
+            local[0]["_wall"] = t_end - t_step
+            rows = [row for part in dd.all_gather(local, self.ranks) for row in part]
+            step_time = max(row["_wall"] for row in rows)
+        else:
+            rows = local
+            compute_max = max(row["compute_s"] for row in rows)
+            for row in rows:
+                row["wait_s"] = compute_max - row["compute_s"]
+            step_time = max(r["_load_s"] + r["compute_s"] for r in rows) + (t_end - t_opt)
+        step_loss = sum(row["_loss_sum"] for row in rows) / sum(row["samples"] for row in rows)
+        for row in rows:
+            row["step_time_s"] = step_time
+            row["_step_loss"] = step_loss
+        return [
+            {k: v for k, v in row.items() if not k.startswith("_") or k == "_step_loss"}
+            for row in sorted(rows, key=lambda r: r["rank"])
+        ]
+
+    def step_metrics(self, rows: list[dict[str, Any]]) -> dict[str, float]:
+        """The per-step MLflow metrics, under their stable keys."""
+        t = np.array([[row["compute_s"] for row in rows]])
+        step_time = rows[0]["step_time_s"]
+        out = {
+            "loss": rows[0]["_step_loss"],
+            "step_time_s": step_time,
+            "imbalance_rate": metrics.imbalance_rate(t),
+            "idle_fraction": metrics.idle_fraction(t),
+            "tokens_per_s": sum(row["tokens"] for row in rows) / step_time,
+            "samples_per_s": sum(row["samples"] for row in rows) / step_time,
+        }
+        if self.capacity:
+            peaks = np.array([[row["peak_bytes"] for row in rows]])
+            out["vram_utilization"] = metrics.vram_utilization(peaks, self.capacity)[0]
+        out.update({f"rank{row['rank']}/compute_s": row["compute_s"] for row in rows})
+        return out
+
+    # -- the run -------------------------------------------------------------------------------
+    def run(self) -> TrainResult:
+        cfg = self.cfg
+        bar = tqdm(
+            total=cfg.steps,
+            initial=self.start_step,
+            desc=f"train {cfg.run_name}",
+            file=sys.stderr,
+            disable=not (self.progress and self.ranks.is_main),
+            dynamic_ncols=True,
+        )
+        try:
+            for step in range(self.start_step, cfg.steps):
+                rows = self._step(step)
+                step_metrics = self.step_metrics(rows)
+                if not math.isfinite(step_metrics["loss"]):
+                    raise FloatingPointError(f"step {step}: loss is {step_metrics['loss']}")
+                self.rows.extend({k: row[k] for k in STEP_COLUMNS} for row in rows)
+                if self.ranks.is_main and self.sink is not None:
+                    self.sink.log_step(step, step_metrics)
+                done = step + 1
+                if done % cfg.checkpoint_every == 0 or done == cfg.steps:
+                    self._save(done)
+                bar.update(1)
+                bar.set_postfix(
+                    loss=f"{step_metrics['loss']:.4f}",
+                    tok_s=f"{step_metrics['tokens_per_s']:.0f}",
+                    refresh=False,
+                )
+        finally:
+            bar.close()
+            if self.grad_clock:
+                self.grad_clock.remove()
+        table = pd.DataFrame(self.rows, columns=list(STEP_COLUMNS))
+        for col in ("peak_bytes", "peak_bytes_model", "loss"):
+            table[col] = table[col].astype("Float64")
+        return TrainResult(steps=table, resumed_from=self.resumed_from)
+
+    def close(self) -> None:
+        dd.teardown(self.ranks)

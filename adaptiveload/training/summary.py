@@ -1,0 +1,125 @@
+"""The run summary beside the per-step table, and the simulator-versus-measurement check.
+
+Metrics come from `adaptiveload.metrics.summarize` over steps >= warmup_steps (the one
+metrics module); throughput divides by the sum of the window's step times.
+"""
+
+from __future__ import annotations
+
+import platform
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from adaptiveload import metrics
+from adaptiveload.costmodel import Calibration
+from adaptiveload.planning.sampler import PlanBuilder
+from adaptiveload.planning.simulate import simulate
+from adaptiveload.training.config import TrainConfig
+
+
+def device_name(device: str) -> str:
+    """'cuda:<GPU name>' or 'cpu:<CPU model>' (what `measured` numbers are stamped with)."""
+    if device == "cuda" and torch.cuda.is_available():
+        return f"cuda:{torch.cuda.get_device_name()}"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return f"cpu:{line.split(':', 1)[1].strip()}"
+    except OSError:
+        pass
+    return f"cpu:{platform.processor() or platform.machine()}"
+
+
+def timed_window(table: pd.DataFrame, warmup_steps: int) -> pd.DataFrame:
+    return table[table["step"] >= warmup_steps]
+
+
+def measured_metrics(
+    table: pd.DataFrame, warmup_steps: int, capacity_bytes: float | None
+) -> dict[str, float]:
+    """metrics.summarize over the timed window, plus VRAM utilization when measured."""
+    win = timed_window(table, warmup_steps)
+    compute = win.pivot(index="step", columns="rank", values="compute_s").to_numpy()
+    wall = float(win.groupby("step")["step_time_s"].first().sum())
+    out: dict[str, float] = metrics.summarize(
+        compute, samples=float(win["samples"].sum()), tokens=float(win["tokens"].sum()), wall_s=wall
+    ).as_dict()
+    out["wall_s"] = wall
+    peaks = win["peak_bytes"]
+    if capacity_bytes and peaks.notna().all():
+        peak = win.pivot(index="step", columns="rank", values="peak_bytes").to_numpy(np.float64)
+        out["vram_utilization_mean"], out["vram_utilization_max"] = metrics.vram_utilization(
+            peak, capacity_bytes
+        )
+    return out
+
+
+def simulator_error(
+    table: pd.DataFrame,
+    builder: PlanBuilder,
+    calibration: Calibration,
+    warmup_steps: int,
+) -> dict[str, float]:
+    """Relative error |predicted - measured| / measured of per-(step, rank) compute times.
+
+    The prediction is `planning.simulate` on exactly the plan steps this run executed
+    (epochs stitched together in order), through the calibration's cost model.
+    """
+    world = builder.world_size
+    parts, offset, epoch = [], 0, 0
+    n_steps = int(table["step"].max()) + 1
+    while offset < n_steps:
+        plan = builder(epoch).table
+        part = plan.assign(step=plan["step"] + offset)
+        parts.append(part[part["step"] < n_steps])
+        offset += int(plan["step"].max()) + 1
+        epoch += 1
+    plan_rows = pd.concat(parts, ignore_index=True)
+    plan_rows.attrs["plan"] = {"world_size": world}
+    predicted = simulate(plan_rows, calibration, world_size=world).steps
+    both = timed_window(table, warmup_steps).merge(
+        predicted[["step", "rank", "compute_s", "samples"]], on=["step", "rank"],
+        suffixes=("", "_model"),
+    )  # fmt: skip
+    if not (both["samples"] == both["samples_model"]).all():
+        raise RuntimeError("measured steps do not match the plan's batches")
+    rel = (both["compute_s_model"] - both["compute_s"]).abs() / both["compute_s"]
+    return {
+        "sim_rel_err_median": float(rel.median()),
+        "sim_rel_err_p90": float(rel.quantile(0.9)),
+    }
+
+
+def run_summary(
+    cfg: TrainConfig,
+    table: pd.DataFrame,
+    builder: PlanBuilder,
+    calibration: Calibration | None,
+    capacity_bytes: float | None,
+) -> dict[str, Any]:
+    """The JSON summary of one measured run (schema in the team brief)."""
+    summary: dict[str, Any] = {
+        "experiment": cfg.experiment,
+        "policy": cfg.policy,
+        "seed": cfg.seed,
+        "kernel": cfg.kernel,
+        "launch_mode": cfg.launch_mode,
+        "world_size": cfg.world_size,
+        "device": device_name(cfg.device),
+        "source": "measured",
+        "warmup_steps": cfg.warmup_steps,
+        "steps_total": int(table["step"].max()) + 1,
+        "calibration": calibration.label if calibration else None,
+        "peak_bytes_model_source": calibration.label if calibration else None,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+    }
+    summary.update(measured_metrics(table, cfg.warmup_steps, capacity_bytes))
+    if calibration is not None:
+        summary.update(simulator_error(table, builder, calibration, cfg.warmup_steps))
+        summary["sim_source"] = calibration.label
+    return summary
