@@ -1,1 +1,162 @@
-"""`adaptiveload plan`: under construction (see the issue that owns this stage)."""
+"""`adaptiveload plan` and `adaptiveload simulate`: thin wrappers over adaptiveload.planning."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Annotated
+
+import pandas as pd
+import typer
+
+from adaptiveload.cli.app import app
+from adaptiveload.costmodel import Calibration
+from adaptiveload.errors import UserError
+from adaptiveload.io import write_json, write_parquet
+from adaptiveload.planning.dealing import DEFAULT_WINDOW_STEPS
+from adaptiveload.planning.plan import TABLE_COLUMNS, build_plan
+from adaptiveload.planning.policies import POLICIES, Budgets, get_policy
+from adaptiveload.planning.simulate import DEFAULT_ALLREDUCE_GBPS, simulate
+
+Opt = typer.Option
+
+
+def _calibration(path: Path | None, model: str | None) -> Calibration | None:
+    """Load a calibration; UserError if it was made for another model than `model`."""
+    if path is None:
+        return None
+    cal = Calibration.load(path)
+    if model is not None and cal.model != model:
+        raise UserError(
+            f"{path}: calibration is for model {cal.model!r}, not {model!r}; "
+            f"calibrate {model} or pass its calibration file"
+        )
+    return cal
+
+
+@app.command("plan")
+def plan_cmd(
+    manifest: Annotated[Path, Opt(help="manifest CSV/Parquet (adaptiveload manifest ...)")],
+    policy: Annotated[str, Opt(help=f"one of: {', '.join(POLICIES)}")],
+    world_size: Annotated[int, Opt(help="number of data-parallel ranks N")],
+    seed: Annotated[int, Opt(help="plan seed (with the epoch, seeds all shuffles)")],
+    output: Annotated[Path, Opt("-o", "--output", help="plan table (Parquet) to write")],
+    summary: Annotated[Path, Opt(help="summary JSON to write")],
+    epoch: Annotated[int, Opt(help="epoch to plan")] = 0,
+    calibration: Annotated[
+        Path | None, Opt(help="calibration JSON: budgets set to 'auto' and the cost model")
+    ] = None,
+    m_tok: Annotated[float | None, Opt(help="equal-token budget (default: m_mem)")] = None,
+    m_mem: Annotated[float | None, Opt(help="memory budget, tokens per batch")] = None,
+    m_comp: Annotated[float | None, Opt(help="compute budget, B*S^p per batch")] = None,
+    p: Annotated[float | None, Opt(help="compute exponent in [1, 3]")] = None,
+    bucketing: Annotated[str, Opt(help="aspect | exact")] = "aspect",
+    grid: Annotated[str, Opt(help="wan | tiny")] = "wan",
+    max_frames: Annotated[int, Opt(help="frames cap of the bucket grid")] = 81,
+    window_steps: Annotated[
+        int, Opt(help="balanced dealing window in steps (0 = whole epoch)")
+    ] = DEFAULT_WINDOW_STEPS,
+    model: Annotated[str | None, Opt(help="refuse a calibration made for another model")] = None,
+    allreduce_gbps: Annotated[
+        float, Opt(help="ring all-reduce bandwidth, Gbit/s (predicted metrics)")
+    ] = DEFAULT_ALLREDUCE_GBPS,
+) -> None:
+    """Plan one epoch: which samples form each micro-batch, and which rank runs it when."""
+    from adaptiveload.data.bucketing import bucketize
+    from adaptiveload.data.manifest import load_manifest
+
+    pol = get_policy(policy)
+    cal = _calibration(calibration, model)
+    budgets = Budgets.resolve(m_tok, m_mem, m_comp, p, calibration=cal)
+    pol.check(budgets)
+    _positive(allreduce_gbps=allreduce_gbps)
+    bucketed = bucketize(load_manifest(manifest), mode=bucketing, grid=grid, max_frames=max_frames)
+    plan = build_plan(
+        bucketed, pol, budgets, world_size, seed, epoch, cost_model=cal,
+        window_steps=window_steps or None, allreduce_gbps=allreduce_gbps,
+    )  # fmt: skip
+    info = {
+        "manifest": str(manifest), "bucketing": bucketing, "grid": grid,
+        "calibration": str(calibration) if calibration else None,
+        "calibration_label": cal.label if cal else None,
+    }  # fmt: skip
+    plan.table.attrs["plan"].update(info)
+    write_parquet(output, plan.table)
+    write_json(summary, {**plan.summary, **info})
+    s = plan.summary
+    line = f"{s['policy']}: {s['steps']} steps x {s['world_size']} ranks, {s['batches']} batches"
+    if "predicted_imbalance_rate" in s:
+        line += f", predicted imbalance {s['predicted_imbalance_rate']:.1%} (model)"
+    typer.echo(line)
+
+
+@app.command("simulate")
+def simulate_cmd(
+    plan: Annotated[Path, Opt(help="plan table written by `adaptiveload plan`")],
+    calibration: Annotated[Path, Opt(help="calibration JSON (cost model, capacity, grads)")],
+    allreduce_gbps: Annotated[
+        float, Opt(help="ring all-reduce bandwidth, Gbit/s")
+    ] = DEFAULT_ALLREDUCE_GBPS,
+    grad_bytes: Annotated[
+        float | None, Opt(help="gradient bytes (default: the calibration's, else 0)")
+    ] = None,
+    warmup_steps: Annotated[int, Opt(help="steps left out of the summary metrics")] = 0,
+    model: Annotated[str | None, Opt(help="refuse a calibration made for another model")] = None,
+    as_json: Annotated[bool, Opt("--json", help="print the summary as JSON")] = False,
+    output: Annotated[
+        Path | None, Opt("-o", "--output", help="per-(step, rank) table (Parquet)")
+    ] = None,
+    summary: Annotated[Path | None, Opt(help="run summary JSON to write")] = None,
+) -> None:
+    """Predict per-step, per-rank times of a plan through a calibration (labelled `model`)."""
+    cal = _calibration(calibration, model)
+    _positive(allreduce_gbps=allreduce_gbps)
+    if grad_bytes is not None and grad_bytes < 0:
+        raise UserError(f"--grad-bytes {grad_bytes}: must be >= 0")
+    if warmup_steps < 0:
+        raise UserError(f"--warmup-steps {warmup_steps}: must be >= 0")
+    table = _read_plan(plan)
+    meta = table.attrs.get("plan", {})
+    sim = simulate(
+        table, cal, allreduce_gbps=allreduce_gbps, grad_bytes=grad_bytes,
+        warmup_steps=warmup_steps,
+    )  # fmt: skip
+    run = {
+        "experiment": None, "policy": meta.get("policy"), "seed": meta.get("seed"),
+        "epoch": meta.get("epoch"), "kernel": None, "plan": str(plan), **sim.summary,
+    }  # fmt: skip
+    if output is not None:
+        write_parquet(output, sim.steps)
+    if summary is not None:
+        write_json(summary, run)
+    if as_json:
+        typer.echo(json.dumps(run, indent=2, default=float))
+    else:
+        typer.echo(
+            f"{run['policy']}: imbalance {run.get('imbalance_rate', math.nan):.1%}, "
+            f"{run.get('samples_per_s', math.nan):.3g} samples/s (model, {cal.label})"
+        )
+
+
+def _positive(**values: float) -> None:
+    for name, value in values.items():
+        if not value > 0:
+            raise UserError(f"--{name.replace('_', '-')} {value}: must be positive")
+
+
+def _read_plan(path: Path) -> pd.DataFrame:
+    try:
+        table = pd.read_parquet(path)
+    except FileNotFoundError:
+        raise UserError(f"{path}: plan file not found") from None
+    except Exception as exc:
+        raise UserError(f"{path}: not a Parquet plan table ({exc})") from None
+    missing = [c for c in TABLE_COLUMNS if c not in table.columns]
+    if missing:
+        raise UserError(
+            f"{path}: column(s) {', '.join(missing)} missing; write it with `adaptiveload plan`"
+        )
+    if table.empty:
+        raise UserError(f"{path}: plan table is empty")
+    return table

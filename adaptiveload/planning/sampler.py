@@ -132,6 +132,10 @@ class PlanBatchSampler(Sampler[list[int]]):
 
     def __iter__(self) -> Iterator[list[int]]:
         start, self._start = self._start, 0  # a later pass replays the epoch from step 0
+        self._pos = start
+        return self._batches(start)
+
+    def _batches(self, start: int) -> Iterator[list[int]]:
         for step in range(start, self.num_steps):
             self._pos = step + 1
             yield self._flat[self._bounds[step] : self._bounds[step + 1]].tolist()

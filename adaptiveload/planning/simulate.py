@@ -138,8 +138,9 @@ def simulate(
         "grad_bytes": grad_bytes,
         "allreduce_s": ar_s,
     }
-    summary.update(_metrics(compute, batch, s_tok, step_time, peak_model, capacity_bytes,
-                            warmup_steps))
+    summary.update(
+        _metrics(compute, batch, s_tok, step_time, peak_model, capacity_bytes, warmup_steps)
+    )
     return Simulation(steps=frame, summary=summary)
 
 

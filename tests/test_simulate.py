@@ -1,0 +1,87 @@
+"""The simulator against hand-computed cases, and a world-size sweep."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+from planning_data import bucketed
+
+from adaptiveload.costmodel import Calibration, CostModel
+from adaptiveload.planning.plan import build_plan
+from adaptiveload.planning.policies import Budgets
+from adaptiveload.planning.simulate import (
+    STEP_COLUMNS,
+    allreduce_seconds,
+    grad_bytes_of,
+    simulate,
+)
+
+COST = CostModel(c0=1.0, a=0.01, b=1e-4, m_static=10.0, m_tok=1.0, m_seq=0.0)
+
+
+def hand_table() -> pd.DataFrame:
+    """2 ranks, 2 steps: (B, S) = (2, 100) | (1, 200), then (1, 300) | (3, 50)."""
+    rows = [(0, 0, 100)] * 2 + [(0, 1, 200)] + [(1, 0, 300)] + [(1, 1, 50)] * 3
+    t = pd.DataFrame(rows, columns=["step", "rank", "tokens"])
+    t["sample_id"] = [f"s{i}" for i in range(len(t))]
+    t["frames"], t["height"], t["width"] = 1, 16, 16
+    t["is_padding"] = False
+    return t
+
+
+def test_hand_computed_times_and_metrics():
+    # t = 1 + B (0.01 S + 1e-4 S^2): 5, 7 | 13, 3.25; all-reduce 2*(1/2)*1e9 B / 1e9 B/s = 1 s
+    sim = simulate(hand_table(), COST, allreduce_gbps=8.0, grad_bytes=1e9, capacity_bytes=1000)
+    st = sim.steps
+    assert list(st.columns) == list(STEP_COLUMNS)
+    np.testing.assert_allclose(st["compute_s"], [5, 7, 13, 3.25])
+    np.testing.assert_allclose(st["wait_s"], [2, 0, 0, 9.75])
+    np.testing.assert_allclose(st["step_time_s"], [8, 8, 14, 14])
+    assert st["samples"].tolist() == [2, 1, 1, 3] and st["tokens"].tolist() == [200, 200, 300, 150]
+    np.testing.assert_allclose(st["peak_bytes_model"], [210, 210, 310, 160])
+    assert st["peak_bytes"].isna().all() and st["loss"].isna().all()
+    s = sim.summary
+    assert s["source"] == "model" and s["launch_mode"] == "simulated" and s["world_size"] == 2
+    assert s["allreduce_s"] == pytest.approx(1.0)
+    assert s["imbalance_rate"] == pytest.approx(np.mean([2 / 7, 9.75 / 13]))
+    assert s["idle_fraction"] == pytest.approx(11.75 / 40)
+    assert s["samples_per_s"] == pytest.approx(7 / 22)
+    assert s["tokens_per_s"] == pytest.approx(850 / 22)
+    assert s["vram_utilization_mean"] == pytest.approx(890 / 4000)
+    assert s["vram_utilization_max"] == pytest.approx(0.31)
+
+
+def test_warmup_and_row_order():
+    shuffled = hand_table().sample(frac=1.0, random_state=1)
+    s = simulate(shuffled, COST, warmup_steps=1).summary
+    assert s["steps"] == 1 and s["imbalance_rate"] == pytest.approx(9.75 / 13)
+    assert s["samples_per_s"] == pytest.approx(4 / 13)  # no gradient bytes: no all-reduce
+
+
+def test_allreduce_and_grad_bytes():
+    assert allreduce_seconds(1e9, 1, 100.0) == 0.0
+    assert allreduce_seconds(1e9, 4, 8.0) == pytest.approx(1.5)
+    cal = Calibration("m", "H200", "model", COST, p=1.5, m_mem=1.0, m_comp=1.0,
+                      extra={"num_params": 1_000})  # fmt: skip
+    assert grad_bytes_of(cal) == 4_000
+    cal.extra["grad_bytes"] = 2_000
+    assert grad_bytes_of(cal) == 2_000
+    sim = simulate(hand_table(), cal, allreduce_gbps=8e-6)  # 1e3 B/s: 2000 B -> 2 s at N=2
+    assert sim.summary["allreduce_s"] == pytest.approx(2.0)
+    assert sim.summary["device"] == "H200"
+
+
+def test_world_size_sweep_is_fast():
+    df = bucketed(20_000, seed=2)
+    cost = CostModel(c0=0.02, a=1.5e-5, b=1e-9)
+    bud = Budgets(m_mem=65_520, m_comp=32_760**1.4, p=1.4)
+    start = time.perf_counter()
+    imbalance = {}
+    for n in (8, 16, 64, 256, 1024):
+        plan = build_plan(df, "adaptiveload", bud, n, seed=0)
+        imbalance[n] = simulate(plan.table, cost, world_size=n).summary["imbalance_rate"]
+    assert time.perf_counter() - start < 15  # generous for a shared 2-core machine
+    assert imbalance[1024] > imbalance[8]  # more ranks, larger spread per step
