@@ -1,0 +1,154 @@
+"""Cost model: fit recovers known coefficients; exponent; budget rules; analytic counts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from adaptiveload.costmodel import CostModel, derive_budgets, fit, local_exponent
+from adaptiveload.errors import UserError
+from adaptiveload.model import analytic
+from adaptiveload.model.configs import get_config
+from adaptiveload.model.wan import build_on_meta, count_parameters
+
+TRUE = CostModel(
+    c0=0.02, a=3e-6, b=2e-10, m_static=2e9, m_tok=3e5, m_seq=4e6, c_seq=1e-3
+)  # fmt: skip
+
+
+def _grid():
+    B, S = np.meshgrid([1, 2, 4, 8], [256, 1024, 4096, 16384, 32768])
+    return B.ravel(), S.ravel()
+
+
+def test_fit_recovers_known_coefficients_exactly():
+    B, S = _grid()
+    cost, stats = fit(B, S, TRUE.step_time(B, S), TRUE.memory(B, S))
+    for name in ("c0", "a", "b", "c_seq", "m_static", "m_tok", "m_seq"):
+        assert getattr(cost, name) == pytest.approx(getattr(TRUE, name), rel=1e-6), name
+    assert stats.r2 == pytest.approx(1.0) and stats.max_rel_err < 1e-6
+    assert stats.mem_r2 == pytest.approx(1.0) and stats.num_points == B.size
+
+
+def test_fit_with_noise_is_close_and_reports_the_error():
+    B, S = _grid()
+    rng = np.random.default_rng(0)
+    times = TRUE.step_time(B, S) * (1 + 0.03 * rng.standard_normal(B.size))
+    cost, stats = fit(B, S, times)
+    assert cost.b == pytest.approx(TRUE.b, rel=0.1)
+    assert cost.a == pytest.approx(TRUE.a, rel=0.2)
+    assert 0.95 < stats.r2 < 1.0
+    assert 0.01 < stats.max_rel_err < 0.2
+
+
+def test_fit_is_non_negative_and_three_term_form_pins_c_seq():
+    B, S = _grid()
+    times = 0.05 + B * 1e-6 * S  # purely linear: b must come out 0, not negative
+    cost, _ = fit(B, S, times, per_sample=False)
+    assert cost.b >= 0 and cost.c_seq == 0 and cost.a == pytest.approx(1e-6, rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ([1, 2], [16, 64], [0.1, 0.2]),  # too few points
+        ([1, 2, 4], [64, 64, 64], [0.1, 0.2, 0.4]),  # one token count: b not identifiable
+        ([1, 2, 4], [16, 64, 256], [0.1, 0.0, 0.4]),  # a zero time
+    ],
+)
+def test_fit_rejects_unfittable_input(args):
+    with pytest.raises(ValueError):
+        fit(*args)
+
+
+def test_effective_exponent_limits():
+    linear = CostModel(c0=0, a=1.0, b=0.0)
+    quadratic = CostModel(c0=0, a=0.0, b=1.0)
+    assert linear.effective_exponent(10, 1000) == pytest.approx(1.0)
+    assert quadratic.effective_exponent(10, 1000) == pytest.approx(2.0)
+    mixed = CostModel(c0=0, a=1.0, b=1e-3)  # attention = linear at S* = 1000
+    assert 1.0 < mixed.effective_exponent(100, 10_000) < 2.0
+    assert local_exponent(mixed, 1000) == pytest.approx(1.5)
+
+
+def test_budgets_follow_the_documented_rules():
+    tokens = np.array([256] * 50 + [1024] * 30 + [4096] * 20)
+    budgets = derive_budgets(TRUE, tokens, capacity_bytes=80e9, headroom=0.1)
+    s_lo, s_hi = np.percentile(tokens, [5, 95])
+    assert budgets.p == pytest.approx(TRUE.effective_exponent(s_lo, s_hi))
+    # M_mem: the largest B*S under capacity at the smallest S, and B = M_mem/S really fits
+    usable = 80e9 * 0.9
+    assert TRUE.memory(budgets.m_mem / 256, 256) == pytest.approx(usable)
+    for s in (256, 1024, 4096):
+        assert TRUE.memory(np.floor(budgets.m_mem / s), s) <= usable
+    # M_comp: most common bucket (256) at its memory-limited batch
+    assert budgets.ref_tokens == 256 and budgets.ref_batch == int(budgets.m_mem // 256)
+    assert budgets.m_comp == pytest.approx(budgets.ref_batch * 256**budgets.p)
+    assert budgets.max_fits
+    override = derive_budgets(TRUE, tokens, 80e9, 0.1, ref_tokens=4096, ref_batch=2)
+    assert override.m_comp == pytest.approx(2 * 4096**override.p)
+
+
+def test_budgets_reject_bad_input():
+    with pytest.raises(UserError, match="no samples"):
+        derive_budgets(TRUE, [], 80e9)
+    with pytest.raises(UserError, match="static memory"):
+        derive_budgets(TRUE, [256, 1024], capacity_bytes=1e9)
+
+
+def test_single_bucket_uses_the_local_exponent():
+    budgets = derive_budgets(TRUE, [1024] * 10, 80e9)
+    assert budgets.p == pytest.approx(local_exponent(TRUE, 1024))
+
+
+def test_analytic_flops_match_the_reference_notes():
+    """Derived in shared/reference/wan-and-bucketing.md §0: a, b, c of the forward pass."""
+    small = analytic.flop_terms(get_config("wan2.1-t2v-1.3b"))
+    assert small.linear == pytest.approx(2.60e9, rel=0.01)
+    assert small.attention == pytest.approx(1.84e5, rel=0.01)
+    assert small.per_sample == pytest.approx(0.145e12, rel=0.07)
+    big = analytic.flop_terms(get_config("wan2.1-t2v-14b"))
+    assert big.linear == pytest.approx(24.3e9, rel=0.01)
+    assert big.per_sample == pytest.approx(2.15e12, rel=0.03)
+    cfg = get_config("wan2.1-t2v-1.3b")
+    assert analytic.training_flops(cfg, 2, 1000) == pytest.approx(6 * small.forward(1000))
+
+
+def test_activation_count_matches_autograd_saved_tensors():
+    """The per-token byte count of a block, against what autograd really saves (fp32 CPU)."""
+    import torch
+
+    from adaptiveload.model.wan import WanModel
+
+    cfg = get_config("wan2.1-micro")
+    setup = analytic.TrainingSetup(compute_bytes=4, activation_checkpointing=False)
+    block = WanModel(cfg).blocks[0]
+
+    def saved_bytes(tokens: int) -> int:
+        seen: dict[int, int] = {}
+
+        def pack(t):
+            if t.requires_grad or t.grad_fn is not None or t.numel() > cfg.dim:
+                seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        x = torch.randn(1, tokens, cfg.dim, requires_grad=True)
+        e0 = torch.randn(1, 6, cfg.dim)
+        context = torch.randn(1, cfg.text_len, cfg.dim)
+        cos, sin = torch.ones(tokens, cfg.head_dim // 2), torch.zeros(tokens, cfg.head_dim // 2)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            block(x, e0, context, (cos, sin))
+        return sum(seen.values())
+
+    measured = (saved_bytes(512) - saved_bytes(256)) / 256
+    predicted = analytic.activation_bytes_per_token_block(cfg, setup)
+    assert predicted == pytest.approx(measured, rel=0.2)
+
+
+def test_memory_terms_shard_the_static_state():
+    cfg = get_config("wan2.1-t2v-14b")
+    params = count_parameters(build_on_meta(cfg))
+    one = analytic.memory_terms(cfg, params, analytic.TrainingSetup())
+    sixteen = analytic.memory_terms(cfg, params, analytic.TrainingSetup(shard_world_size=16))
+    assert one[0] == pytest.approx(16 * sixteen[0]) and one[1:] == sixteen[1:]
+    assert one[0] > 141e9  # why the 14B prior assumes a sharded optimizer state
