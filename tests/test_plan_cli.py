@@ -1,0 +1,186 @@
+"""`adaptiveload plan` / `adaptiveload simulate` end to end, and their refusals."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from adaptiveload.planning.plan import TABLE_COLUMNS
+from adaptiveload.planning.simulate import STEP_COLUMNS
+
+SUMMARY_KEYS = [
+    "policy",
+    "world_size",
+    "num_samples",
+    "num_planned",
+    "num_excluded",
+    "num_oversize",
+    "num_padding",
+    "duplicates",
+    "steps",
+    "batches",
+    "max_tokens_per_batch",
+    "constraint_violations",
+    "m_tok",
+    "m_mem",
+    "m_comp",
+    "p",
+]
+PREDICTED = (
+    "predicted_imbalance_rate",
+    "predicted_idle_fraction",
+    "predicted_samples_per_s",
+    "predicted_tokens_per_s",
+)
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "adaptiveload", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory) -> dict[str, Path]:
+    from adaptiveload.data.manifest import write_manifest
+    from adaptiveload.data.mixtures import synthesize
+
+    root = tmp_path_factory.mktemp("plan_cli")
+    manifest = root / "manifest.parquet"
+    write_manifest(manifest, synthesize("paper-mixed", 800, seed=0))
+    calibration = root / "cal.json"
+    calibration.write_text(
+        json.dumps(
+            {
+                "model": "wan2.1-t2v-1.3b",
+                "device": "H200",
+                "source": "model",
+                "cost": {
+                    "c0": 0.02,
+                    "a": 1.6e-5,
+                    "b": 1.1e-9,
+                    "m_static": 2e10,
+                    "m_tok": 1.5e6,
+                    "m_seq": 1e6,
+                },
+                "p": 1.36,
+                "m_mem": 80_000,
+                "m_comp": 75_600**1.36,
+                "capacity_bytes": 1.4e11,
+                "num_params": 1.3e9,
+            }
+        )
+    )
+    return {"root": root, "manifest": manifest, "calibration": calibration}
+
+
+def test_plan_then_simulate(inputs):
+    root = inputs["root"]
+    plan, summary = root / "plan.parquet", root / "summary.json"
+    done = cli(
+        "plan",
+        "--manifest",
+        str(inputs["manifest"]),
+        "--policy",
+        "adaptiveload-balanced",
+        "--world-size",
+        "8",
+        "--seed",
+        "3",
+        "--epoch",
+        "1",
+        "--calibration",
+        str(inputs["calibration"]),
+        "--model",
+        "wan2.1-t2v-1.3b",
+        "-o",
+        str(plan),
+        "--summary",
+        str(summary),
+    )
+    assert done.returncode == 0, done.stderr
+    table = pd.read_parquet(plan)
+    assert list(table.columns) == list(TABLE_COLUMNS)
+    s = json.loads(summary.read_text())
+    assert set(SUMMARY_KEYS) | set(PREDICTED) <= set(s)
+    assert (s["world_size"], s["seed"], s["epoch"], s["num_samples"]) == (8, 3, 1, 800)
+    assert s["m_tok"] == s["m_mem"] == 80_000 and s["predicted_source"] == "model"
+    assert s["num_planned"] + s["num_excluded"] == 800 and s["duplicates"] == 0
+
+    steps, run = root / "steps.parquet", root / "run.json"
+    done = cli(
+        "simulate",
+        "--plan",
+        str(plan),
+        "--calibration",
+        str(inputs["calibration"]),
+        "--allreduce-gbps",
+        "400",
+        "--json",
+        "-o",
+        str(steps),
+        "--summary",
+        str(run),
+    )
+    assert done.returncode == 0, done.stderr
+    printed = json.loads(done.stdout)
+    assert printed == json.loads(run.read_text())
+    assert printed["policy"] == "adaptiveload-balanced" and printed["source"] == "model"
+    assert printed["imbalance_rate"] == pytest.approx(s["predicted_imbalance_rate"])
+    assert printed["allreduce_s"] == pytest.approx(2 * 7 / 8 * 5.2e9 / 50e9)
+    per_step = pd.read_parquet(steps)
+    assert list(per_step.columns) == list(STEP_COLUMNS) and len(per_step) == s["steps"] * 8
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--policy", "adaptiveload", "--m-mem", "1e5", "--m-comp", "1e7", "--p", "3.5"], "p=3.5"),
+        (["--policy", "equal-token", "--m-tok", "-5"], "m_tok=-5"),
+        (["--policy", "equal-token", "--m-tok", "5e4", "--world-size", "0"], "world_size=0"),
+        (["--policy", "fastest", "--m-tok", "5e4"], "unknown"),
+        (["--policy", "adaptiveload", "--m-mem", "5e4"], "m_comp, p not set"),
+        (
+            ["--policy", "adaptiveload", "--calibration", "CAL", "--model", "wan2.1-t2v-14b"],
+            "not 'wan2.1-t2v-14b'",
+        ),
+    ],
+)
+def test_plan_refuses_bad_input_without_writing(inputs, flags, message):
+    out = inputs["root"] / "refused"
+    flags = [str(inputs["calibration"]) if f == "CAL" else f for f in flags]
+    if "--world-size" not in flags:
+        flags += ["--world-size", "4"]
+    done = cli(
+        "plan",
+        "--manifest",
+        str(inputs["manifest"]),
+        "--seed",
+        "0",
+        *flags,
+        "-o",
+        str(out / "plan.parquet"),
+        "--summary",
+        str(out / "s.json"),
+    )
+    assert done.returncode == 2
+    assert message in done.stderr and "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+def test_simulate_refuses_a_missing_plan(inputs):
+    done = cli(
+        "simulate",
+        "--plan",
+        str(inputs["root"] / "nope.parquet"),
+        "--calibration",
+        str(inputs["calibration"]),
+        "--json",
+    )
+    assert done.returncode == 2 and "plan file not found" in done.stderr
