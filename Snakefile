@@ -1,4 +1,5 @@
 # AdaptiveLoad reproduction pipeline. Entry point: `snakemake --cores all`.
+# Another experiment: `snakemake --cores all --configfile experiments/p_sweep.yaml`.
 # Rules live in workflow/rules/*.smk; every stage is one `adaptiveload` CLI command.
 from snakemake.utils import min_version, validate
 
@@ -11,7 +12,17 @@ configfile: "experiments/default.yaml"
 validate(config, "workflow/schemas/config.schema.yaml")
 
 
+report: "workflow/report/workflow.rst"
+
+
 include: "workflow/rules/common.smk"
+include: "workflow/rules/data.smk"
+include: "workflow/rules/calibrate.smk"
+include: "workflow/rules/kernel.smk"
+include: "workflow/rules/tracking.smk"
+include: "workflow/rules/plan.smk"
+include: "workflow/rules/train.smk"
+include: "workflow/rules/analysis.smk"
 
 
 rule all:

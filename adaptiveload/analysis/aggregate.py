@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from adaptiveload.costmodel import Calibration
 from adaptiveload.errors import UserError
 
 # fields every run summary must carry (the BRIEF's run-summary schema)
@@ -45,6 +46,11 @@ class RunRef:
     variant: str
     summary: Path
     steps: Path
+    # summary fields the producer left empty (a simulation knows no experiment or kernel)
+    defaults: dict = field(default_factory=dict)
+    # a calibration JSON whose capacity_bytes scales the model's memory estimate when the
+    # summary has no capacity of its own
+    calibration: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -56,7 +62,8 @@ class Aggregate:
 
 
 def parse_index(text: str) -> list[RunRef]:
-    """Read a run index: a JSON list of {setup, variant, summary, steps}, inline or in a file."""
+    """Read a run index: a JSON list of {setup, variant, summary, steps[, calibration, ...]},
+    inline or in a file. Other keys fill summary fields that are missing or null."""
     origin = "run index"
     if not text.lstrip().startswith("["):
         origin = text
@@ -79,6 +86,9 @@ def parse_index(text: str) -> list[RunRef]:
                 variant=str(item.get("variant", "base")),
                 summary=Path(item["summary"]),
                 steps=Path(item["steps"]),
+                defaults={k: v for k, v in item.items()
+                          if k not in ("setup", "variant", "summary", "steps", "calibration")},
+                calibration=Path(item["calibration"]) if item.get("calibration") else None,
             )
         )
     if not refs:
@@ -86,7 +96,7 @@ def parse_index(text: str) -> list[RunRef]:
     return refs
 
 
-def _read_summary(path: Path) -> dict:
+def _read_summary(path: Path, defaults: dict) -> dict:
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:
@@ -97,6 +107,7 @@ def _read_summary(path: Path) -> dict:
     for key in ("summary", "metrics"):
         if isinstance(data.get(key), dict):
             data = {**data[key], **{k: v for k, v in data.items() if k != key}}
+    data.update({k: v for k, v in defaults.items() if data.get(k) is None})
     missing = [k for k in SUMMARY_KEYS if k not in data]
     if missing:
         raise UserError(f"{path}: run summary lacks field(s) {', '.join(missing)}")
@@ -128,7 +139,9 @@ def aggregate(refs: Sequence[RunRef]) -> Aggregate:
     """Read every run; the tables are sorted so that output is byte-stable across re-runs."""
     run_rows, step_frames = [], []
     for ref in refs:
-        summary = _read_summary(ref.summary)
+        summary = _read_summary(ref.summary, ref.defaults)
+        if summary.get("capacity_bytes") is None and ref.calibration is not None:
+            summary["capacity_bytes"] = Calibration.load(ref.calibration).capacity_bytes
         steps = _read_steps(ref.steps)
         axis, value = _sweep(ref.variant)
         labels = {

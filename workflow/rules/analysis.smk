@@ -1,0 +1,125 @@
+# Analysis: one tidy table of all runs -> statistical tests -> paper tables and figures (in the
+# Snakemake report with captions) -> one "analysis" run in MLflow.
+
+
+rule aggregate:
+    input:
+        run_files(),
+    output:
+        runs=f"{RES}/analysis/runs.parquet",
+        steps=f"{RES}/analysis/steps.parquet",
+    params:
+        index=json.dumps(run_index()),
+    log:
+        f"{LOGS}/aggregate.log",
+    benchmark:
+        f"{BENCH}/aggregate.tsv"
+    conda:
+        CONDA_ENV
+    shell:
+        "adaptiveload analyze aggregate --index {params.index:q} --runs-out {output.runs} "
+        "--steps-out {output.steps} > {log} 2>&1"
+
+
+rule stats:
+    input:
+        runs=rules.aggregate.output.runs,
+        steps=rules.aggregate.output.steps,
+    output:
+        csv=f"{TABLES}/stats.csv",
+        md=f"{TABLES}/stats.md",
+    params:
+        a=config["analysis"],
+    log:
+        f"{LOGS}/stats.log",
+    benchmark:
+        f"{BENCH}/stats.tsv"
+    conda:
+        CONDA_ENV
+    shell:
+        "adaptiveload analyze stats --runs {input.runs} --steps {input.steps} --csv {output.csv} "
+        "--md {output.md} --baseline {params.a[baseline]} --n-boot {params.a[bootstrap]} "
+        "--seed {params.a[seed]} > {log} 2>&1"
+
+
+rule tables:
+    input:
+        runs=rules.aggregate.output.runs,
+        steps=rules.aggregate.output.steps,
+        stats=rules.stats.output.csv,
+        kernel=f"{RES}/kernel/bench.json",
+    output:
+        f"{TABLES}/paper_table.csv",
+        f"{TABLES}/paper_table.md",
+        report(f"{TABLES}/paper_table.html", caption="../report/paper_table.rst",
+               category="Tables"),
+        f"{TABLES}/kernel_table.csv",
+        f"{TABLES}/kernel_table.md",
+        report(f"{TABLES}/kernel_table.html", caption="../report/kernel_table.rst",
+               category="Tables"),
+    params:
+        csv=f"{RES}/kernel/bench.csv",
+        baseline=config["analysis"]["baseline"],
+        out=lambda w, output: os.path.dirname(output[0]),
+    log:
+        f"{LOGS}/tables.log",
+    benchmark:
+        f"{BENCH}/tables.tsv"
+    conda:
+        CONDA_ENV
+    shell:
+        "adaptiveload analyze tables --runs {input.runs} --steps {input.steps} --stats {input.stats} "
+        "--out-dir {params.out} --kernel-bench {params.csv} --kernel-status {input.kernel} "
+        "--baseline {params.baseline} > {log} 2>&1"
+
+
+rule figures:
+    input:
+        runs=rules.aggregate.output.runs,
+        steps=rules.aggregate.output.steps,
+        stats=rules.stats.output.csv,
+        describe=DESCRIBE,
+        calibration=CALIBRATION if TRAIN else next(iter(SIMS.values()))["calibration"],
+        kernel=f"{RES}/kernel/bench.json",
+    output:
+        [report(f"{FIGS}/{name}.png", caption=f"../report/{name}.rst", category="Figures")
+         for name in figure_names()],
+    params:
+        figures=" ".join(f"--figure {name}" for name in figure_names()),
+        csv=f"{RES}/kernel/bench.csv",
+        out=lambda w, output: os.path.dirname(output[0]),
+    log:
+        f"{LOGS}/figures.log",
+    benchmark:
+        f"{BENCH}/figures.tsv"
+    conda:
+        CONDA_ENV
+    shell:
+        "MPLBACKEND=Agg adaptiveload analyze figures --runs {input.runs} --steps {input.steps} "
+        "--stats {input.stats} --describe {input.describe} --calibration {input.calibration} "
+        "--kernel-bench {params.csv} --kernel-status {input.kernel} --out-dir {params.out} "
+        "{params.figures} > {log} 2>&1"
+
+
+rule record:
+    """The analysis as its own MLflow run, beside the training runs of this experiment."""
+    input:
+        store=STORE,
+        paper=f"{TABLES}/paper_table.csv",
+        stats=rules.stats.output.csv,
+        files=[f"{TABLES}/stats.md", *TABLE_FILES,
+               *[f"{FIGS}/{name}.png" for name in figure_names()]],
+    output:
+        f"{RES}/analysis/mlflow_analysis.json",
+    params:
+        artifacts=lambda w, input: " ".join(f"--artifact {f}" for f in input.files),
+        experiment=EXP,
+    log:
+        f"{LOGS}/record.log",
+    benchmark:
+        f"{BENCH}/record.tsv"
+    conda:
+        CONDA_ENV
+    shell:
+        "adaptiveload analyze record --experiment {params.experiment} --paper-table {input.paper} "
+        "--stats {input.stats} {params.artifacts} -o {output} > {log} 2>&1"

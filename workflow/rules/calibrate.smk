@@ -1,0 +1,41 @@
+# Calibration: measure t(B,S) and memory of the real model on this device and fit the cost
+# model (p, M_mem, M_comp), or take the calibration file the experiment names.
+
+if config["calibration"]["file"]:
+
+    rule calibrate:
+        """Use the experiment's calibration file (validated by every stage that loads it)."""
+        input:
+            config["calibration"]["file"],
+        output:
+            CALIBRATION,
+        log:
+            f"{LOGS}/calibrate.log",
+        benchmark:
+            f"{BENCH}/calibrate.tsv"
+        conda:
+            CONDA_ENV
+        shell:
+            "cp {input} {output} && echo 'copied {input}' > {log}"
+
+else:
+
+    rule calibrate:
+        """Measure this device (timings want the whole machine: threads = all cores)."""
+        input:
+            config=CONFIG,
+            manifest=MANIFEST,
+        output:
+            CALIBRATION,
+        threads: workflow.cores
+        resources:
+            gpu=1 if config["calibration"]["device"] == "cuda" else 0,
+        log:
+            f"{LOGS}/calibrate.log",
+        benchmark:
+            f"{BENCH}/calibrate.tsv"
+        conda:
+            CONDA_ENV
+        shell:
+            "OMP_NUM_THREADS={threads} adaptiveload calibrate --config {input.config} "
+            "--manifest {input.manifest} -o {output} > {log} 2>&1"

@@ -1,0 +1,74 @@
+# Manifests: the experiment's (a named synthetic mixture, or the user's own file, validated by
+# `describe`) and one per mixture that a simulation or a mixture sweep needs.
+
+
+rule config_resolved:
+    """The validated experiment with defaults filled: what every stage of this run reads."""
+    output:
+        CONFIG,
+    params:
+        text=yaml.safe_dump(config, sort_keys=False),
+    log:
+        f"{LOGS}/config_resolved.log",
+    benchmark:
+        f"{BENCH}/config_resolved.tsv"
+    run:
+        from adaptiveload.io import write_text
+
+        write_text(output[0], params.text)
+        write_text(log[0], f"wrote {output[0]}\n")
+
+
+if not config["data"]["manifest"]:
+
+    rule manifest:
+        """Synthesize the experiment's mixture (deterministic: seed 0; runs vary by plan seed)."""
+        output:
+            MANIFEST,
+        params:
+            mixture=config["data"]["mixture"],
+            n=config["data"]["num_samples"],
+        log:
+            f"{LOGS}/manifest.log",
+        benchmark:
+            f"{BENCH}/manifest.tsv"
+        conda:
+            CONDA_ENV
+        shell:
+            "adaptiveload manifest synth --mixture {params.mixture} -n {params.n} --seed 0 "
+            "-o {output} > {log} 2>&1"
+
+
+rule describe:
+    """Bucket shapes and token statistics of the manifest (also validates a user manifest)."""
+    input:
+        describe_input(),
+    output:
+        DESCRIBE,
+    params:
+        flags=describe_flags(),
+    log:
+        f"{LOGS}/describe.log",
+    benchmark:
+        f"{BENCH}/describe.tsv"
+    conda:
+        CONDA_ENV
+    shell:
+        "adaptiveload manifest describe {input} {params.flags} --json > {output} 2> {log}"
+
+
+rule sim_manifest:
+    """A mixture at the size of a simulate entry (paper scale)."""
+    output:
+        f"{RES}/sim/{{sim}}/manifests/{{mixture}}.parquet",
+    params:
+        n=lambda w: SIMS[w.sim]["num_samples"],
+    log:
+        f"{LOGS}/sim_manifest/{{sim}}/{{mixture}}.log",
+    benchmark:
+        f"{BENCH}/sim_manifest/{{sim}}/{{mixture}}.tsv"
+    conda:
+        CONDA_ENV
+    shell:
+        "adaptiveload manifest synth --mixture {wildcards.mixture} -n {params.n} --seed 0 "
+        "-o {output} > {log} 2>&1"

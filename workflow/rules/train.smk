@@ -1,0 +1,34 @@
+# Training: one measured run per policy x seed x kernel, N ranks emulated on one device (or
+# one process per rank under torchrun; see README). Each run logs to MLflow and writes its
+# per-step table and summary under results/<name>/runs/.
+
+
+rule train:
+    """Measured run; threads = all cores, so runs never time each other's contention."""
+    input:
+        config=CONFIG,
+        manifest=MANIFEST,
+        calibration=CALIBRATION,
+        plan=f"{RES}/plans/{{policy}}/seed{{seed}}.json",
+        store=STORE,
+        kernel=lambda w: f"{RES}/kernel/build.json" if w.kernel == "fused" else [],
+    output:
+        steps=f"{RES}/runs/{{policy}}/seed{{seed}}/{{kernel}}/steps.parquet",
+        summary=f"{RES}/runs/{{policy}}/seed{{seed}}/{{kernel}}/summary.json",
+    params:
+        out=lambda w, output: os.path.dirname(output.summary),
+        world=config["train"]["world_size"],
+    threads: workflow.cores
+    resources:
+        gpu=1 if config["calibration"]["device"] == "cuda" else 0,
+    log:
+        f"{LOGS}/train/{{policy}}/seed{{seed}}/{{kernel}}.log",
+    benchmark:
+        f"{BENCH}/train/{{policy}}/seed{{seed}}/{{kernel}}.tsv"
+    conda:
+        CONDA_ENV
+    shell:
+        "OMP_NUM_THREADS={threads} adaptiveload train --config {input.config} "
+        "--policy {wildcards.policy} --seed {wildcards.seed} --kernel {wildcards.kernel} "
+        "--emulate-world-size {params.world} --calibration {input.calibration} "
+        "--manifest {input.manifest} --out {params.out} > {log} 2>&1"
