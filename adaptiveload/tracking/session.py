@@ -22,24 +22,16 @@ import torch
 
 from adaptiveload import config as experiment_config
 from adaptiveload.costmodel import Calibration
-from adaptiveload.data.bucketing import bucketize
-from adaptiveload.data.dataset import LatentDataset
-from adaptiveload.data.manifest import load_manifest
-from adaptiveload.data.mixtures import synthesize
 from adaptiveload.errors import UserError
 from adaptiveload.io import write_json, write_parquet
-from adaptiveload.model.configs import get_config
-from adaptiveload.planning.policies import Budgets
-from adaptiveload.planning.sampler import PlanBuilder
 from adaptiveload.tracking.run import RunTracker
 from adaptiveload.tracking.store import check_reachable, tracking_uri
 from adaptiveload.training import checkpoint
 from adaptiveload.training.config import TrainConfig, from_experiment
 from adaptiveload.training.distributed import under_torchrun
-from adaptiveload.training.loop import TrainData, Trainer
+from adaptiveload.training.inputs import prepare_data
+from adaptiveload.training.loop import Trainer
 from adaptiveload.training.summary import device_name, run_summary
-
-DATA_SEED = 0  # the dataset is fixed per experiment; the run seed varies plan, init and noise
 
 
 @dataclass
@@ -81,36 +73,6 @@ def resolve(req: Request) -> tuple[dict[str, Any], TrainConfig, Calibration | No
     calibration = Calibration.load(cal_path) if cal_path else None
     out = req.out or Path("results") / "runs" / cfg.experiment / cfg.run_name
     return exp, cfg, calibration, Path(out)
-
-
-def prepare_data(
-    exp: dict[str, Any], cfg: TrainConfig, calibration: Calibration | None, manifest: Path | None
-) -> TrainData:
-    data = exp["data"]
-    manifest = manifest or data["manifest"]
-    frame = (
-        load_manifest(manifest)
-        if manifest
-        else synthesize(data["mixture"], data["num_samples"], DATA_SEED)
-    )
-    bucketed = bucketize(
-        frame, mode=data["bucketing"], grid=data["grid"], max_frames=data["max_frames"]
-    )
-    samples = bucketed.samples.reset_index(drop=True)
-    budgets = Budgets.resolve(**exp["budgets"], calibration=calibration)
-    builder = PlanBuilder(
-        samples, cfg.policy, budgets, cfg.world_size, cfg.seed, cost_model=calibration,
-        num_excluded=int(bucketed.num_excluded),
-    )  # fmt: skip
-    mcfg = get_config(cfg.model)
-    dataset = LatentDataset(
-        samples,
-        latent_channels=mcfg.in_dim,
-        text_len=mcfg.text_len,
-        text_dim=mcfg.text_dim,
-        seed=DATA_SEED,
-    )
-    return TrainData(builder=builder, dataset=dataset, calibration=calibration)
 
 
 def _git_commit() -> str:

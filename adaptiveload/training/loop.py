@@ -79,10 +79,12 @@ def build_model(cfg: TrainConfig, device: torch.device) -> WanModel:
     return model.to(device)
 
 
-def collate(items: list[dict[str, Any]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def collate(
+    items: list[dict[str, Any]], device: torch.device, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One micro-batch (one bucket shape): latents [B, C, T', H', W'], contexts [B, L, D]."""
-    latent = torch.stack([it["latent"] for it in items]).to(device, non_blocking=True)
-    context = torch.stack([it["context"] for it in items]).to(device, non_blocking=True)
+    latent = torch.stack([it["latent"] for it in items]).to(device, dtype, non_blocking=True)
+    context = torch.stack([it["context"] for it in items]).to(device, dtype, non_blocking=True)
     return latent, context
 
 
@@ -107,6 +109,7 @@ class Trainer:
             )
         self.clock = dd.Clock(self.device)
         model = build_model(cfg, self.device)
+        self.dtype = next(model.parameters()).dtype
         self.model = dd.wrap(model, self.ranks, self.device, cfg.fsdp)
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(),
@@ -189,7 +192,7 @@ class Trainer:
         t_load = self.clock.now()
         indices, global_samples = self._next_batch(rank)
         items = [self.data.dataset[i] for i in indices]
-        x0, context = collate(items, self.device)
+        x0, context = collate(items, self.device, self.dtype)
         b = x0.shape[0]
         frames, height, width = self.data.dataset.shapes[indices[0]]
         tokens = int(self.data.builder.samples["tokens"].iat[indices[0]])
@@ -246,13 +249,20 @@ class Trainer:
             "_load_s": t0 - t_load,
         }
 
-    def _step(self, step: int) -> list[dict[str, Any]]:
-        t_step = self.clock.now()
+    def forward_backward(self, step: int) -> list[dict[str, Any]]:
+        """Every local rank's micro-batch of `step`: gradients accumulated, rows returned."""
         self.optimizer.zero_grad(set_to_none=True)
-        local = [self._micro_batch(step, r) for r in self.ranks.local]
-        t_opt = self.clock.now()
+        return [self._micro_batch(step, r) for r in self.ranks.local]
+
+    def optimizer_step(self) -> None:
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.grad_clip)
         self.optimizer.step()
+
+    def _step(self, step: int) -> list[dict[str, Any]]:
+        t_step = self.clock.now()
+        local = self.forward_backward(step)
+        t_opt = self.clock.now()
+        self.optimizer_step()
         t_end = self.clock.now()
         if self.ranks.distributed:
             local[0]["_wall"] = t_end - t_step

@@ -63,9 +63,9 @@ def per_sample_loss(
     noise = noise.to(device=x0.device, dtype=x0.dtype)
     s = sigma.to(device=x0.device, dtype=x0.dtype).view(b, *([1] * (x0.ndim - 1)))
     x_t = (1 - s) * x0 + s * noise
-    t = (sigma * cfg.num_train_timesteps).to(device=x0.device, dtype=torch.float32)
+    dtype = torch.promote_types(torch.float32, x0.dtype)  # fp32 timesteps, as Wan asserts
+    t = (sigma * cfg.num_train_timesteps).to(device=x0.device, dtype=dtype)
     pred = model(x_t, t, context)
     target = noise - x0
-    dtype = torch.promote_types(torch.float32, x0.dtype)
     err = (pred.to(dtype) - target.to(dtype)).pow(2)
     return err.flatten(1).mean(dim=1)
