@@ -81,7 +81,7 @@ def test_many_bad_rows_show_first_few_and_count(tmp_path):
     rows = "".join(f"s{i},{-i if i % 2 else 81},480,832\n" for i in range(1, 41))
     msg = _error(_csv(tmp_path, "sample_id,num_frames,height,width\n" + rows))
     assert "lines 2 (-1), 4 (-3), 6 (-5), 8 (-7), 10 (-9) and 15 more" in msg
-    assert "(20 bad rows)" in msg
+    assert "20 bad rows" in msg
 
 
 def test_missing_column_empty_file_header_only_unknown_suffix(tmp_path):
@@ -111,6 +111,14 @@ def test_parquet_rows_are_one_based_rows(tmp_path):
 def test_garbage_parquet_is_a_user_error(tmp_path):
     (tmp_path / "m.parquet").write_bytes(b"not parquet at all")
     assert "cannot be parsed" in _error(tmp_path / "m.parquet")
+
+
+def test_every_bad_column_is_reported_at_once(tmp_path):
+    body = "sample_id,num_frames,height,width\na,1.5,480,832\nb,81,-4,832\nb,81,480,x\n"
+    msg = _error(_csv(tmp_path, body))
+    assert msg.count(" | ") == 3, msg
+    for needle in ("'sample_id'", "'num_frames': 1 bad row, at line 2 (1.5)", "'height'", "'x'"):
+        assert needle in msg, (needle, msg)
 
 
 def test_bad_fps(tmp_path):

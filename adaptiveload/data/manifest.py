@@ -45,7 +45,7 @@ def validate_manifest(
 
     `origin` names the source in messages; `csv` makes row references line numbers (header = 1).
     """
-    where = _Where(origin, csv)
+    where = _Problems(origin, csv)
     if len(raw) == 0:
         raise UserError(f"{origin}: no samples (a header but no rows); expected one row per sample")
     missing = [c for c in REQUIRED if c not in raw.columns]
@@ -62,6 +62,7 @@ def validate_manifest(
     for col in ("path", "caption", "latent_path"):
         absent = pd.Series(pd.NA, index=out.index, dtype="str")
         out[col] = _text(raw[col]) if col in raw.columns else absent
+    where.raise_if_any()
     if base_dir is not None:
         for col in _PATH_COLUMNS:
             out[col] = _resolve(out[col], base_dir)
@@ -117,25 +118,35 @@ def _read(path: Path) -> pd.DataFrame:
 # --- column checks -------------------------------------------------------------------------
 
 
-class _Where:
-    """Formats offending row positions as 1-based data rows (Parquet) or file lines (CSV)."""
+class _Problems:
+    """Collects one problem per bad column, so a single message lists every column to fix.
+
+    Rows are 1-based data rows (Parquet) or file lines (CSV, header = line 1).
+    """
 
     def __init__(self, origin: str, csv: bool) -> None:
         self.origin = origin
         self.offset = 2 if csv else 1
         self.unit = "line" if csv else "row"
+        self.found: list[str] = []
 
-    def fail(self, bad: np.ndarray, column: str, values: pd.Series, expected: str) -> None:
+    def fail(self, bad: np.ndarray, column: str, values: pd.Series, expected: str) -> bool:
+        """Record the rows where `bad` holds; True if there were any."""
         idx = np.flatnonzero(bad)
         if idx.size == 0:
-            return
+            return False
         shown = ", ".join(f"{i + self.offset} ({_quote(values.iloc[i])})" for i in idx[:_SHOW])
         more = f" and {idx.size - _SHOW} more" if idx.size > _SHOW else ""
         plural = "s" if idx.size > 1 else ""
-        raise UserError(
-            f"{self.origin}: column '{column}', {self.unit}{plural} {shown}{more} "
-            f"({idx.size} bad row{plural}): expected {expected}"
+        self.found.append(
+            f"column '{column}': {idx.size} bad row{plural}, at "
+            f"{self.unit}{plural} {shown}{more}; expected {expected}"
         )
+        return True
+
+    def raise_if_any(self) -> None:
+        if self.found:
+            raise UserError(f"{self.origin}: " + " | ".join(self.found))
 
 
 def _quote(value: object) -> str:
@@ -145,19 +156,20 @@ def _quote(value: object) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def _sample_ids(col: pd.Series, where: _Where) -> pd.Series:
+def _sample_ids(col: pd.Series, where: _Problems) -> pd.Series:
     missing = col.isna().to_numpy()
     ids = col.astype("str")
     empty = missing | (ids.str.strip() == "").to_numpy()
-    where.fail(empty, "sample_id", col, "a non-empty string")
+    if where.fail(empty, "sample_id", col, "a non-empty string"):
+        return ids
     dup = ids.duplicated(keep=False).to_numpy()
     if dup.any():
         first = ids[dup].iloc[0]
         same = np.flatnonzero((ids == first).to_numpy())
         lines = ", ".join(str(i + where.offset) for i in same[:_SHOW])
-        raise UserError(
-            f"{where.origin}: column 'sample_id': {int(dup.sum())} rows share an id, e.g. "
-            f"{first!r} at {where.unit}s {lines}; expected every sample_id to be unique"
+        where.found.append(
+            f"column 'sample_id': {int(dup.sum())} rows share an id, e.g. {first!r} at "
+            f"{where.unit}s {lines}; expected every sample_id to be unique"
         )
     return ids
 
@@ -173,7 +185,8 @@ def _numeric(col: pd.Series) -> tuple[np.ndarray, np.ndarray]:
     return values, np.isnan(values) & col.notna().to_numpy()
 
 
-def _sizes(col: pd.Series, name: str, where: _Where) -> np.ndarray:
+def _sizes(col: pd.Series, name: str, where: _Problems) -> np.ndarray:
+    """int64 sizes; the first failing check of the column is recorded (zeros returned then)."""
     limit = _LIMITS[name]
     unit = "frames" if name == "num_frames" else "pixels"
     expected = f"a whole number of {unit} from 1 to {limit}"
@@ -182,18 +195,24 @@ def _sizes(col: pd.Series, name: str, where: _Where) -> np.ndarray:
         where.fail((values < 1) | (values > limit), name, col, expected)
         return values
     values, not_a_number = _numeric(col)
-    where.fail(not_a_number, name, col, expected)
-    where.fail(np.isnan(values), name, col, expected + " (the cell is empty)")
-    where.fail(values != np.floor(values), name, col, expected + " (not a whole number)")
-    where.fail((values < 1) | (values > limit), name, col, expected)
+    checks = (
+        (not_a_number, expected),
+        (np.isnan(values), expected + " (the cell is empty)"),
+        (values != np.floor(values), expected + " (not a whole number)"),
+        ((values < 1) | (values > limit), expected),
+    )
+    for bad, text in checks:
+        if where.fail(bad, name, col, text):
+            return np.zeros(len(col), dtype=np.int64)
     return values.astype(np.int64)
 
 
-def _fps(col: pd.Series, where: _Where) -> np.ndarray:
+def _fps(col: pd.Series, where: _Problems) -> np.ndarray:
     values, not_a_number = _numeric(col)
     expected = "frames per second, a number > 0, or an empty cell"
-    where.fail(not_a_number, "fps", col, expected)
-    where.fail(~np.isnan(values) & ~((values > 0) & (values < 10_000)), "fps", col, expected)
+    out_of_range = ~np.isnan(values) & ~((values > 0) & (values < 10_000))
+    if not where.fail(not_a_number, "fps", col, expected):
+        where.fail(out_of_range, "fps", col, expected)
     return values
 
 
