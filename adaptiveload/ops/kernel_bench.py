@@ -1,0 +1,248 @@
+"""Benchmark of the fused LayerNorm-Modulate op against Wan's eager sequence, torch.compile of
+that sequence, and the device's copy bandwidth measured in the same run (CSV, source
+`measured`).
+
+Setting (Wan 2.1 block): B=1, x bf16 [1, S, D], scale/shift fp32 [1, 1, D] chunk views of a
+[1, 6, D] modulation tensor (row stride 6*D, as Wan passes them). Phases: `fwd` (no grad),
+`bwd` (autograd.grad of a retained graph), `fwd_bwd`. Times are CUDA-event medians.
+GB/s is *effective*: the fused algorithm's minimal HBM bytes (fwd 4N, bwd 6N, fwd_bwd 10N
+for N = S*D bf16 elements, + 8 bytes/row of stats) over the time, the same numerator for
+every implementation, so it is a speed and comparable with the copy ceiling (a
+device-to-device copy of x, 4N bytes moved). `saved` rows give the bytes autograd keeps for
+backward (unique storages, via saved_tensors_hooks).
+
+Runnable without the CLI's dependencies (the GPU check script uses this):
+    python -m adaptiveload.ops.kernel_bench -o results/kernels/bench.csv
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as dt
+import io
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from adaptiveload.io import write_text
+from adaptiveload.ops import ln_modulate as lm
+
+SEQ_LENS = (8192, 16384, 32768, 65536, 75600)
+DIMS = (1536, 5120)
+IMPLS = ("fused", "eager", "compile")
+PHASES = ("fwd", "bwd", "fwd_bwd")
+COLUMNS = (
+    "source", "device", "date", "torch", "cuda", "B", "S", "D", "x_dtype", "mod_dtype",
+    "phase", "impl", "median_us", "min_us", "repeats", "model_bytes", "gbps", "frac_of_copy",
+    "speedup_vs_eager", "speedup_vs_compile", "saved_bytes", "note",
+)  # fmt: skip
+
+
+def _elapsed_us(fn: Callable[[], Any], warmup: int, repeats: int) -> list[float]:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return times
+
+
+def _inputs(s: int, d: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(1, s, d, device="cuda", generator=gen).to(torch.bfloat16)
+    e = 0.1 * torch.randn(1, 6, d, device="cuda", generator=gen)
+    # leaves that are strided views of the [B, 6, D] modulation tensor, like Wan's chunks
+    scale = e[:, 1:2].detach().requires_grad_()
+    shift = e[:, 0:1].detach().requires_grad_()
+    return x.requires_grad_(), scale, shift
+
+
+def _saved_bytes(fn: Callable[..., torch.Tensor], *args: torch.Tensor) -> int:
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        st = t.untyped_storage()
+        seen[st.data_ptr()] = st.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn(*args)
+    del out
+    return sum(seen.values())
+
+
+def _compiled_eager() -> Callable[..., torch.Tensor]:
+    return torch.compile(lm.wan_eager, fullgraph=True)
+
+
+def unavailable_reason() -> str:
+    """'' when the benchmark can run here."""
+    if not torch.cuda.is_available():
+        return "kernel bench needs CUDA: no CUDA device visible"
+    if not lm.fused_available():
+        return f"kernel bench needs the fused kernel: {lm.fused_unavailable_reason()}"
+    return ""
+
+
+def run(
+    seq_lens: tuple[int, ...] = SEQ_LENS,
+    dims: tuple[int, ...] = DIMS,
+    repeats: int = 20,
+    warmup: int = 5,
+    seed: int = 0,
+) -> list[dict[str, Any]]:
+    """Measure every (D, S, impl, phase); returns CSV rows (dicts keyed by COLUMNS)."""
+    if reason := unavailable_reason():
+        raise RuntimeError(reason)
+    stamp = {
+        "source": "measured",
+        "device": torch.cuda.get_device_name(),
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "B": 1,
+        "x_dtype": "bfloat16",
+        "mod_dtype": "float32",
+        "repeats": repeats,
+    }
+    impls: dict[str, Callable[..., torch.Tensor]] = {
+        "fused": lm.ln_modulate,
+        "eager": lm.wan_eager,
+        "compile": _compiled_eager(),
+    }
+    rows: list[dict[str, Any]] = []
+    for d in dims:
+        for s in seq_lens:
+            x, scale, shift = _inputs(s, d, seed)
+            torch._dynamo.mark_dynamic(x, 1)
+            n = s * d
+            model_bytes = {"fwd": 4 * n + 8 * s, "bwd": 6 * n + 8 * s, "fwd_bwd": 10 * n + 16 * s}
+            base = dict(stamp, S=s, D=d)
+            dst = torch.empty_like(x, requires_grad=False)
+            src = x.detach()
+            copy_t = _elapsed_us(lambda dst=dst, src=src: dst.copy_(src), warmup, repeats)
+            copy_gbps = 4 * n / (statistics.median(copy_t) * 1e3)
+            rows.append(dict(base, phase="copy", impl="copy", median_us=statistics.median(copy_t),
+                             min_us=min(copy_t), model_bytes=4 * n, gbps=copy_gbps,
+                             note="device-to-device copy of x: the bandwidth ceiling"))  # fmt: skip
+            medians: dict[tuple[str, str], float] = {}
+            for name, fn in impls.items():
+                try:
+                    rows.append(dict(base, phase="saved", impl=name,
+                                     saved_bytes=_saved_bytes(fn, x, scale, shift),
+                                     note="autograd's saved bytes (unique storages)"))  # fmt: skip
+                except Exception as exc:
+                    rows.append(dict(base, phase="saved", impl=name, note=f"error: {exc}"))
+                try:
+                    for phase, t in _time_phases(fn, x, scale, shift, warmup, repeats).items():
+                        med = statistics.median(t)
+                        medians[(name, phase)] = med
+                        gbps = model_bytes[phase] / (med * 1e3)
+                        rows.append(dict(base, phase=phase, impl=name, median_us=med,
+                                         min_us=min(t), model_bytes=model_bytes[phase],
+                                         gbps=gbps, frac_of_copy=gbps / copy_gbps))  # fmt: skip
+                except Exception as exc:  # one failing baseline must not lose the others
+                    rows.append(dict(base, phase="error", impl=name,
+                                     note=f"{type(exc).__name__}: {exc}"))  # fmt: skip
+            for row in rows:
+                key = (row["impl"], row["phase"])
+                if row.get("S") == s and row.get("D") == d and key in medians:
+                    for ref in ("eager", "compile"):
+                        if (ref, row["phase"]) in medians:
+                            row[f"speedup_vs_{ref}"] = medians[(ref, row["phase"])] / medians[key]
+            del x, scale, shift, dst, src
+            torch.cuda.empty_cache()
+            print(f"D={d} S={s} done", file=sys.stderr)
+    return rows
+
+
+def _time_phases(
+    fn: Callable[..., torch.Tensor],
+    x: torch.Tensor,
+    scale: torch.Tensor,
+    shift: torch.Tensor,
+    warmup: int,
+    repeats: int,
+) -> dict[str, list[float]]:
+    leaves = (x, scale, shift)
+    with torch.no_grad():
+        fwd = _elapsed_us(lambda: fn(x, scale, shift), warmup, repeats)
+    dy = torch.randn(x.shape, device=x.device).to(fn(x, scale, shift).dtype)
+    bwd = _backward_us(fn(x, scale, shift), leaves, dy, warmup, repeats)
+    fwd_bwd = _elapsed_us(
+        lambda: torch.autograd.grad(fn(x, scale, shift), leaves, dy), warmup, repeats
+    )
+    return {"fwd": fwd, "bwd": bwd, "fwd_bwd": fwd_bwd}
+
+
+def _backward_us(
+    y: torch.Tensor, leaves: tuple[torch.Tensor, ...], dy: torch.Tensor, warmup: int, repeats: int
+) -> list[float]:
+    """Backward alone: autograd.grad over one retained graph (no .grad accumulation)."""
+    return _elapsed_us(
+        lambda: torch.autograd.grad(y, leaves, dy, retain_graph=True), warmup, repeats
+    )
+
+
+def to_csv(rows: list[dict[str, Any]]) -> str:
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=COLUMNS, extrasaction="raise")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: _fmt(row.get(k)) for k in COLUMNS})
+    return buf.getvalue()
+
+
+def _fmt(v: Any) -> Any:
+    return f"{v:.4g}" if isinstance(v, float) else ("" if v is None else v)
+
+
+def skip_rows(reason: str) -> list[dict[str, Any]]:
+    """The record written instead of measurements where there is no CUDA (pipeline --skip-ok)."""
+    stamp = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    return [{"source": "skipped", "date": stamp, "torch": torch.__version__, "note": reason}]
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(t) for t in text.split(","))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-o", "--out", type=Path, default=Path("results/kernels/bench.csv"))
+    parser.add_argument("--seq-lens", type=_ints, default=SEQ_LENS, help="comma-separated")
+    parser.add_argument("--dims", type=_ints, default=DIMS, help="comma-separated")
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--skip-ok", action="store_true", help="no CUDA: write a skip record")
+    args = parser.parse_args(argv)
+    return bench_to_file(args.out, args.seq_lens, args.dims, args.repeats, args.skip_ok)
+
+
+def bench_to_file(
+    out: Path, seq_lens: tuple[int, ...], dims: tuple[int, ...], repeats: int, skip_ok: bool
+) -> int:
+    """Run and write the CSV; the exit status for a CLI (1: needs CUDA and --skip-ok not given)."""
+    if reason := unavailable_reason():
+        if not skip_ok:
+            print(f"error: {reason}", file=sys.stderr)
+            return 1
+        rows = skip_rows(reason)
+    else:
+        rows = run(seq_lens, dims, repeats)
+    write_text(out, to_csv(rows))
+    print(f"wrote {out} ({len(rows)} rows)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

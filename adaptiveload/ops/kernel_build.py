@@ -1,0 +1,171 @@
+"""Building the fused-kernel library with torch.utils.cpp_extension (ninja + nvcc + the host
+compiler), and the JSON record of what was built.
+
+Only the binding includes torch headers; the .cu files are plain CUDA, which keeps a build at
+tens of seconds per architecture on a small machine. Without nvcc, ninja or a CUDA build of
+torch the build is *skipped* (status "skipped" with the reason) rather than failed, so the
+pipeline and CPU-only installs carry on with the reference implementation.
+
+Runnable without the CLI's dependencies (the GPU check script uses this):
+    python -m adaptiveload.ops.kernel_build --out DIR --arch "9.0;8.0"
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from adaptiveload.io import write_json
+from adaptiveload.ops.kernel_lib import DEFAULT_BUILD_DIR, LIB_NAME, REPO_ROOT
+
+KERNEL_DIR = REPO_ROOT / "kernels"
+SOURCES = ("ln_modulate_fwd.cu", "ln_modulate_bwd.cu", "ln_modulate_binding.cpp")
+RECORD_NAME = "build.json"
+DEFAULT_ARCH = "9.0"
+
+
+def cuda_home() -> Path:
+    return Path(os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda")
+
+
+def nvcc_path() -> Path | None:
+    candidate = cuda_home() / "bin" / "nvcc"
+    if candidate.is_file():
+        return candidate
+    found = shutil.which("nvcc")
+    return Path(found).resolve() if found else None
+
+
+def nvcc_version(nvcc: Path) -> str:
+    out = subprocess.run([str(nvcc), "--version"], capture_output=True, text=True, check=False)
+    lines = [ln for ln in out.stdout.splitlines() if "release" in ln]
+    return lines[0].strip() if lines else out.stdout.strip()
+
+
+def cuobjdump_path() -> Path | None:
+    """The CUDA toolkit's cuobjdump, else one on PATH, else the copy Triton bundles."""
+    candidates = [cuda_home() / "bin" / "cuobjdump"]
+    if found := shutil.which("cuobjdump"):
+        candidates.append(Path(found))
+    try:
+        import triton.backends.nvidia as tnv
+
+        candidates.append(Path(tnv.__file__).parent / "bin" / "cuobjdump")
+    except ImportError:
+        pass
+    return next((c for c in candidates if c.is_file()), None)
+
+
+def list_cubins(library: Path) -> list[str] | None:
+    """Names of the device-code ELF images in `library` (e.g. '...sm_90.cubin'); None when
+    no cuobjdump is available to look."""
+    tool = cuobjdump_path()
+    if tool is None:
+        return None
+    out = subprocess.run(
+        [str(tool), "--list-elf", str(library)], capture_output=True, text=True, check=True
+    )
+    return [ln.split(":", 1)[1].strip() for ln in out.stdout.splitlines() if ":" in ln]
+
+
+def skip_reason() -> str:
+    """'' when this machine can build the library, else why not."""
+    if torch.version.cuda is None:
+        return f"torch {torch.__version__} is a CPU-only build (no CUDA libraries to link)"
+    if nvcc_path() is None:
+        return f"nvcc not found (looked in {cuda_home()}/bin and on PATH)"
+    if shutil.which("ninja") is None:  # what cpp_extension runs
+        return "ninja not found (pip install ninja)"
+    return ""
+
+
+def build(
+    out_dir: Path = DEFAULT_BUILD_DIR, arch: str = DEFAULT_ARCH, verbose: bool = False
+) -> dict[str, Any]:
+    """Build `<out_dir>/adaptiveload_kernels.so` for the `;`-separated arch list; write and
+    return the record. Raises RuntimeError (after writing a 'failed' record) if compiling fails.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    record: dict[str, Any] = {
+        "status": "skipped",
+        "reason": skip_reason(),
+        "arch_list": arch,
+        "nvcc_version": None,
+        "torch_version": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "library": None,
+        "seconds": 0.0,
+    }
+    if record["reason"]:
+        write_json(out_dir / RECORD_NAME, record)
+        return record
+    nvcc = nvcc_path()
+    assert nvcc is not None
+    record["nvcc_version"] = nvcc_version(nvcc)
+    # cpp_extension reads CUDA_HOME once, at import, and guesses /usr/local from a
+    # /usr/local/bin/nvcc symlink; pin it to the toolkit that owns the nvcc we found
+    os.environ["CUDA_HOME"] = str(nvcc.parent.parent)
+    import torch.utils.cpp_extension as cpp_extension
+
+    cpp_extension.CUDA_HOME = os.environ["CUDA_HOME"]
+    previous_arch = os.environ.get("TORCH_CUDA_ARCH_LIST")
+    os.environ["TORCH_CUDA_ARCH_LIST"] = arch
+    try:
+        library = cpp_extension.load(
+            name=LIB_NAME,
+            sources=[str(KERNEL_DIR / s) for s in SOURCES],
+            extra_include_paths=[str(KERNEL_DIR)],
+            extra_cflags=["-O3"],
+            extra_cuda_cflags=["-O3", "--expt-relaxed-constexpr"],
+            build_directory=str(out_dir),
+            is_python_module=False,
+            verbose=verbose,
+        )
+    except Exception as exc:  # compiler errors arrive as RuntimeError/CalledProcessError
+        record.update(status="failed", reason=f"{type(exc).__name__}: {exc}")
+        record["seconds"] = round(time.perf_counter() - t0, 1)
+        write_json(out_dir / RECORD_NAME, record)
+        raise RuntimeError(f"kernel build failed ({out_dir / RECORD_NAME}): {exc}") from exc
+    finally:
+        if previous_arch is None:
+            os.environ.pop("TORCH_CUDA_ARCH_LIST", None)
+        else:
+            os.environ["TORCH_CUDA_ARCH_LIST"] = previous_arch
+    record.update(
+        status="built",
+        reason="",
+        library=str(library),
+        seconds=round(time.perf_counter() - t0, 1),
+        cubins=list_cubins(Path(library)),
+    )
+    write_json(out_dir / RECORD_NAME, record)
+    return record
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=DEFAULT_BUILD_DIR)
+    parser.add_argument("--arch", default=os.environ.get("TORCH_CUDA_ARCH_LIST", DEFAULT_ARCH))
+    parser.add_argument("--verbose", action="store_true")
+    args = parser.parse_args(argv)
+    try:
+        record = build(args.out, args.arch, args.verbose)
+    except RuntimeError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    print(f"kernel build {record['status']}: {record['reason'] or record['library']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
