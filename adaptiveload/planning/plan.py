@@ -85,10 +85,12 @@ def build_plan(
 
     # 1-2: shuffle within buckets, cut into batches of B(S)
     packed = (shape[:, 0] << 40) | (shape[:, 1] << 20) | shape[:, 2]
-    keys, bucket = np.unique(packed, return_inverse=True)
+    bucket, keys = pd.factorize(packed, sort=True)  # hashing: O(n), few distinct shapes
     bucket_shape = np.stack([keys >> 40, (keys >> 20) & 0xFFFFF, keys & 0xFFFFF], axis=1)
     perm = rng.permutation(n)
-    order = perm[np.argsort(bucket[perm], kind="stable")]  # grouped by bucket, random inside
+    narrow = np.int16 if len(bucket_shape) <= np.iinfo(np.int16).max else np.int64
+    # grouped by bucket, random inside (a stable sort of int16 keys is a radix sort: O(n))
+    order = perm[np.argsort(bucket[perm].astype(narrow), kind="stable")]
     count = np.bincount(bucket, minlength=len(bucket_shape))
     bucket_tokens = np.zeros(len(bucket_shape), dtype=np.int64)
     bucket_tokens[bucket] = tokens
@@ -136,7 +138,7 @@ def build_plan(
         {
             "step": row_slot // world_size,
             "rank": row_slot % world_size,
-            "sample_id": frame["sample_id"].to_numpy()[row_sample],
+            "sample_id": frame["sample_id"].array.take(row_sample),  # no Python objects
             "frames": row_shape[:, 0],
             "height": row_shape[:, 1],
             "width": row_shape[:, 2],
