@@ -89,7 +89,7 @@ def _scaled(grid: Grid, name: str, factor: int, frame_cap: int) -> Grid:
 
 
 # CPU default: the Wan grid at 1/4 of the side length, clips up to 65 frames, so tokens span
-# 12 (48x64 image) .. 3,740 (65f 176x320) and tiny models train on 2 cores.
+# 12 (48x64 image) .. 3,825 (65f 240x240; 3,740 at 65f 176x320), so tiny models train on 2 cores.
 TINY_GRID = _scaled(WAN_GRID, "tiny", factor=4, frame_cap=65)
 
 GRIDS: dict[str, Grid] = {g.name: g for g in (WAN_GRID, TINY_GRID)}

@@ -178,7 +178,7 @@ TINY_CPU = Mixture(
     provenance=(
         "paper-mixed with every source side divided by 4 (1920x1080 -> 480x270) and the "
         "same frame counts; with the tiny grid (Wan grid / 4, clips up to 65 frames) tokens "
-        "span about 12..3,740, so tiny Wan models train on 2 CPU cores."
+        "span about 12..3,825, so tiny Wan models train on 2 CPU cores."
     ),
 )
 
