@@ -1,0 +1,122 @@
+"""MLflow tracking: store set-up, batched logging, and nothing lost when the store goes away."""
+
+from __future__ import annotations
+
+import shutil
+import warnings
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+from training_setup import ROOT, MlflowServer, adaptiveload, cli_env, free_port, write_experiment
+
+from adaptiveload.errors import UserError
+from adaptiveload.tracking.run import RunTracker
+from adaptiveload.tracking.spool import Spool
+from adaptiveload.tracking.store import check_reachable, init_store
+
+
+def _count_calls(tracker: RunTracker) -> list[int]:
+    """Record the metric count of each real log_batch call the tracker makes."""
+    calls: list[int] = []
+    real = tracker.client.log_batch
+
+    def counting(run_id, metrics=(), **kw):
+        calls.append(len(metrics))
+        return real(run_id, metrics=metrics, **kw)
+
+    tracker.client.log_batch = counting
+    return calls
+
+
+def _steps(uri: str, run_id: str, key: str = "loss") -> list[int]:
+    return sorted(m.step for m in MlflowClient(uri).get_metric_history(run_id, key))
+
+
+def test_init_creates_sqlite_store(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'sub' / 'mlflow.db'}"
+    result = adaptiveload("tracking", "init", "--uri", uri, env=cli_env(), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "sub" / "mlflow.db").stat().st_size > 0
+    assert init_store(uri) == uri  # a second init is harmless
+
+
+def test_unreachable_store_is_a_user_error_before_training(tmp_path):
+    uri = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    with pytest.raises(UserError, match="not reachable"):
+        check_reachable(uri)
+    exp = write_experiment(tmp_path)
+    out = tmp_path / "run"
+    result = adaptiveload(
+        "train", "--config", str(exp), "--policy", "adaptiveload", "--seed", "0",
+        "--out", str(out), env=cli_env(uri), cwd=tmp_path, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "not reachable" in result.stderr and "Traceback" not in result.stderr
+    assert not out.exists()  # nothing trained, nothing written
+
+
+def test_one_log_batch_per_step_and_chunks_of_1000(tmp_path):
+    uri = init_store(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    tracker = RunTracker.start(uri, "e", "r", {"a": {"b": 1}}, {"t": "x"}, tmp_path / "s.jsonl")
+    calls = _count_calls(tracker)
+    for step in range(3):
+        tracker.log_step(step, {"loss": 1.0 / (step + 1), "step_time_s": 0.5, "rank0/x": 1.0})
+    assert calls == [3, 3, 3]
+    wide = {"loss": 0.1, **{f"rank{r}/compute_s": float(r) for r in range(1500)}}
+    tracker.log_step(3, wide)
+    assert calls[3:] == [1000, 501]
+    assert tracker.finish()
+    assert _steps(uri, tracker.run_id) == [0, 1, 2, 3]
+    run = MlflowClient(uri).get_run(tracker.run_id)
+    assert run.info.status == "FINISHED" and run.data.params["a.b"] == "1"
+
+
+@pytest.mark.slow
+def test_store_lost_mid_run_spools_then_uploads_each_step_once(tmp_path):
+    server = MlflowServer(tmp_path / "server.db")
+    server.start()
+    try:
+        spool = tmp_path / "run" / "tracking.spool.jsonl"
+        tracker = RunTracker.start(server.uri, "e", "r", {}, {}, spool, run_id=None)
+        tracker.retry_s = 0.0
+        for step in range(2):
+            tracker.log_step(step, {"loss": float(step)})
+        server.stop()
+        with pytest.warns(UserWarning, match="unreachable"):
+            for step in range(2, 4):
+                tracker.log_step(step, {"loss": float(step)})  # training goes on
+        assert [r["step"] for r in Spool.load(spool).records] == [2, 3]
+
+        server.start()
+        tracker.log_step(4, {"loss": 4.0})  # the backlog goes up first, in order
+        assert not spool.exists()
+        assert _steps(server.uri, tracker.run_id) == [0, 1, 2, 3, 4]
+
+        server.stop()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            tracker.log_step(5, {"loss": 5.0})
+            assert not tracker.finish()  # the end of the run finds the store down
+        kept = tmp_path / "copy.jsonl"
+        shutil.copy(spool, kept)
+
+        server.start()
+        env = cli_env()
+        result = adaptiveload("sync", str(spool), env=env, cwd=ROOT)
+        assert result.returncode == 0, result.stderr
+        assert not spool.exists()
+        result = adaptiveload("sync", str(kept), env=env, cwd=ROOT)  # again: idempotent
+        assert result.returncode == 0, result.stderr
+        assert _steps(server.uri, tracker.run_id) == [0, 1, 2, 3, 4, 5]
+        assert MlflowClient(server.uri).get_run(tracker.run_id).info.status == "FINISHED"
+    finally:
+        server.stop()
+
+
+def test_sync_of_a_bad_spool_is_a_user_error(tmp_path):
+    bad = tmp_path / "x.jsonl"
+    bad.write_text('{"kind": "step"}\n')
+    result = adaptiveload("sync", str(bad), env=cli_env(), cwd=tmp_path)
+    assert result.returncode == 2 and "header" in result.stderr
+    assert Path(bad).exists()
