@@ -23,6 +23,7 @@ import pandas as pd
 import seaborn as sns
 
 from adaptiveload.analysis.aggregate import per_step
+from adaptiveload.analysis.tables import kernel_measurements
 
 POLICY_ORDER = ["equal-token", "adaptiveload", "adaptiveload-balanced"]
 PALETTE = dict(zip(POLICY_ORDER, sns.color_palette("colorblind", 3), strict=True))
@@ -35,8 +36,7 @@ class FigureInputs:
     stats: pd.DataFrame
     describe: dict | None = None
     calibration: dict | None = None
-    kernel_csv: Path | None = None
-    kernel_skip: str | None = None
+    kernel_bench: Path | None = None
 
     def __post_init__(self) -> None:
         self.step_table = per_step(self.steps)
@@ -194,6 +194,8 @@ def calibration_fit(inp: FigureInputs) -> plt.Figure:
     cal = inp.calibration or {}
     points = pd.DataFrame(cal.get("points") or cal.get("measurements") or [])
     needed = {"batch", "tokens", "time_s"}
+    if not points.empty and needed <= set(points.columns):
+        points = points[points["time_s"].notna()]
     if points.empty or not needed <= set(points.columns):
         return _placeholder("Calibration fit", "the calibration has no measured points "
                             f"({cal.get('source', 'no calibration')})")
@@ -282,29 +284,27 @@ def mixture_sweep(inp: FigureInputs) -> plt.Figure:
 def kernel_bandwidth(inp: FigureInputs) -> plt.Figure:
     """Achieved bandwidth of each LN-modulate implementation against the copy ceiling."""
     title = "Fused LayerNorm-Modulate: achieved bandwidth vs copy ceiling"
-    if inp.kernel_csv is None or not inp.kernel_csv.exists():
-        return _placeholder(title, inp.kernel_skip or "no kernel benchmark ran")
-    bench = pd.read_csv(inp.kernel_csv)
-    needed = {"impl", "tokens", "dim", "pass", "gbps"}
-    if not needed <= set(bench.columns):
-        return _placeholder(title, f"benchmark CSV lacks columns {sorted(needed)}")
-    dims = sorted(set(bench["dim"]))
-    passes = [p for p in ("fwd", "bwd", "fwd+bwd") if p in set(bench["pass"])]
-    fig, axes = plt.subplots(len(dims), len(passes), figsize=(4.5 * len(passes), 3.5 * len(dims)),
-                             squeeze=False, sharey=True)
-    device = bench["device"].iloc[0] if "device" in bench.columns else "unknown device"
+    bench, reason = kernel_measurements(inp.kernel_bench)
+    if bench is None:
+        return _placeholder(title, reason)
+    bench = bench[bench["gbps"].notna()]
+    dims = sorted(set(bench["D"]))
+    phases = [p for p in ("fwd", "bwd", "fwd_bwd") if p in set(bench["phase"])]
+    copy = bench[bench["phase"] == "copy"]
+    fig, axes = plt.subplots(len(dims), len(phases), squeeze=False, sharey=True,
+                             figsize=(4.5 * len(phases), 3.5 * len(dims)))
     for i, dim in enumerate(dims):
-        for j, pss in enumerate(passes):
+        for j, phase in enumerate(phases):
             ax = axes[i, j]
-            sel = bench[(bench["dim"] == dim) & (bench["pass"] == pss)]
-            impls = sel[sel["impl"] != "copy"]
-            sns.lineplot(data=impls, x="tokens", y="gbps", hue="impl", marker="o", ax=ax)
-            copy = sel[sel["impl"] == "copy"]
-            if not copy.empty:
-                ax.axhline(copy["gbps"].max(), color="k", ls="--", lw=0.8, label="copy ceiling")
+            sel = bench[(bench["D"] == dim) & (bench["phase"] == phase)]
+            sns.lineplot(data=sel, x="S", y="gbps", hue="impl", marker="o", ax=ax)
+            ceiling = copy[copy["D"] == dim]["gbps"]
+            if not ceiling.empty:
+                ax.axhline(ceiling.max(), color="k", ls="--", lw=0.8, label="copy ceiling")
             ax.set(xscale="log", xlabel="tokens S", ylabel="achieved GB/s",
-                   title=f"D={dim}, {pss}")
+                   title=f"D={dim}, {phase.replace('_', '+')}")
             ax.legend(fontsize=7)
+    device = bench["device"].iloc[0] if "device" in bench.columns else "unknown device"
     fig.suptitle(f"{title} [measured ({device})]")
     fig.tight_layout()
     return fig

@@ -43,16 +43,18 @@ class Table:
 
 
 def _vram_per_run(runs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
-    """Mean VRAM utilization per run: measured where the summary has it, else the cost model's
-    peak-memory estimate over the device capacity (labelled `model`)."""
+    """Mean VRAM utilization per run and where it comes from: the summary's (measured on a GPU,
+    or predicted by a simulation), else the cost model's per-step peak-memory estimate over the
+    device capacity. Anything not measured is labelled `model`."""
     step_table = per_step(steps)
     model = (step_table.groupby([*KEYS, "seed"])["vram_util_model"].mean()
              .rename("vram_model").reset_index())
     out = runs.merge(model, on=[*KEYS, "seed"], how="left")
-    measured = out["vram_utilization_mean"].notna()
-    out["vram_utilization"] = np.where(measured, out["vram_utilization_mean"], out["vram_model"])
+    summary = out["vram_utilization_mean"].notna()
+    out["vram_utilization"] = np.where(summary, out["vram_utilization_mean"], out["vram_model"])
+    measured = summary & (out["source"] == "measured")
     out["vram_source"] = np.where(measured, "measured",
-                                  np.where(out["vram_model"].notna(), "model", ""))
+                                  np.where(out["vram_utilization"].notna(), "model", ""))
     return out
 
 
@@ -170,13 +172,32 @@ PAPER_NOTE = (
 )
 
 
-def kernel_table(bench_csv: Path | None, skip_reason: str | None) -> Table:
-    """The kernel benchmark as a table, or one row saying why nothing was measured."""
-    if bench_csv is None or not bench_csv.exists():
-        frame = pd.DataFrame({"status": ["not measured"],
-                              "reason": [skip_reason or "no kernel benchmark ran"]})
-        return Table(frame, frame)
+KERNEL_NOTE = (
+    "Median times and achieved bandwidth of the fused op, Wan's eager op sequence and "
+    "torch.compile of it, with the copy ceiling measured in the same run (phase `copy`) and "
+    "saved-activation bytes (phase `saved`); measured on the device named in each row."
+)
+
+
+def kernel_measurements(bench_csv: Path | None) -> tuple[pd.DataFrame | None, str | None]:
+    """The kernel benchmark's measured rows, or None and the reason there are none."""
+    if bench_csv is None:
+        return None, "the experiment does not benchmark the kernel (kernel.bench: false)"
+    if not bench_csv.exists():
+        return None, f"{bench_csv} does not exist"
     frame = pd.read_csv(bench_csv)
+    if "source" in frame.columns and (frame["source"] == "skipped").all():
+        notes = frame["note"].dropna() if "note" in frame.columns else pd.Series(dtype=str)
+        return None, notes.iloc[0] if len(notes) else "skipped"
+    return frame, None
+
+
+def kernel_table(bench_csv: Path | None) -> Table:
+    """The kernel benchmark as a table, or one row saying why nothing was measured."""
+    frame, reason = kernel_measurements(bench_csv)
+    if frame is None:
+        frame = pd.DataFrame({"status": ["not measured"], "reason": [reason]})
+        return Table(frame, frame)
     shown = frame.copy()
     for col in shown.select_dtypes("float").columns:
         shown[col] = shown[col].map(lambda x: f"{x:.4g}")

@@ -5,7 +5,6 @@ Each subcommand is one pipeline rule; all read the tidy tables written by `aggre
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
@@ -25,13 +24,6 @@ def _read(path: Path):
     if not path.exists():
         raise UserError(f"{path}: not found; run `adaptiveload analyze aggregate` first")
     return pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
-
-
-def _skip_reason(status: Path | None) -> str | None:
-    if status is None or not status.exists():
-        return None
-    data = json.loads(status.read_text())
-    return data.get("reason") or data.get("skipped")
 
 
 @analyze.command("aggregate")
@@ -76,21 +68,16 @@ def tables_cmd(
     steps: Annotated[Path, Opt()],
     stats: Annotated[Path, Opt()],
     out_dir: Annotated[Path, Opt(help="writes paper_table.* and kernel_table.* here")],
-    kernel_bench: Annotated[Path | None, Opt(help="kernel benchmark CSV")] = None,
-    kernel_status: Annotated[Path | None, Opt(help="kernel bench status JSON")] = None,
+    kernel_bench: Annotated[Path | None, Opt(help="`adaptiveload kernel bench` CSV")] = None,
     baseline: Annotated[str, Opt()] = "equal-token",
 ) -> None:
     """The paper table (md, csv, html) and the kernel table."""
-    from adaptiveload.analysis.tables import PAPER_NOTE, kernel_table, paper_table
+    from adaptiveload.analysis.tables import KERNEL_NOTE, PAPER_NOTE, kernel_table, paper_table
 
     table = paper_table(_read(runs), _read(steps), _read(stats), baseline=baseline)
     table.write(out_dir / "paper_table", "AdaptiveLoad vs equal-token", PAPER_NOTE)
-    reason = _skip_reason(kernel_status)
-    bench = kernel_bench if kernel_bench is not None and kernel_bench.exists() else None
-    kernel_table(bench, reason).write(
-        out_dir / "kernel_table", "Fused LayerNorm-Modulate kernel",
-        "Times and achieved bandwidth per implementation (measured)."
-        if bench else "Not measured in this run.")
+    kernel_table(kernel_bench).write(
+        out_dir / "kernel_table", "Fused LayerNorm-Modulate kernel", KERNEL_NOTE)
     typer.echo(f"tables -> {out_dir}")
 
 
@@ -103,8 +90,7 @@ def figures_cmd(
     figure: Annotated[list[str], Opt(help="figure names to draw (repeatable)")],
     describe: Annotated[Path | None, Opt(help="`manifest describe --json` out")] = None,
     calibration: Annotated[Path | None, Opt(help="calibration JSON")] = None,
-    kernel_bench: Annotated[Path | None, Opt()] = None,
-    kernel_status: Annotated[Path | None, Opt()] = None,
+    kernel_bench: Annotated[Path | None, Opt(help="`adaptiveload kernel bench` CSV")] = None,
 ) -> None:
     """Draw the named figures as PNGs (names: see adaptiveload.analysis.figures.FIGURES)."""
     from tqdm import tqdm
@@ -117,7 +103,7 @@ def figures_cmd(
     inputs = FigureInputs(
         runs=_read(runs), steps=_read(steps), stats=_read(stats),
         describe=load_json(describe), calibration=load_json(calibration),
-        kernel_csv=kernel_bench, kernel_skip=_skip_reason(kernel_status),
+        kernel_bench=kernel_bench,
     )
     for name in tqdm(figure, desc="figures", unit="fig"):
         render(name, inputs, out_dir / f"{name}.png")

@@ -47,7 +47,7 @@ rule tables:
         runs=rules.aggregate.output.runs,
         steps=rules.aggregate.output.steps,
         stats=rules.stats.output.csv,
-        kernel=f"{RES}/kernel/bench.json",
+        kernel=KERNEL_BENCH,
     output:
         f"{TABLES}/paper_table.csv",
         f"{TABLES}/paper_table.md",
@@ -58,7 +58,7 @@ rule tables:
         report(f"{TABLES}/kernel_table.html", caption="../report/kernel_table.rst",
                category="Tables"),
     params:
-        csv=f"{RES}/kernel/bench.csv",
+        kernel=lambda w, input: f"--kernel-bench {input.kernel}" if input.kernel else "",
         baseline=config["analysis"]["baseline"],
         out=lambda w, output: os.path.dirname(output[0]),
     log:
@@ -69,7 +69,7 @@ rule tables:
         CONDA_ENV
     shell:
         "adaptiveload analyze tables --runs {input.runs} --steps {input.steps} --stats {input.stats} "
-        "--out-dir {params.out} --kernel-bench {params.csv} --kernel-status {input.kernel} "
+        "--out-dir {params.out} {params.kernel} "
         "--baseline {params.baseline} > {log} 2>&1"
 
 
@@ -80,13 +80,13 @@ rule figures:
         stats=rules.stats.output.csv,
         describe=DESCRIBE,
         calibration=CALIBRATION if TRAIN else next(iter(SIMS.values()))["calibration"],
-        kernel=f"{RES}/kernel/bench.json",
+        kernel=KERNEL_BENCH,
     output:
         [report(f"{FIGS}/{name}.png", caption=f"../report/{name}.rst", category="Figures")
          for name in figure_names()],
     params:
         figures=" ".join(f"--figure {name}" for name in figure_names()),
-        csv=f"{RES}/kernel/bench.csv",
+        kernel=lambda w, input: f"--kernel-bench {input.kernel}" if input.kernel else "",
         out=lambda w, output: os.path.dirname(output[0]),
     log:
         f"{LOGS}/figures.log",
@@ -97,7 +97,7 @@ rule figures:
     shell:
         "MPLBACKEND=Agg adaptiveload analyze figures --runs {input.runs} --steps {input.steps} "
         "--stats {input.stats} --describe {input.describe} --calibration {input.calibration} "
-        "--kernel-bench {params.csv} --kernel-status {input.kernel} --out-dir {params.out} "
+        "{params.kernel} --out-dir {params.out} "
         "{params.figures} > {log} 2>&1"
 
 

@@ -39,6 +39,8 @@ CONFIG = f"{RES}/config.yaml"
 CALIBRATION = f"{RES}/calibration/calibration.json"
 MANIFEST = config["data"]["manifest"] or f"{RES}/data/manifest.parquet"
 DESCRIBE = f"{RES}/data/describe.json"
+KERNEL_BUILD = "build/kernels/build.json"
+KERNEL_BENCH = [f"{RES}/kernel/bench.csv"] if config["kernel"]["bench"] else []
 
 
 wildcard_constraints:
@@ -96,10 +98,12 @@ def sim_flags(wildcards):
         if axis == "m_comp":
             flags += f" --m-comp {float(value) * cal['m_comp']:.6g}"
         else:
-            # keep the reference bucket's batch: M_comp(p) = M_comp(p0) * S_ref^(p - p0)
-            s_ref = cal.get("reference_tokens") or cal["m_mem"]
-            m_comp = cal["m_comp"] * s_ref ** (float(value) - cal["p"])
-            flags += f" --p {value} --m-comp {m_comp:.6g}"
+            # the calibration derives M_comp = ref_batch * ref_tokens^p; at the swept p the
+            # reference bucket keeps its batch size
+            ref = cal.get("budgets", {})
+            s_ref = ref.get("ref_tokens", cal["m_mem"])
+            b_ref = ref.get("ref_batch", 1)
+            flags += f" --p {value} --m-comp {b_ref * s_ref ** float(value):.6g}"
     return flags
 
 
@@ -125,7 +129,8 @@ def run_index():
                     d = sim_dir(sim, variant, policy, seed)
                     runs.append(dict(setup=f"sim/{sim}", variant=variant, experiment=EXP,
                                      kernel="none", summary=f"{d}/summary.json",
-                                     steps=f"{d}/steps.parquet"))
+                                     steps=f"{d}/steps.parquet",
+                                     calibration=SIMS[sim]["calibration"]))
     return runs
 
 
@@ -163,6 +168,8 @@ TABLE_FILES = [f"{TABLES}/{t}.{ext}" for t in ("paper_table", "kernel_table")
 def all_targets():
     targets = [CONFIG, f"{TABLES}/stats.md", f"{RES}/analysis/mlflow_analysis.json",
                *TABLE_FILES, *[f"{FIGS}/{name}.png" for name in figure_names()]]
+    if config["kernel"]["build"]:
+        targets.append(KERNEL_BUILD)
     if TRAIN:
         targets += expand(f"{RES}/plans/{{policy}}/seed{{seed}}.json", policy=POLICIES,
                           seed=SEEDS)

@@ -1,12 +1,14 @@
-# The fused LayerNorm-Modulate CUDA extension: built where nvcc and a CUDA torch exist (else a
-# recorded skip with its reason), benchmarked where a CUDA GPU exists (else a recorded skip).
+# The fused LayerNorm-Modulate CUDA extension: built where nvcc, ninja and a CUDA build of torch
+# exist, else recorded as skipped with the reason (build/kernels/build.json); benchmarked where
+# a CUDA GPU exists, else the CSV holds one `skipped` row with the reason. The library is
+# shared by all experiments (the model's fused path loads it from build/kernels).
 
 
 rule kernel_build:
     output:
-        f"{RES}/kernel/build.json",
+        KERNEL_BUILD,
     params:
-        enabled="" if config["kernel"]["build"] else "--skip 'kernel.build is false'",
+        out=lambda w, output: os.path.dirname(output[0]),
     log:
         f"{LOGS}/kernel_build.log",
     benchmark:
@@ -14,17 +16,14 @@ rule kernel_build:
     conda:
         CONDA_ENV
     shell:
-        "adaptiveload kernel build --status {output} {params.enabled} > {log} 2>&1"
+        "adaptiveload kernel build --out {params.out} > {log} 2>&1"
 
 
 rule kernel_bench:
     input:
-        f"{RES}/kernel/build.json",
+        KERNEL_BUILD,
     output:
-        status=f"{RES}/kernel/bench.json",
-    params:
-        csv=f"{RES}/kernel/bench.csv",
-        enabled="" if config["kernel"]["bench"] else "--skip 'kernel.bench is false'",
+        f"{RES}/kernel/bench.csv",
     resources:
         gpu=1,
     log:
@@ -34,5 +33,4 @@ rule kernel_bench:
     conda:
         CONDA_ENV
     shell:
-        "adaptiveload kernel bench --status {output.status} --csv {params.csv} {params.enabled} "
-        "> {log} 2>&1"
+        "adaptiveload kernel bench --skip-ok -o {output} > {log} 2>&1"
