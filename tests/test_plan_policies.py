@@ -64,6 +64,9 @@ def test_budgets_resolve_from_calibration():
     mixed = Budgets.resolve(m_mem=100, p="1.2", calibration=cal)
     assert mixed == Budgets(m_tok=100.0, m_mem=100.0, m_comp=2e5, p=1.2)
     assert Budgets.resolve(m_tok=7) == Budgets(m_tok=7.0)
+    assert Budgets.resolve(m_tok="auto", m_mem="3e4") == Budgets(m_tok=3e4, m_mem=3e4)
+    with pytest.raises(UserError, match="m_comp='lots'"):
+        Budgets.resolve(m_comp="lots")
 
 
 def test_adding_a_policy_is_one_class_and_one_entry(monkeypatch):

@@ -16,7 +16,7 @@ from adaptiveload.errors import UserError
 from adaptiveload.io import write_json, write_parquet
 from adaptiveload.planning.dealing import DEFAULT_WINDOW_STEPS
 from adaptiveload.planning.plan import TABLE_COLUMNS, build_plan
-from adaptiveload.planning.policies import POLICIES, Budgets, get_policy
+from adaptiveload.planning.policies import AUTO, POLICIES, Budgets, get_policy
 from adaptiveload.planning.simulate import DEFAULT_ALLREDUCE_GBPS, simulate
 
 Opt = typer.Option
@@ -47,10 +47,10 @@ def plan_cmd(
     calibration: Annotated[
         Path | None, Opt(help="calibration JSON: budgets set to 'auto' and the cost model")
     ] = None,
-    m_tok: Annotated[float | None, Opt(help="equal-token budget (default: m_mem)")] = None,
-    m_mem: Annotated[float | None, Opt(help="memory budget, tokens per batch")] = None,
-    m_comp: Annotated[float | None, Opt(help="compute budget, B*S^p per batch")] = None,
-    p: Annotated[float | None, Opt(help="compute exponent in [1, 3]")] = None,
+    m_tok: Annotated[str, Opt(help="equal-token budget, tokens per batch (auto: m_mem)")] = AUTO,
+    m_mem: Annotated[str, Opt(help="memory budget, tokens per batch (auto: calibration)")] = AUTO,
+    m_comp: Annotated[str, Opt(help="compute budget, B*S^p per batch (auto: calibration)")] = AUTO,
+    p: Annotated[str, Opt(help="compute exponent in [1, 3] (auto: calibration)")] = AUTO,
     bucketing: Annotated[str, Opt(help="aspect | exact")] = "aspect",
     grid: Annotated[str, Opt(help="wan | tiny")] = "wan",
     max_frames: Annotated[int, Opt(help="frames cap of the bucket grid")] = 81,
@@ -103,6 +103,7 @@ def simulate_cmd(
     ] = None,
     warmup_steps: Annotated[int, Opt(help="steps left out of the summary metrics")] = 0,
     model: Annotated[str | None, Opt(help="refuse a calibration made for another model")] = None,
+    experiment: Annotated[str | None, Opt(help="experiment name for the run summary")] = None,
     as_json: Annotated[bool, Opt("--json", help="print the summary as JSON")] = False,
     output: Annotated[
         Path | None, Opt("-o", "--output", help="per-(step, rank) table (Parquet)")
@@ -123,7 +124,7 @@ def simulate_cmd(
         warmup_steps=warmup_steps,
     )  # fmt: skip
     run = {
-        "experiment": None, "policy": meta.get("policy"), "seed": meta.get("seed"),
+        "experiment": experiment, "policy": meta.get("policy"), "seed": meta.get("seed"),
         "epoch": meta.get("epoch"), "kernel": None, "plan": str(plan), **sim.summary,
     }  # fmt: skip
     if output is not None:

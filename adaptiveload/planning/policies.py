@@ -62,23 +62,21 @@ class Budgets:
         it needs.
         """
 
-        def pick(value: float | str | None, from_calibration: float | None) -> float | None:
+        def pick(name: str, value: Any, from_calibration: float | None) -> float | None:
             if value is None or value == AUTO:
                 return from_calibration
-            if isinstance(value, str):
-                try:
-                    return float(value)
-                except ValueError:
-                    raise UserError(f"budget {value!r}: expected a number or 'auto'") from None
-            return float(value)
+            try:
+                return float(value)
+            except (TypeError, ValueError):
+                raise UserError(f"budget {name}={value!r}: expected a number or 'auto'") from None
 
         cal = calibration
-        mem = pick(m_mem, cal.m_mem if cal else None)
+        mem = pick("m_mem", m_mem, cal.m_mem if cal else None)
         return cls(
-            m_tok=pick(m_tok, mem),
+            m_tok=pick("m_tok", m_tok, mem),
             m_mem=mem,
-            m_comp=pick(m_comp, cal.m_comp if cal else None),
-            p=pick(p, cal.p if cal else None),
+            m_comp=pick("m_comp", m_comp, cal.m_comp if cal else None),
+            p=pick("p", p, cal.p if cal else None),
         )
 
 
