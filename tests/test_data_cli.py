@@ -39,7 +39,8 @@ def test_synth_then_describe(tmp_path):
     assert set(summary["tokens"]) == {"min", "max", "mean", "p50", "p99"}
     assert sum(b["count"] for b in summary["buckets"]) == 300
     assert set(summary["buckets"][0]) == {"frames", "height", "width", "tokens", "count"}
-    exact = json.loads(cli("describe", csv, "--bucketing", "exact", "--json").stdout)
+    assert cli("describe", csv, "--bucketing", "exact", "-o", tmp_path / "d.json").returncode == 0
+    exact = json.loads((tmp_path / "d.json").read_text())
     assert exact["bucketing"] == "exact" and exact["num_samples"] == 300
 
 

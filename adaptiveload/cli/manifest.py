@@ -71,10 +71,14 @@ def describe(
     grid: Annotated[str, Opt(help="aspect grid: wan | tiny")] = "wan",
     max_frames: Annotated[int, Opt(help="longest clip kept, in frames (4k+1)")] = 81,
     as_json: Annotated[bool, Opt("--json", help="print one JSON object")] = False,
+    out: Annotated[
+        Path | None, Opt("-o", "--out", help="also write the JSON object here (atomically)")
+    ] = None,
 ) -> None:
     """Samples kept and excluded, token statistics and bucket counts under a bucketing."""
     from adaptiveload.data.bucketing import bucketize
     from adaptiveload.data.manifest import load_manifest
+    from adaptiveload.io import write_json
 
     bucketed = bucketize(load_manifest(manifest), mode=bucketing, grid=grid, max_frames=max_frames)
     table = bucketed.bucket_table()
@@ -89,6 +93,8 @@ def describe(
         "tokens": bucketed.token_stats(),
         "buckets": table.to_dict(orient="records"),
     }
+    if out is not None:
+        write_json(out, summary)
     if as_json:
         json.dump(summary, sys.stdout, default=int)
         sys.stdout.write("\n")
