@@ -137,3 +137,21 @@ def test_bucketed_object_and_bad_inputs():
     with pytest.raises(UserError, match="seed"):
         build_plan(bucketed(3), "equal-token", bud, 2, -1)
     assert isinstance(build_plan(bucketed(3), "equal-token", bud, 2, 0).table, pd.DataFrame)
+
+
+def test_sort_and_chunk_minimises_the_sum_of_step_maxima():
+    from itertools import permutations
+
+    from adaptiveload.planning.dealing import deal_balanced
+
+    rng = np.random.default_rng(0)
+    cost = rng.random(6)
+    order = deal_balanced(cost, world_size=2, window_steps=None, rng=rng)
+    assert sorted(order) == list(range(6))
+    got = cost[order].reshape(3, 2).max(axis=1).sum()
+    best = min(cost[list(p)].reshape(3, 2).max(axis=1).sum() for p in permutations(range(6)))
+    assert got == pytest.approx(best)
+    # windows: a slot never leaves its window of window_steps * world_size slots
+    cost = rng.random(40)
+    order = deal_balanced(cost, world_size=4, window_steps=2, rng=rng)
+    assert (np.arange(40) // 8 == order // 8).all()

@@ -6,11 +6,13 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from planning_data import bucketed
 from torch.utils.data import DataLoader, Dataset
 
 from adaptiveload.planning.plan import build_plan
-from adaptiveload.planning.policies import Budgets
+from adaptiveload.planning.policies import POLICIES, Budgets
 from adaptiveload.planning.sampler import PlanBatchSampler, PlanBuilder
 
 BUDGETS = Budgets(m_tok=40_000, m_mem=40_000, m_comp=40_000**1.5, p=1.5)
@@ -143,3 +145,21 @@ def test_bad_sample_index(samples):
         PlanBatchSampler(plan, 0, samples["sample_id"].iloc[:10])
     with pytest.raises(ValueError, match="rank 5"):
         PlanBatchSampler(plan, 5, samples["sample_id"])
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    n=st.integers(1, 300),
+    world_size=st.integers(1, 48),
+    policy=st.sampled_from(sorted(POLICIES)),
+    seed=st.integers(0, 2**31),
+)
+def test_rank_views_reassemble_the_plan(n, world_size, policy, seed):
+    samples = bucketed(n, seed=seed % 1000)
+    builder = PlanBuilder(samples, policy, BUDGETS, world_size, seed)
+    table = builder(0).table
+    ids = samples["sample_id"].to_numpy()
+    views = [list(PlanBatchSampler(builder, r)) for r in range(world_size)]
+    assert len({len(v) for v in views}) == 1  # every rank runs the same number of steps
+    rebuilt = [i for step in zip(*views, strict=True) for b in step for i in ids[b]]
+    assert rebuilt == table["sample_id"].tolist()
