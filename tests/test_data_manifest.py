@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from adaptiveload.data.manifest import COLUMNS, load_manifest, write_manifest
+from adaptiveload.data.manifest import COLUMNS, load_manifest, validate_manifest, write_manifest
 from adaptiveload.errors import UserError
 
 GOOD = """sample_id,num_frames,height,width,fps
@@ -124,3 +124,12 @@ def test_every_bad_column_is_reported_at_once(tmp_path):
 def test_bad_fps(tmp_path):
     msg = _error(_csv(tmp_path, "sample_id,num_frames,height,width,fps\na,81,480,832,-3\n"))
     assert "'fps'" in msg and "line 2" in msg
+
+
+def test_validate_ignores_the_input_index():
+    raw = pd.DataFrame(
+        {"sample_id": ["a", "b"], "num_frames": [1, 5], "height": [64, 64], "width": [64, 80]},
+        index=[10, 3],
+    )
+    df = validate_manifest(raw, origin="frame")
+    assert df["sample_id"].tolist() == ["a", "b"] and df["width"].tolist() == [64, 80]

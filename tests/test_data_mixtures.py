@@ -3,6 +3,8 @@
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from adaptiveload.data.bucketing import bucketize
 from adaptiveload.data.manifest import COLUMNS
@@ -85,3 +87,12 @@ def test_bad_arguments():
         synthesize("nope", 10, 0)
     with pytest.raises(UserError, match="expected an integer >= 1"):
         synthesize("tiny-cpu", 0, 0)
+
+
+@settings(max_examples=25, deadline=None)
+@given(name=st.sampled_from(sorted(MIXTURES)), n=st.integers(1, 300), seed=st.integers(0, 2**32))
+def test_property_generation_is_deterministic(name, n, seed):
+    a = synthesize(name, n, seed)
+    b = synthesize(name, n, seed)
+    pd.testing.assert_frame_equal(a, b)
+    assert len(a) == n and a["sample_id"].is_unique

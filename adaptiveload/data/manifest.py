@@ -46,6 +46,7 @@ def validate_manifest(
     `origin` names the source in messages; `csv` makes row references line numbers (header = 1).
     """
     where = _Problems(origin, csv)
+    raw = raw.reset_index(drop=True)  # row numbers in messages are positions
     if len(raw) == 0:
         raise UserError(f"{origin}: no samples (a header but no rows); expected one row per sample")
     missing = [c for c in REQUIRED if c not in raw.columns]
