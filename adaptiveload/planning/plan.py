@@ -51,6 +51,19 @@ class Plan:
     summary: dict[str, Any]
 
 
+@dataclass(frozen=True)
+class _Batches:
+    """The epoch's micro-batches: batch k holds samples ``order[start[k] : start[k] + size[k]]``
+    (row positions), all of bucket ``bucket[k]`` with ``tokens[k]`` tokens each."""
+
+    order: np.ndarray
+    start: np.ndarray
+    size: np.ndarray
+    bucket: np.ndarray
+    tokens: np.ndarray
+    bucket_shape: np.ndarray  # [buckets, 3]: frames, height, width
+
+
 def build_plan(
     samples: Any,
     policy: str | Policy,
@@ -77,63 +90,107 @@ def build_plan(
         _check_ints(window_steps=(window_steps, 1))
     cost = cost_model.cost if isinstance(cost_model, Calibration) else cost_model
     rng = np.random.default_rng([seed, epoch])
-    n = len(frame)
     tokens = frame["tokens"].to_numpy(np.int64)
-    shape = np.stack([frame[c].to_numpy(np.int64) for c in REQUIRED_COLUMNS[1:4]], axis=1)
-    if n and (shape.min() < 1 or shape.max() >= 1 << 20 or tokens.min() < 1):
-        raise UserError("bucketed samples: bucket shapes and tokens must be positive (< 2^20)")
 
-    # 1-2: shuffle within buckets, cut into batches of B(S)
+    batches = _make_batches(frame, tokens, pol, budgets, rng)
+    slots, slot_pad = _shuffle_and_pad(batches.size.size, world_size, rng)
+    if pol.balanced:
+        size, tok = batches.size[slots], batches.tokens[slots]
+        slot_cost = (
+            cost.step_time(size, tok) if cost is not None else size * tok.astype(float) ** budgets.p
+        )
+        deal = deal_balanced(slot_cost, world_size, window_steps, rng)
+        slots, slot_pad = slots[deal], slot_pad[deal]
+    table, row_sample = _rows(frame, tokens, batches, slots, slot_pad, world_size)
+
+    real = ~table["is_padding"].to_numpy()
+    seen = np.bincount(row_sample[real], minlength=len(frame))
+    summary: dict[str, Any] = {
+        "policy": pol.name,
+        "world_size": world_size,
+        "num_samples": len(frame) + excluded,
+        "num_planned": int((seen > 0).sum()),
+        "num_excluded": excluded,
+        "num_oversize": int(pol.oversize(tokens, budgets).sum()),
+        "num_padding": int((~real).sum()),
+        "num_padding_batches": int(slot_pad.sum()),
+        "duplicates": int((seen > 1).sum()),
+        "steps": slots.size // world_size,
+        "batches": int(batches.size.size),
+        "max_tokens_per_batch": int((batches.size * batches.tokens).max()),
+        "constraint_violations": int(pol.violates(batches.size, batches.tokens, budgets).sum()),
+        **budgets.as_dict(),
+        "seed": seed,
+        "epoch": epoch,
+        "window_steps": window_steps if pol.balanced else None,
+        "deal_cost": ("cost_model" if cost is not None else "B*S^p") if pol.balanced else None,
+    }
+    table.attrs["plan"] = dict(summary)
+    if cost_model is not None:
+        sim = simulate(table, cost_model, allreduce_gbps=allreduce_gbps, world_size=world_size)
+        summary.update({f"predicted_{k}": sim.summary[k] for k in PREDICTED})
+        summary["predicted_source"] = "model"
+    return Plan(table=table, summary=summary)
+
+
+def _make_batches(
+    frame: pd.DataFrame, tokens: np.ndarray, pol: Policy, budgets: Budgets,
+    rng: np.random.Generator,
+) -> _Batches:  # fmt: skip
+    """Steps 1-2: shuffle within each bucket shape, cut each bucket into batches of B(S)."""
+    shape = np.stack([frame[c].to_numpy(np.int64) for c in REQUIRED_COLUMNS[1:4]], axis=1)
+    if shape.min() < 1 or shape.max() >= 1 << 20 or tokens.min() < 1:
+        raise UserError("bucketed samples: bucket shapes and tokens must be positive (< 2^20)")
     packed = (shape[:, 0] << 40) | (shape[:, 1] << 20) | shape[:, 2]
     bucket, keys = pd.factorize(packed, sort=True)  # hashing: O(n), few distinct shapes
     bucket_shape = np.stack([keys >> 40, (keys >> 20) & 0xFFFFF, keys & 0xFFFFF], axis=1)
-    perm = rng.permutation(n)
-    narrow = np.int16 if len(bucket_shape) <= np.iinfo(np.int16).max else np.int64
-    # grouped by bucket, random inside (a stable sort of int16 keys is a radix sort: O(n))
-    order = perm[np.argsort(bucket[perm].astype(narrow), kind="stable")]
-    count = np.bincount(bucket, minlength=len(bucket_shape))
-    bucket_tokens = np.zeros(len(bucket_shape), dtype=np.int64)
+    n_buckets = len(keys)
+    bucket_tokens = np.zeros(n_buckets, dtype=np.int64)
     bucket_tokens[bucket] = tokens
     if np.any(bucket_tokens[bucket] != tokens):
         raise UserError("bucketed samples: column tokens differs within one bucket shape")
+
+    perm = rng.permutation(len(frame))
+    narrow = np.int16 if n_buckets <= np.iinfo(np.int16).max else np.int64
+    # grouped by bucket, random inside (a stable sort of int16 keys is a radix sort: O(n))
+    order = perm[np.argsort(bucket[perm].astype(narrow), kind="stable")]
+    count = np.bincount(bucket, minlength=n_buckets)
     b_size = pol.batch_size(bucket_tokens, budgets)
     n_batches = -(-count // b_size)
-    bucket_start = np.concatenate(([0], np.cumsum(count)[:-1]))
-    batch_offset = np.concatenate(([0], np.cumsum(n_batches)[:-1]))
     sorted_bucket = bucket[order]
-    pos = np.arange(n) - bucket_start[sorted_bucket]
-    batch_of_sorted = batch_offset[sorted_bucket] + pos // b_size[sorted_bucket]
-    n_total = int(n_batches.sum())
-    size = np.bincount(batch_of_sorted, minlength=n_total)
-    batch_start = np.concatenate(([0], np.cumsum(size)[:-1]))
-    batch_bucket = np.repeat(np.arange(len(bucket_shape)), n_batches)
-    batch_tokens = bucket_tokens[batch_bucket]
+    pos = np.arange(len(frame)) - _starts(count)[sorted_bucket]
+    batch_of_sorted = _starts(n_batches)[sorted_bucket] + pos // b_size[sorted_bucket]
+    size = np.bincount(batch_of_sorted, minlength=int(n_batches.sum()))
+    batch_bucket = np.repeat(np.arange(n_buckets), n_batches)
+    return _Batches(
+        order=order, start=_starts(size), size=size, bucket=batch_bucket,
+        tokens=bucket_tokens[batch_bucket], bucket_shape=bucket_shape,
+    )  # fmt: skip
 
-    # 3-4: shuffle batches, pad the last step with repeats
-    steps = -(-n_total // world_size)
-    missing = steps * world_size - n_total
-    pad = rng.choice(n_total, missing, replace=missing > n_total)
-    slots = np.concatenate((rng.permutation(n_total), pad))
+
+def _shuffle_and_pad(
+    n_batches: int, world_size: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """Steps 3-4: the shuffled batch list, padded to whole steps with flagged repeats."""
+    missing = -(-n_batches // world_size) * world_size - n_batches
+    pad = rng.choice(n_batches, missing, replace=missing > n_batches)
+    slots = np.concatenate((rng.permutation(n_batches), pad))
     slot_pad = np.zeros(slots.size, dtype=bool)
-    slot_pad[n_total:] = True
+    slot_pad[n_batches:] = True
+    return slots, slot_pad
 
-    # 5: deal
-    if pol.balanced:
-        if cost is not None:
-            slot_cost = cost.step_time(size[slots], batch_tokens[slots])
-        else:
-            slot_cost = size[slots] * batch_tokens[slots].astype(np.float64) ** budgets.p
-        deal = deal_balanced(slot_cost, world_size, window_steps, rng)
-        slots, slot_pad = slots[deal], slot_pad[deal]
 
-    # one row per sample of each slot
-    slot_size = size[slots]
+def _rows(
+    frame: pd.DataFrame, tokens: np.ndarray, batches: _Batches, slots: np.ndarray,
+    slot_pad: np.ndarray, world_size: int,
+) -> tuple[pd.DataFrame, np.ndarray]:  # fmt: skip
+    """The plan table (one row per sample of each slot) and each row's sample position."""
+    slot_size = batches.size[slots]
     row_slot = np.repeat(np.arange(slots.size), slot_size)
-    slot_first = np.concatenate(([0], np.cumsum(slot_size)[:-1]))
-    within = np.arange(row_slot.size) - slot_first[row_slot]
-    row_sample = order[batch_start[slots][row_slot] + within]
+    within = np.arange(row_slot.size) - _starts(slot_size)[row_slot]
+    row_sample = batches.order[batches.start[slots][row_slot] + within]
     row_batch = slots[row_slot]
-    row_shape = bucket_shape[batch_bucket[row_batch]]
+    row_shape = batches.bucket_shape[batches.bucket[row_batch]]
     table = pd.DataFrame(
         {
             "step": row_slot // world_size,
@@ -148,34 +205,12 @@ def build_plan(
         },
         columns=list(TABLE_COLUMNS),
     )
-    real = ~table["is_padding"].to_numpy()
-    seen = np.bincount(row_sample[real], minlength=n)
-    summary: dict[str, Any] = {
-        "policy": pol.name,
-        "world_size": world_size,
-        "num_samples": n + excluded,
-        "num_planned": int((seen > 0).sum()),
-        "num_excluded": excluded,
-        "num_oversize": int(pol.oversize(tokens, budgets).sum()),
-        "num_padding": int((~real).sum()),
-        "num_padding_batches": int(missing),
-        "duplicates": int((seen > 1).sum()),
-        "steps": int(steps),
-        "batches": n_total,
-        "max_tokens_per_batch": int((size * batch_tokens).max()),
-        "constraint_violations": int(pol.violates(size, batch_tokens, budgets).sum()),
-        **budgets.as_dict(),
-        "seed": seed,
-        "epoch": epoch,
-        "window_steps": window_steps if pol.balanced else None,
-        "deal_cost": ("cost_model" if cost is not None else "B*S^p") if pol.balanced else None,
-    }
-    table.attrs["plan"] = dict(summary)
-    if cost_model is not None:
-        sim = simulate(table, cost_model, allreduce_gbps=allreduce_gbps, world_size=world_size)
-        summary.update({f"predicted_{k}": sim.summary[k] for k in PREDICTED})
-        summary["predicted_source"] = "model"
-    return Plan(table=table, summary=summary)
+    return table, row_sample
+
+
+def _starts(counts: np.ndarray) -> np.ndarray:
+    """Exclusive prefix sum: where each run of `counts` begins."""
+    return np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
 
 
 def _unpack(samples: Any, num_excluded: int | None) -> tuple[pd.DataFrame, int]:
