@@ -36,6 +36,7 @@ def test_synth_then_describe(tmp_path):
     assert out.returncode == 0, out.stderr
     summary = json.loads(out.stdout)
     assert summary["num_samples"] == 300 and summary["num_excluded"] == 0
+    assert summary["excluded_examples"] == []
     assert set(summary["tokens"]) == {"min", "max", "mean", "p50", "p99"}
     assert sum(b["count"] for b in summary["buckets"]) == 300
     assert set(summary["buckets"][0]) == {"frames", "height", "width", "tokens", "count"}

@@ -90,6 +90,7 @@ def describe(
         "num_samples": bucketed.num_samples,
         "num_bucketed": len(bucketed.samples),
         "num_excluded": bucketed.num_excluded,
+        "excluded_examples": bucketed.excluded_ids.head(5).tolist(),
         "tokens": bucketed.token_stats(),
         "buckets": table.to_dict(orient="records"),
     }
