@@ -69,6 +69,8 @@ def test_set_epoch_rebuilds_deterministically(samples):
     assert second == list(b) and second != first
     a.set_epoch(0)
     assert list(a) == first
+    builder = PlanBuilder(samples, "adaptiveload", BUDGETS, WORLD, seed=2)
+    assert builder(1) is builder(1)  # ranks emulated in one process share the epoch's plan
     assert list(a) == first  # a second pass replays the epoch
 
 

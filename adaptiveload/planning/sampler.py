@@ -21,7 +21,7 @@ of batches your loop actually consumed instead: ``{**sampler.state_dict(), "step
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -47,13 +47,19 @@ class PlanBuilder:
     cost_model: CostModel | Calibration | None = None
     window_steps: int | None = DEFAULT_WINDOW_STEPS
     num_excluded: int = 0
+    # the latest epoch's plan, shared by the samplers of all ranks one process emulates
+    _latest: dict[int, Plan] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __call__(self, epoch: int) -> Plan:
-        return build_plan(
-            self.samples, self.policy, self.budgets, self.world_size, self.seed, epoch,
-            cost_model=self.cost_model, window_steps=self.window_steps,
-            num_excluded=self.num_excluded,
-        )  # fmt: skip
+        if epoch not in self._latest:
+            plan = build_plan(
+                self.samples, self.policy, self.budgets, self.world_size, self.seed, epoch,
+                cost_model=self.cost_model, window_steps=self.window_steps,
+                num_excluded=self.num_excluded,
+            )  # fmt: skip
+            self._latest.clear()
+            self._latest[epoch] = plan
+        return self._latest[epoch]
 
 
 PlanSource = pd.DataFrame | Plan | Callable[[int], Plan]
