@@ -110,6 +110,7 @@ def test_plan_then_simulate(inputs):
     assert set(SUMMARY_KEYS) | set(PREDICTED) <= set(s)
     assert (s["world_size"], s["seed"], s["epoch"], s["num_samples"]) == (8, 3, 1, 800)
     assert s["m_tok"] == s["m_mem"] == 80_000 and s["predicted_source"] == "model"
+    assert 0 < s["predicted_vram_utilization_mean"] <= s["predicted_vram_utilization_max"]
     assert s["num_planned"] + s["num_excluded"] == 800 and s["duplicates"] == 0
 
     steps, run = root / "steps.parquet", root / "run.json"

@@ -39,7 +39,10 @@ REQUIRED_COLUMNS = ("sample_id", "bucket_frames", "bucket_height", "bucket_width
 TABLE_COLUMNS = (
     "step", "rank", "sample_id", "frames", "height", "width", "tokens", "batch_id", "is_padding",
 )  # fmt: skip
-PREDICTED = ("imbalance_rate", "idle_fraction", "samples_per_s", "tokens_per_s")
+PREDICTED = (
+    "imbalance_rate", "idle_fraction", "samples_per_s", "tokens_per_s",
+    "vram_utilization_mean", "vram_utilization_max",  # only with a capacity (a Calibration)
+)  # fmt: skip
 
 
 @dataclass
@@ -128,7 +131,7 @@ def build_plan(
     table.attrs["plan"] = dict(summary)
     if cost_model is not None:
         sim = simulate(table, cost_model, allreduce_gbps=allreduce_gbps, world_size=world_size)
-        summary.update({f"predicted_{k}": sim.summary[k] for k in PREDICTED})
+        summary.update({f"predicted_{k}": sim.summary[k] for k in PREDICTED if k in sim.summary})
         summary["predicted_source"] = "model"
     return Plan(table=table, summary=summary)
 
