@@ -112,35 +112,23 @@ def build(
     nvcc = nvcc_path()
     assert nvcc is not None
     record["nvcc_version"] = nvcc_version(nvcc)
-    # cpp_extension reads CUDA_HOME once, at import, and guesses /usr/local from a
-    # /usr/local/bin/nvcc symlink; pin it to the toolkit that owns the nvcc we found
-    os.environ["CUDA_HOME"] = str(nvcc.parent.parent)
-    import torch.utils.cpp_extension as cpp_extension
-
-    cpp_extension.CUDA_HOME = os.environ["CUDA_HOME"]
-    previous_arch = os.environ.get("TORCH_CUDA_ARCH_LIST")
-    os.environ["TORCH_CUDA_ARCH_LIST"] = arch
-    try:
-        library = cpp_extension.load(
-            name=LIB_NAME,
-            sources=[str(KERNEL_DIR / s) for s in SOURCES],
-            extra_include_paths=[str(KERNEL_DIR)],
-            extra_cflags=["-O3"],
-            extra_cuda_cflags=["-O3", "--expt-relaxed-constexpr"],
-            build_directory=str(out_dir),
-            is_python_module=False,
-            verbose=verbose,
-        )
-    except Exception as exc:  # compiler errors arrive as RuntimeError/CalledProcessError
-        record.update(status="failed", reason=f"{type(exc).__name__}: {exc}")
+    # A child process compiles (cpp_extension.load also dlopens the result, which here could
+    # clash with ops this process already defined) and so proves the library loads.
+    # CUDA_HOME is pinned to the toolkit owning this nvcc: cpp_extension would otherwise
+    # guess from PATH (e.g. /usr/local for a /usr/local/bin/nvcc wrapper).
+    env = dict(os.environ, CUDA_HOME=str(nvcc.parent.parent), TORCH_CUDA_ARCH_LIST=arch)
+    child = subprocess.run(
+        [sys.executable, "-m", "adaptiveload.ops.kernel_build", "--compile-only", str(out_dir)]
+        + (["--verbose"] if verbose else []),
+        env=env, capture_output=not verbose, text=True, check=False,
+    )  # fmt: skip
+    library = out_dir / f"{LIB_NAME}.so"
+    if child.returncode != 0:
+        tail = (child.stderr or "")[-4000:]
+        record.update(status="failed", reason=f"compiler exit {child.returncode}: {tail}")
         record["seconds"] = round(time.perf_counter() - t0, 1)
         write_json(out_dir / RECORD_NAME, record)
-        raise RuntimeError(f"kernel build failed ({out_dir / RECORD_NAME}): {exc}") from exc
-    finally:
-        if previous_arch is None:
-            os.environ.pop("TORCH_CUDA_ARCH_LIST", None)
-        else:
-            os.environ["TORCH_CUDA_ARCH_LIST"] = previous_arch
+        raise RuntimeError(f"kernel build failed (see {out_dir / RECORD_NAME}):\n{tail}")
     record.update(
         status="built",
         reason="",
@@ -152,12 +140,32 @@ def build(
     return record
 
 
+def _compile(out_dir: Path, verbose: bool) -> None:
+    """The child's job: ninja-build the library with the env's CUDA_HOME and arch list."""
+    from torch.utils import cpp_extension
+
+    cpp_extension.load(
+        name=LIB_NAME,
+        sources=[str(KERNEL_DIR / s) for s in SOURCES],
+        extra_include_paths=[str(KERNEL_DIR)],
+        extra_cflags=["-O3"],
+        extra_cuda_cflags=["-O3"],
+        build_directory=str(out_dir),
+        is_python_module=False,
+        verbose=verbose,
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=DEFAULT_BUILD_DIR)
     parser.add_argument("--arch", default=os.environ.get("TORCH_CUDA_ARCH_LIST", DEFAULT_ARCH))
     parser.add_argument("--verbose", action="store_true")
+    parser.add_argument("--compile-only", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.compile_only:
+        _compile(args.compile_only, args.verbose)
+        return 0
     try:
         record = build(args.out, args.arch, args.verbose)
     except RuntimeError as exc:

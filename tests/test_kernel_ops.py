@@ -1,0 +1,151 @@
+"""The ln_modulate custom op on CPU (the reference kernels): numerics against fp64, autograd,
+torch.library registration (opcheck), torch.compile tracing and input validation. These run
+whether or not the CUDA library is built (it only adds CUDA kernels)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from adaptiveload.ops import ln_modulate as lm
+
+torch.set_num_threads(1)
+
+
+def _inputs(b, s, d, layout, dtype=torch.float32, mod_dtype=torch.float32, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    x = (torch.randn(b, s, d, generator=gen, dtype=torch.float64) * 2 + 0.5).to(dtype)
+    ms = 1 if layout == "sample" else s
+    scale = (0.3 * torch.randn(b, ms, d, generator=gen, dtype=torch.float64)).to(mod_dtype)
+    shift = (0.3 * torch.randn(b, ms, d, generator=gen, dtype=torch.float64)).to(mod_dtype)
+    return x, scale, shift
+
+
+def _fp64(x, scale, shift, eps=lm.EPS):
+    d = x.shape[-1]
+    return F.layer_norm(x.double(), (d,), eps=eps) * (1 + scale.double()) + shift.double()
+
+
+def _rel(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+@pytest.mark.parametrize("layout", ["sample", "token"])
+@pytest.mark.parametrize(("dtype", "tol"), [(torch.float32, 1e-6), (torch.bfloat16, 1e-2)])
+def test_forward_matches_fp64(layout, dtype, tol):
+    x, scale, shift = _inputs(3, 7, 40, layout, dtype)
+    y = lm.ln_modulate(x, scale, shift)
+    assert y.dtype == dtype and y.shape == x.shape
+    assert _rel(y, _fp64(x, scale, shift)) <= tol
+
+
+@pytest.mark.parametrize("layout", ["sample", "token"])
+def test_backward_matches_fp64_autograd(layout):
+    x, scale, shift = _inputs(3, 5, 24, layout)
+    leaves = [t.clone().requires_grad_() for t in (x, scale, shift)]
+    ref = [t.double().detach().requires_grad_() for t in (x, scale, shift)]
+    dy = torch.randn(3, 5, 24)
+    torch.autograd.backward(lm.ln_modulate(*leaves), dy)
+    torch.autograd.backward(_fp64(*ref), dy.double())
+    for got, want in zip(leaves, ref, strict=True):
+        assert got.grad.shape == want.shape and got.grad.dtype == got.dtype
+        assert _rel(got.grad, want.grad) <= 1e-5
+
+
+@pytest.mark.parametrize("layout", ["sample", "token"])
+def test_gradcheck_fp64(layout):
+    x, scale, shift = (
+        t.double().requires_grad_() for t in _inputs(2, 3, 16, layout, torch.float64)
+    )
+    assert torch.autograd.gradcheck(lm.ln_modulate, (x, scale, shift))
+
+
+@pytest.mark.parametrize("layout", ["sample", "token"])
+def test_opcheck(layout):
+    x, scale, shift = _inputs(2, 3, 16, layout)
+    args = (x.requires_grad_(), scale.requires_grad_(), shift.requires_grad_(), 1e-6)
+    torch.library.opcheck(torch.ops.adaptiveload.ln_modulate_fwd.default, args)
+    _, mean, rstd = torch.ops.adaptiveload.ln_modulate_fwd(*args)
+    dy = torch.randn_like(x)
+    bwd_args = (dy, x.detach(), scale.detach(), mean.detach(), rstd.detach())
+    torch.library.opcheck(torch.ops.adaptiveload.ln_modulate_bwd.default, bwd_args)
+
+
+def test_compile_fullgraph_traces_fake_and_autograd():
+    x, scale, shift = (t.requires_grad_() for t in _inputs(2, 6, 32, "sample"))
+
+    def block(x, scale, shift):
+        return (lm.ln_modulate(x, scale, shift) * 2).sum()
+
+    compiled = torch.compile(block, fullgraph=True, backend="aot_eager")
+    got = torch.autograd.grad(compiled(x, scale, shift), (x, scale, shift))
+    want = torch.autograd.grad(block(x, scale, shift), (x, scale, shift))
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w)
+
+
+def test_strided_chunk_views_like_wan():
+    b, s, d = 2, 5, 16
+    x = torch.randn(b, s, d)
+    e = torch.randn(b, 6, d)
+    shift, scale = e[:, 0:1], e[:, 1:2]  # what Wan's .chunk(6, dim=1) hands over
+    assert scale.stride(0) == 6 * d
+    torch.testing.assert_close(lm.ln_modulate(x, scale, shift), lm.reference(x, scale, shift))
+
+
+def test_nan_in_nan_out_like_reference():
+    x, scale, shift = _inputs(2, 4, 16, "sample")
+    x[1, 2, 3] = float("nan")
+    y, want = lm.ln_modulate(x, scale, shift), lm.reference(x, scale, shift)
+    assert torch.equal(y.isnan(), want.isnan())
+    assert y[1, 2].isnan().all() and not y[0].isnan().any()
+
+
+@pytest.mark.parametrize(
+    ("x_shape", "scale_shape", "match"),
+    [
+        ((4, 16), (1, 16), "x must be"),
+        ((2, 3, 16), (2, 2, 16), "scale must be"),
+        ((2, 3, 16), (1, 1, 16), "scale must be"),
+        ((2, 3, 16), (2, 1, 8), "scale must be"),
+    ],
+)
+def test_bad_shapes_raise_value_error(x_shape, scale_shape, match):
+    with pytest.raises(ValueError, match=match):
+        lm.ln_modulate(torch.randn(x_shape), torch.randn(scale_shape), torch.randn(scale_shape))
+
+
+def test_scale_shift_must_agree():
+    x = torch.randn(2, 3, 16)
+    with pytest.raises(ValueError, match="same shape and dtype"):
+        lm.ln_modulate(x, torch.randn(2, 1, 16), torch.randn(2, 3, 16))
+    with pytest.raises(ValueError, match="same shape and dtype"):
+        lm.ln_modulate(x, torch.randn(2, 1, 16), torch.randn(2, 1, 16).bfloat16())
+
+
+def test_fused_unavailable_without_gpu_says_why():
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible: the CUDA tests cover this machine")
+    assert not lm.fused_available()
+    assert lm.fused_unavailable_reason()
+
+
+def test_not_built_fallback_defines_the_ops():
+    """Without the library the same ops exist (defined in Python) and run the reference."""
+    code = (
+        "import torch; from adaptiveload.ops import ln_modulate as lm\n"
+        "assert not lm._LOAD.loaded and 'not found' in lm.fused_unavailable_reason()\n"
+        "x, s, t = torch.randn(2, 3, 16), torch.randn(2, 1, 16), torch.randn(2, 1, 16)\n"
+        "torch.testing.assert_close(lm.ln_modulate(x, s, t), lm.reference(x, s, t))\n"
+        "print(torch.ops.adaptiveload.ln_modulate_fwd.default._schema)\n"
+    )
+    env = dict(os.environ, ADAPTIVELOAD_KERNEL_LIB="/nonexistent/adaptiveload_kernels.so")
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    assert "ln_modulate_fwd" + lm.FWD_SCHEMA in out.stdout
