@@ -1,1 +1,151 @@
-"""`adaptiveload calibrate`: under construction (see the issue that owns this stage)."""
+"""`adaptiveload calibrate`: measure (or, with --prior, model) a cost model and its budgets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from adaptiveload.cli.app import app
+from adaptiveload.errors import UserError
+
+Opt = typer.Option
+RELEASED = ("wan2.1-t2v-1.3b", "wan2.1-t2v-14b")
+
+
+def _ints(text: str | None, flag: str) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        return [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise UserError(f"{flag} {text!r}: expected comma-separated integers, e.g. 1,2,4") from None
+
+
+def _pick(flag: Any, section: dict[str, Any], key: str, default: Any) -> Any:
+    """An explicit flag wins over the experiment file, which wins over the default."""
+    if flag is not None:
+        return flag
+    return section.get(key, default)
+
+
+@app.command("calibrate")
+def calibrate_cmd(
+    output: Annotated[Path, Opt("-o", "--output", help="calibration JSON to write")],
+    model: Annotated[str | None, Opt(help="model config (default: wan2.1-tiny)")] = None,
+    device: Annotated[str | None, Opt(help="cpu | cuda (default: cpu)")] = None,
+    batch_sizes: Annotated[str | None, Opt(help="grid batch sizes, e.g. 1,2,4")] = None,
+    tokens: Annotated[str | None, Opt(help="grid token counts, e.g. 16,64,256,1024,4096")] = None,
+    manifest: Annotated[
+        Path | None, Opt(help="manifest whose token range sets p and the reference bucket")
+    ] = None,
+    mixture: Annotated[str | None, Opt(help="or a named synthetic mixture (e.g. tiny-cpu)")] = None,
+    num_samples: Annotated[int, Opt(help="samples drawn from --mixture")] = 20000,
+    grid: Annotated[
+        str | None, Opt(help="bucket grid for raw manifests: wan | tiny (default by model)")
+    ] = None,
+    bucketing: Annotated[str | None, Opt(help="aspect | exact")] = None,
+    capacity_gb: Annotated[
+        float | None, Opt(help="memory to budget against, GB (default on CUDA: the device's)")
+    ] = None,
+    headroom: Annotated[float | None, Opt(help="fraction of capacity kept free")] = None,
+    repeats: Annotated[int | None, Opt(help="timed passes over the grid (median)")] = None,
+    warmup: Annotated[int, Opt(help="warm-up steps per grid point")] = 1,
+    threads: Annotated[int | None, Opt(help="torch CPU threads while measuring")] = None,
+    timer: Annotated[
+        str | None, Opt(help="wall (default) | cpu (process CPU seconds; --threads 1 only)")
+    ] = None,
+    activation_checkpointing: Annotated[
+        bool, Opt("--activation-checkpointing", help="checkpoint every block")
+    ] = False,
+    ref_tokens: Annotated[float | None, Opt(help="override the reference bucket's S")] = None,
+    ref_batch: Annotated[int | None, Opt(help="override the reference bucket's B")] = None,
+    prior: Annotated[
+        str | None, Opt(help="no measurement: analytic prior for a device's rates (h200)")
+    ] = None,
+    config: Annotated[
+        Path | None, Opt(help="experiment YAML: model, data and calibration sections")
+    ] = None,
+    seed: Annotated[int, Opt(help="seed of the weights, inputs and mixture")] = 0,
+    quiet: Annotated[bool, Opt("--quiet", help="no progress bar")] = False,
+) -> None:
+    """Time forward+backward over a (B, S) grid, fit t(B,S) and m(B,S), derive p/M_mem/M_comp.
+
+    Flags override the experiment file given with --config. The file is written only after
+    everything succeeded.
+    """
+    from adaptiveload import calibration
+    from adaptiveload.costmodel import Calibration
+    from adaptiveload.io import write_json
+
+    exp: dict[str, Any] = {}
+    if config is not None:
+        from adaptiveload.config import load
+
+        exp = load(config)
+    cal_section, data = exp.get("calibration", {}), exp.get("data", {})
+    model_name = model or exp.get("model", {}).get("config", "wan2.1-tiny")
+
+    if cal_section.get("file") and prior is None:  # the experiment pins a calibration file
+        cal = Calibration.load(cal_section["file"])
+        if cal.model != model_name:
+            raise UserError(
+                f"{cal_section['file']}: calibration is for {cal.model!r}, the experiment "
+                f"trains {model_name!r}"
+            )
+        write_json(output, cal.to_dict())
+        typer.echo(f"{output}: copied {cal_section['file']} ({cal.label})", err=True)
+        return
+
+    grid_name = grid or data.get("grid") or ("wan" if model_name in RELEASED else "tiny")
+    mode = bucketing or data.get("bucketing", "aspect")
+    max_frames = data.get("max_frames", 81)
+    mix = None
+    if manifest is not None:
+        mix = calibration.manifest_token_mix(manifest, mode, grid_name, max_frames)
+    elif mixture is not None:
+        mix = calibration.mixture_token_mix(
+            mixture, num_samples, seed, mode, grid_name, max_frames
+        )
+    elif data.get("manifest"):
+        mix = calibration.manifest_token_mix(data["manifest"], mode, grid_name, max_frames)
+    elif data.get("mixture"):
+        n = data.get("num_samples", num_samples)
+        mix = calibration.mixture_token_mix(data["mixture"], n, seed, mode, grid_name, max_frames)
+
+    head = _pick(headroom, cal_section, "headroom", 0.1)
+    if prior is not None:
+        cal = calibration.prior(model_name, prior, mix, head, ref_tokens, ref_batch)
+    else:
+        cal = calibration.calibrate(
+            model_name,
+            device=_pick(device, cal_section, "device", "cpu"),
+            batch_sizes=_pick(
+                _ints(batch_sizes, "--batch-sizes"), cal_section, "batch_sizes",
+                calibration.DEFAULT_BATCH_SIZES,
+            ),
+            tokens=_pick(
+                _ints(tokens, "--tokens"), cal_section, "tokens", calibration.DEFAULT_TOKENS
+            ),
+            mix=mix,
+            capacity_gb=_pick(capacity_gb, cal_section, "capacity_gb", None),
+            headroom=head,
+            repeats=_pick(repeats, cal_section, "repeats", 3),
+            warmup=warmup,
+            activation_checkpointing=activation_checkpointing,
+            ref_tokens=ref_tokens,
+            ref_batch=ref_batch,
+            seed=seed,
+            threads=_pick(threads, cal_section, "threads", None),
+            timer=_pick(timer, cal_section, "timer", "wall"),
+            progress=not quiet,
+        )  # fmt: skip
+    write_json(output, cal.to_dict())
+    fit = cal.extra["fit"]
+    typer.echo(
+        f"{output}: {cal.label} {cal.model}: p={cal.p:.3f} M_mem={cal.m_mem:.4g} "
+        f"M_comp={cal.m_comp:.4g} (fit R^2={fit['r2']:.4f}, worst point "
+        f"{100 * fit['max_rel_err']:.1f}%; memory: {cal.extra['memory_source']})",
+        err=True,
+    )

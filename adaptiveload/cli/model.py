@@ -1,1 +1,35 @@
-"""`adaptiveload model`: under construction (see the issue that owns this stage)."""
+"""`adaptiveload model info`: a Wan config's shapes, parameter count and FLOPs per sample."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+from adaptiveload.cli.app import app
+
+model_app = typer.Typer(
+    help="Wan 2.1 model configs: shapes, parameters, FLOPs.", no_args_is_help=True
+)
+app.add_typer(model_app, name="model")
+Opt = typer.Option
+
+
+@model_app.command("info")
+def info(
+    config: Annotated[str, Opt(help="wan2.1-t2v-1.3b | wan2.1-t2v-14b | wan2.1-tiny | ...")],
+    frames: Annotated[int, Opt(help="sample frames (4k+1; 1 = image)")] = 81,
+    height: Annotated[int, Opt(help="sample height in pixels (multiple of 16)")] = 480,
+    width: Annotated[int, Opt(help="sample width in pixels (multiple of 16)")] = 832,
+    as_json: Annotated[bool, Opt("--json", help="print JSON instead of text")] = False,
+) -> None:
+    """Parameters (counted on the meta device) and analytic training FLOPs of one sample."""
+    from adaptiveload.model.info import model_info
+
+    record = model_info(config, frames, height, width)
+    if as_json:
+        typer.echo(json.dumps(record, indent=2))
+        return
+    for key, value in record.items():
+        typer.echo(f"{key:>24}: {value}")
