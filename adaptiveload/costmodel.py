@@ -208,7 +208,9 @@ def fit(
 # how derive_budgets chooses its numbers; written into every calibration file
 BUDGET_RULES = {
     "p": "effective exponent of the per-sample cost c_seq + a*S + b*S^2 between the 5th and 95th "
-    "percentile of the manifest's sample tokens (local exponent if they coincide)",
+    "percentile of the manifest's sample tokens (local exponent if they coincide), clamped to "
+    "[1, 2] (outside it the fit is noise: cost cannot grow slower than the tokens it processes "
+    "nor faster than attention)",
     "m_mem": "largest B*S with m(B,S) <= capacity*(1-headroom) for every S >= the manifest's "
     "smallest token count (m_seq is per sample, so the smallest S is the binding one)",
     "m_comp": "B_ref * S_ref^p: S_ref = the manifest's most common bucket (by samples), "
@@ -223,6 +225,7 @@ class Budgets:
     p: float
     m_mem: float
     m_comp: float
+    p_unclamped: float
     s_lo: float  # token range p was measured over
     s_hi: float
     ref_tokens: float
@@ -260,7 +263,8 @@ def derive_budgets(
         raise UserError("memory model has m_tok = m_seq = 0: fit or model memory first")
 
     s_lo, s_hi = (float(v) for v in np.percentile(tok, [5, 95]))
-    p = cost.effective_exponent(s_lo, s_hi) if s_hi > s_lo else local_exponent(cost, s_lo)
+    p_raw = cost.effective_exponent(s_lo, s_hi) if s_hi > s_lo else local_exponent(cost, s_lo)
+    p = min(2.0, max(1.0, p_raw))
 
     usable = capacity_bytes * (1 - headroom) - cost.m_static
     if usable <= 0:
@@ -279,6 +283,7 @@ def derive_budgets(
         ref_batch = max(1, int(m_mem // ref_tokens))
     m_comp = ref_batch * ref_tokens**p
     return Budgets(
-        p=float(p), m_mem=float(m_mem), m_comp=float(m_comp), s_lo=s_lo, s_hi=s_hi,
+        p=float(p), m_mem=float(m_mem), m_comp=float(m_comp), p_unclamped=float(p_raw),
+        s_lo=s_lo, s_hi=s_hi,
         ref_tokens=float(ref_tokens), ref_batch=int(ref_batch), max_fits=max_fits,
     )  # fmt: skip
