@@ -19,6 +19,10 @@ Per epoch (everything vectorised; 1M samples at N = 1024 plan in about a second)
    reorder the slots with ``dealing.deal_balanced`` on predicted cost.
 
 A sample over a budget on its own forms B = 1 and is counted in ``num_oversize``.
+
+Table columns: ``step, rank, sample_id``; ``frames, height, width, tokens`` of the sample's
+*bucket* shape (what the model is fed); ``batch_id`` (a padding repeat shares the id of the
+batch it repeats); ``is_padding``. ``table.attrs["plan"]`` holds the summary (kept in Parquet).
 """
 
 from __future__ import annotations
