@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib
+import matplotlib.ticker
 
 matplotlib.use("Agg")
 
@@ -103,13 +104,14 @@ def compute_heatmap(inp: FigureInputs) -> plt.Figure:
         grid = sel.pivot(index="rank", columns="step", values="compute_s")
         mesh = ax.imshow(grid.to_numpy(), aspect="auto", cmap="viridis", vmin=0, vmax=vmax,
                          interpolation="nearest")
+        ax.grid(False)
         imb = per_step(sel)["imbalance"].mean()
         ax.set_ylabel("rank")
         ax.set_title(f"{policy}: mean imbalance {100 * imb:.1f}%", fontsize=9, loc="left")
     axes[-1, 0].set_xlabel("step")
     fig.colorbar(mesh, ax=axes[:, 0].tolist(), label="compute time per rank (s)")
     fig.suptitle(f"Per-rank compute per step, {setup}, seed {steps['seed'].min()} "
-                 f"[{_label(steps)}]: dark cells = ranks left idle")
+                 f"[{_label(steps)}]\nbright = straggler, dark = rank waiting", fontsize=11)
     return fig
 
 
@@ -202,8 +204,13 @@ def calibration_fit(inp: FigureInputs) -> plt.Figure:
     cost = cal["cost"]
     s = points["tokens"].to_numpy(float)
     pred = cost["c0"] + points["batch"] * (cost["a"] * s + cost["b"] * s * s)
-    resid = points["time_s"] - pred
-    r2 = 1 - (resid**2).sum() / ((points["time_s"] - points["time_s"].mean()) ** 2).sum()
+    fit = cal.get("fit") or {}
+    if "r2" in fit:  # the calibration's own goodness of fit (its fitting objective)
+        r2 = fit["r2"]
+    else:
+        resid = points["time_s"] - pred
+        r2 = 1 - (resid**2).sum() / ((points["time_s"] - points["time_s"].mean()) ** 2).sum()
+    worst = fit.get("max_rel_err")
     fig, ax = plt.subplots(figsize=(6, 5))
     sns.scatterplot(x=pred, y=points["time_s"], hue=points["batch"].astype(str),
                     size=points["tokens"], ax=ax)
@@ -212,9 +219,13 @@ def calibration_fit(inp: FigureInputs) -> plt.Figure:
     ax.plot(lim, lim, "k--", lw=0.8, label="y = x")
     ax.set(xscale="log", yscale="log", xlim=lim, ylim=lim,
            xlabel="fitted t(B,S) = c0 + B(aS + bS²) (s)", ylabel="measured step time (s)")
-    ax.legend(title="B / S", fontsize=7)
-    ax.set_title(f"Calibration of {cal.get('model')} on {cal.get('device')}: R² = {r2:.4f}, "
-                 f"p = {cal.get('p', float('nan')):.2f} [{cal.get('source')}]", fontsize=9)
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.legend(title="batch B / tokens S", fontsize=7)
+    worst_txt = f", worst point {100 * worst:.0f}% off" if worst is not None else ""
+    ax.set_title(f"Calibration of {cal.get('model')} on {cal.get('device')} "
+                 f"[{cal.get('source')}]\nR² = {r2:.3f}{worst_txt}; derived p = "
+                 f"{cal.get('p', float('nan')):.2f}", fontsize=9)
     fig.tight_layout()
     return fig
 
@@ -232,8 +243,8 @@ def _sweep_figure(inp: FigureInputs, axis: str, xlabel: str, logx: bool = False)
     if numeric:
         ratio = ratio.assign(x=ratio["x"].astype(float))
     setups = _setups(runs)
-    fig, axes = plt.subplots(2, len(setups), figsize=(5 * len(setups), 7), squeeze=False,
-                             sharex="col")
+    fig, axes = plt.subplots(2, len(setups), figsize=(max(8, 5 * len(setups)), 7),
+                             squeeze=False, sharex="col")
     for col, setup in enumerate(setups):
         sel = runs[runs["setup"] == setup]
         ax = axes[0, col]
@@ -258,8 +269,8 @@ def _sweep_figure(inp: FigureInputs, axis: str, xlabel: str, logx: bool = False)
         if not numeric:
             ax.tick_params(axis="x", rotation=20)
         ax.legend(fontsize=7)
-    fig.suptitle(f"{title}: imbalance (top, band = range over seeds) and throughput change "
-                 "with bootstrap 95% CI (bottom)")
+    fig.suptitle(f"{title}\nimbalance (top; band = range over seeds) and throughput change vs "
+                 "equal-token (bottom; bootstrap 95% CI)", fontsize=11)
     fig.tight_layout()
     return fig
 

@@ -37,5 +37,5 @@ else:
         conda:
             CONDA_ENV
         shell:
-            "OMP_NUM_THREADS={threads} adaptiveload calibrate --config {input.config} "
+            "OMP_NUM_THREADS={threads} adaptiveload calibrate --config {input.config} --threads {threads} "
             "--manifest {input.manifest} -o {output} > {log} 2>&1"

@@ -54,7 +54,7 @@ rule describe:
     conda:
         CONDA_ENV
     shell:
-        "adaptiveload manifest describe {input} {params.flags} --json > {output} 2> {log}"
+        "adaptiveload manifest describe {input} {params.flags} --json -o {output} > {log} 2>&1"
 
 
 rule sim_manifest:

@@ -40,6 +40,7 @@ rule simulate:
         flags=sim_flags,
         gbps=lambda w: SIMS[w.sim]["allreduce_gbps"],
         warmup=config["train"]["warmup_steps"],
+        experiment=EXP,
     log:
         f"{LOGS}/simulate/{{sim}}/{{variant}}/{{policy}}/seed{{seed}}.log",
     benchmark:
@@ -52,4 +53,5 @@ rule simulate:
         "-o {output.plan} --summary {output.plan_summary} && "
         "adaptiveload simulate --plan {output.plan} --calibration {input.calibration} "
         "--allreduce-gbps {params.gbps} --warmup-steps {params.warmup} "
+        "--experiment {params.experiment} "
         "-o {output.steps} --summary {output.summary}) > {log} 2>&1"
