@@ -1,0 +1,152 @@
+"""Calibration: a real (tiny, CPU) measurement writes a valid file; bad input writes nothing;
+the shipped priors are reproducible from the code."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import yaml
+
+from adaptiveload import calibration
+from adaptiveload.costmodel import Calibration
+from adaptiveload.errors import UserError
+
+ROOT = Path(__file__).resolve().parent.parent
+PRIORS = ROOT / "experiments" / "calibration"
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "adaptiveload", *args], capture_output=True, text=True, cwd=ROOT
+    )
+
+
+def test_tiny_cpu_calibration_on_a_2x2_grid_writes_a_valid_file(tmp_path):
+    out = tmp_path / "cal.json"
+    proc = run_cli(
+        "calibrate", "--model", "wan2.1-tiny", "--device", "cpu", "--batch-sizes", "1,2",
+        "--tokens", "16,256", "--repeats", "1", "--threads", "1", "--capacity-gb", "0.5",
+        "--mixture", "tiny-cpu", "--num-samples", "300", "--quiet", "-o", str(out),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    cal = Calibration.load(out)
+    assert (cal.model, cal.source) == ("wan2.1-tiny", "measured")
+    assert cal.device.startswith("CPU") and cal.extra["memory_source"] == "model"
+    assert len(cal.extra["points"]) == 4
+    assert all(p["time_s"] > 0 and p["peak_bytes"] is None for p in cal.extra["points"])
+    assert {"torch", "cuda", "date", "device"} <= set(cal.extra["provenance"])
+    assert cal.extra["model_config"]["dim"] == 64
+    assert 1.0 <= cal.p <= 2.0 and cal.m_mem > 0 and cal.m_comp > 0
+    assert cal.cost.m_tok > 0  # analytic memory filled in on CPU
+    budgets = cal.extra["budgets"]
+    assert budgets["m_comp"] == pytest.approx(budgets["ref_batch"] * budgets["ref_tokens"] ** cal.p)
+    assert "fit" in cal.extra and cal.extra["fit"]["num_points"] == 4
+    assert "R^2" in proc.stderr
+
+
+def test_calibrate_takes_its_settings_from_an_experiment_file(tmp_path):
+    exp = {
+        "name": "calib-test",
+        "data": {"mixture": "tiny-cpu", "num_samples": 200, "grid": "tiny"},
+        "model": {"config": "wan2.1-micro"},
+        "calibration": {"batch_sizes": [1, 2], "tokens": [16, 64], "repeats": 1,
+                        "capacity_gb": 0.1},
+        # spelled out: config.load cannot fill this section's $ref defaults yet
+        "budgets": {"m_tok": "auto", "m_mem": "auto", "m_comp": "auto", "p": "auto"},
+    }  # fmt: skip
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump(exp))
+    out = tmp_path / "cal.json"
+    proc = run_cli("calibrate", "--config", str(path), "--threads", "1", "--quiet", "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(out.read_text())
+    assert data["model"] == "wan2.1-micro"
+    assert data["grid"]["tokens"] == [16, 64] and data["manifest"]["num_samples"] == 200
+    assert data["capacity_bytes"] == pytest.approx(0.1e9)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--model", "wan2.1-huge"], "unknown model config"),
+        (["--tokens", "64"], "at least 2 distinct token counts"),
+        (["--batch-sizes", "0,1"], "batch sizes"),
+        (["--tokens", "16,x"], "comma-separated integers"),
+        ([], "--capacity-gb is required on CPU"),
+    ],
+)
+def test_bad_input_exits_2_and_writes_nothing(tmp_path, args, message):
+    out = tmp_path / "cal.json"
+    base = ["--model", "wan2.1-micro", "--batch-sizes", "1,2", "--tokens", "16,64"]
+    if "--capacity-gb is required" not in message:
+        base += ["--capacity-gb", "0.1"]
+    proc = run_cli("calibrate", *base, *args, "--quiet", "-o", str(out))
+    assert proc.returncode == 2
+    assert message in proc.stderr and "Traceback" not in proc.stderr
+    assert not out.exists()
+
+
+def test_empty_manifest_is_rejected_before_writing(tmp_path):
+    manifest = tmp_path / "empty.csv"
+    pd.DataFrame(columns=["sample_id", "num_frames", "height", "width"]).to_csv(
+        manifest, index=False
+    )
+    out = tmp_path / "cal.json"
+    proc = run_cli(
+        "calibrate", "--model", "wan2.1-micro", "--batch-sizes", "1,2", "--tokens", "16,64",
+        "--capacity-gb", "0.1", "--manifest", str(manifest), "--quiet", "-o", str(out),
+    )  # fmt: skip
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert not out.exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error")
+def test_cuda_without_a_gpu_is_a_user_error():
+    with pytest.raises(UserError, match="no CUDA GPU"):
+        calibration.calibrate("wan2.1-micro", device="cuda", batch_sizes=[1, 2], tokens=[16, 64])
+
+
+@pytest.mark.parametrize("tokens", [1, 16, 221, 1547, 3740, 4096, 32760, 75600, 97])
+def test_latent_grid_has_the_requested_tokens(tokens):
+    f, h, w = calibration.latent_grid(tokens)
+    assert f * h * w == tokens and max(f, h, w) <= calibration.MAX_AXIS
+    frames, height, width = calibration.bucket_shape(tokens)
+    from adaptiveload.tokens import token_count
+
+    assert token_count(frames, height, width) == tokens
+
+
+def test_reference_bucket_is_the_most_common_shape_not_token_count():
+    samples = pd.DataFrame(
+        {
+            "bucket_frames": [1, 1, 1, 1, 81, 81, 81],
+            "bucket_height": [832, 832, 1104, 1104, 480, 480, 480],
+            "bucket_width": [1104, 1104, 832, 832, 832, 832, 832],
+        }
+    )
+    samples["tokens"] = [3588] * 4 + [32760] * 3
+    mix = calibration.token_mix(samples, "test")
+    assert mix.ref_tokens == 32760  # two 3588-token shapes of 2 samples each lose to 3 videos
+
+
+@pytest.mark.parametrize("model", ["wan2.1-t2v-1.3b", "wan2.1-t2v-14b"])
+def test_shipped_priors_are_reproducible(model):
+    shipped = Calibration.load(PRIORS / f"h200-{model}.json")
+    assert shipped.source == "model" and "analytic prior" in shipped.device
+    mix = calibration.mixture_token_mix("paper-mixed", 20000, seed=0, grid="wan")
+    fresh = calibration.prior(model, "h200", mix)
+    assert fresh.p == pytest.approx(shipped.p, rel=1e-9)
+    assert fresh.m_mem == pytest.approx(shipped.m_mem, rel=1e-9)
+    assert fresh.m_comp == pytest.approx(shipped.m_comp, rel=1e-9)
+    for name in ("c0", "a", "b", "c_seq", "m_static", "m_tok", "m_seq"):
+        assert getattr(fresh.cost, name) == pytest.approx(getattr(shipped.cost, name), rel=1e-9)
+    # the budgets admit the largest bucket at B=1 and the prior's fit is exact
+    assert shipped.extra["budgets"]["max_fits"] and shipped.extra["fit"]["r2"] > 0.9999
+    assert np.isclose(shipped.capacity_bytes, 141e9)
