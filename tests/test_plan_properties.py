@@ -130,7 +130,10 @@ def test_deterministic_and_epoch_dependent(policy):
     b = build_plan(df.copy(), policy, bud, 8, seed=7, epoch=2)
     pd.testing.assert_frame_equal(a.table, b.table)
     assert a.summary == b.summary
+    assert a.summary["plan_digest"] == b.summary["plan_digest"]
     other = build_plan(df, policy, bud, 8, seed=7, epoch=3)
     assert not other.table["sample_id"].equals(a.table["sample_id"])
     reseeded = build_plan(df, policy, bud, 8, seed=8, epoch=2)
     assert not reseeded.table["sample_id"].equals(a.table["sample_id"])
+    assert len({a.summary["plan_digest"], other.summary["plan_digest"],
+                reseeded.summary["plan_digest"]}) == 3  # fmt: skip

@@ -27,6 +27,7 @@ batch it repeats); ``is_padding``. ``table.attrs["plan"]`` holds the summary (ke
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -131,6 +132,8 @@ def build_plan(
         "epoch": epoch,
         "window_steps": window_steps if pol.balanced else None,
         "deal_cost": ("cost_model" if cost is not None else "B*S^p") if pol.balanced else None,
+        # ranks can all-gather this to check they planned the same (inputs in the same order)
+        "plan_digest": _digest(row_sample, batches.size[slots], slot_pad),
     }
     table.attrs["plan"] = dict(summary)
     if cost_model is not None:
@@ -213,6 +216,14 @@ def _rows(
         columns=list(TABLE_COLUMNS),
     )
     return table, row_sample
+
+
+def _digest(*arrays: np.ndarray) -> str:
+    """Short content hash of the plan's row positions, batch sizes and padding flags."""
+    h = hashlib.sha256()
+    for arr in arrays:
+        h.update(np.ascontiguousarray(arr).tobytes())
+    return h.hexdigest()[:16]
 
 
 def _starts(counts: np.ndarray) -> np.ndarray:
