@@ -51,3 +51,32 @@ def test_torchrun_ddp_matches_emulated(tmp_path):
     assert run.data.tags["launch_mode"] == "distributed"
     steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, "loss"))
     assert steps == [0, 1, 2]  # logged by rank 0 only, once per step
+
+
+@pytest.mark.slow
+def test_torchrun_fsdp2_matches_emulated(tmp_path):
+    """FSDP2 fully_shard (the 14B option) on 2 gloo processes: same losses and weights."""
+    exp = write_experiment(tmp_path, world_size=2, steps=2, checkpoint_every=2)
+    sharded = write_experiment(tmp_path, name="fsdp", world_size=2, steps=2, checkpoint_every=2,
+                               fsdp=True)  # fmt: skip
+    args = ["--policy", "adaptiveload", "--seed", "0", "--no-track"]
+    env = cli_env()
+    emu = adaptiveload("train", "--config", str(exp), *args, "--emulate-world-size", "2",
+                       "--out", str(tmp_path / "emu"), env=env, cwd=ROOT, timeout=600)  # fmt: skip
+    assert emu.returncode == 0, emu.stderr[-3000:]
+    dist = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+         "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+         "-m", "adaptiveload", "train", "--config", str(sharded), *args,
+         "--out", str(tmp_path / "fsdp")],
+        env=env, cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert dist.returncode == 0, dist.stderr[-3000:]
+    a = pd.read_parquet(tmp_path / "emu" / "steps.parquet")
+    b = pd.read_parquet(tmp_path / "fsdp" / "steps.parquet")
+    pd.testing.assert_series_equal(a["loss"], b["loss"], rtol=1e-5, atol=0)
+    wa = torch.load(tmp_path / "emu" / "checkpoints" / "ckpt-00000002.pt", weights_only=False)
+    wb = torch.load(tmp_path / "fsdp" / "checkpoints" / "ckpt-00000002.pt", weights_only=False)
+    assert set(wa["model"]) == set(wb["model"])  # full (unsharded) state dict
+    for name, tensor in wa["model"].items():
+        torch.testing.assert_close(wb["model"][name], tensor, rtol=1e-4, atol=1e-6, msg=name)
