@@ -209,8 +209,8 @@ def fit(
 BUDGET_RULES = {
     "p": "effective exponent of the per-sample cost c_seq + a*S + b*S^2 between the 5th and 95th "
     "percentile of the manifest's sample tokens (local exponent if they coincide), clamped to "
-    "[1, 2] (outside it the fit is noise: cost cannot grow slower than the tokens it processes "
-    "nor faster than attention)",
+    "[1, 2]: attention bounds the growth at 2, and below 1 (a per-sample constant or timing "
+    "noise dominating) the compute bound would hand long samples more tokens than short ones",
     "m_mem": "largest B*S with m(B,S) <= capacity*(1-headroom) for every S >= the manifest's "
     "smallest token count (m_seq is per sample, so the smallest S is the binding one)",
     "m_comp": "B_ref * S_ref^p: S_ref = the manifest's most common bucket (by samples), "

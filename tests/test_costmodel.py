@@ -12,7 +12,7 @@ from adaptiveload.model.configs import get_config
 from adaptiveload.model.wan import build_on_meta, count_parameters
 
 TRUE = CostModel(
-    c0=0.02, a=3e-6, b=2e-10, m_static=2e9, m_tok=3e5, m_seq=4e6, c_seq=1e-3
+    c0=0.02, a=3e-6, b=2e-10, m_static=2e9, m_tok=3e5, m_seq=4e6, c_seq=1e-4
 )  # fmt: skip
 
 
@@ -94,6 +94,12 @@ def test_budgets_reject_bad_input():
         derive_budgets(TRUE, [], 80e9)
     with pytest.raises(UserError, match="static memory"):
         derive_budgets(TRUE, [256, 1024], capacity_bytes=1e9)
+
+
+def test_p_is_clamped_to_1_2_and_the_raw_value_kept():
+    flat = CostModel(c0=0.0, a=1e-9, b=0.0, m_tok=1.0, c_seq=1.0)  # per-sample cost ~constant
+    budgets = derive_budgets(flat, [16, 64, 256, 1024], 1e9)
+    assert budgets.p == 1.0 and budgets.p_unclamped < 0.1
 
 
 def test_single_bucket_uses_the_local_exponent():
