@@ -23,7 +23,7 @@ import datetime as dt
 import io
 import statistics
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +82,10 @@ def _saved_bytes(fn: Callable[..., torch.Tensor], *args: torch.Tensor) -> int:
 
 
 def _compiled_eager() -> Callable[..., torch.Tensor]:
+    import torch._functorch.config as functorch_config
+
+    # donated buffers forbid the retain_graph=True that timing backward alone needs
+    functorch_config.donated_buffer = False
     return torch.compile(lm.wan_eager, fullgraph=True)
 
 
@@ -100,8 +104,9 @@ def run(
     repeats: int = 20,
     warmup: int = 5,
     seed: int = 0,
-) -> list[dict[str, Any]]:
-    """Measure every (D, S, impl, phase); returns CSV rows (dicts keyed by COLUMNS)."""
+) -> Iterator[list[dict[str, Any]]]:
+    """Measure every (D, S, impl, phase); yields the CSV rows (dicts keyed by COLUMNS) of one
+    shape at a time, so a caller can save partial results."""
     if reason := unavailable_reason():
         raise RuntimeError(reason)
     stamp = {
@@ -120,11 +125,11 @@ def run(
         "eager": lm.wan_eager,
         "compile": _compiled_eager(),
     }
-    rows: list[dict[str, Any]] = []
     for d in dims:
         for s in seq_lens:
+            rows: list[dict[str, Any]] = []
             x, scale, shift = _inputs(s, d, seed)
-            torch._dynamo.mark_dynamic(x, 1)
+            torch._dynamo.maybe_mark_dynamic(x, 1)  # one compile per D, not per S
             n = s * d
             model_bytes = {"fwd": 4 * n + 8 * s, "bwd": 6 * n + 8 * s, "fwd_bwd": 10 * n + 16 * s}
             base = dict(stamp, S=s, D=d)
@@ -156,14 +161,14 @@ def run(
                                      note=f"{type(exc).__name__}: {exc}"))  # fmt: skip
             for row in rows:
                 key = (row["impl"], row["phase"])
-                if row.get("S") == s and row.get("D") == d and key in medians:
+                if key in medians:
                     for ref in ("eager", "compile"):
                         if (ref, row["phase"]) in medians:
                             row[f"speedup_vs_{ref}"] = medians[(ref, row["phase"])] / medians[key]
             del x, scale, shift, dst, src
             torch.cuda.empty_cache()
             print(f"D={d} S={s} done", file=sys.stderr)
-    return rows
+            yield rows
 
 
 def _time_phases(
@@ -238,7 +243,10 @@ def bench_to_file(
             return 1
         rows = skip_rows(reason)
     else:
-        rows = run(seq_lens, dims, repeats)
+        rows = []
+        for shape_rows in run(seq_lens, dims, repeats):
+            rows += shape_rows
+            write_text(out, to_csv(rows))  # partial results survive a timeout
     write_text(out, to_csv(rows))
     print(f"wrote {out} ({len(rows)} rows)")
     return 0
