@@ -150,3 +150,15 @@ def test_shipped_priors_are_reproducible(model):
     # the budgets admit the largest bucket at B=1 and the prior's fit is exact
     assert shipped.extra["budgets"]["max_fits"] and shipped.extra["fit"]["r2"] > 0.9999
     assert np.isclose(shipped.capacity_bytes, 141e9)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_calibration_measures_memory():
+    cal = calibration.calibrate(
+        "wan2.1-tiny", device="cuda", batch_sizes=[1, 2], tokens=[256, 4096], repeats=2,
+        progress=False,
+    )  # fmt: skip
+    assert cal.extra["memory_source"] == "measured" and cal.source == "measured"
+    assert all(p["peak_bytes"] > 0 for p in cal.extra["points"])
+    assert cal.cost.m_tok > 0 and cal.extra["fit"]["mem_r2"] is not None

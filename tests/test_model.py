@@ -129,3 +129,31 @@ def test_bad_latent_shape_is_rejected():
     x, t, context = _inputs(cfg)
     with pytest.raises(ValueError, match="not divisible by patch"):
         model(x[..., :-1], t, context)
+
+
+def test_model_info_cli_reports_parameters_tokens_and_flops():
+    import json
+    import subprocess
+    import sys
+
+    from adaptiveload.model.analytic import flop_terms
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "adaptiveload", "model", "info", "--config", "wan2.1-t2v-1.3b",
+         "--frames", "81", "--height", "480", "--width", "832", "--json"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    info = json.loads(proc.stdout)
+    assert abs(info["parameters"] / 1.419e9 - 1) < 0.01
+    assert (info["dim"], info["num_layers"], info["num_heads"], info["tokens"]) == (
+        1536, 30, 12, 32760,
+    )  # fmt: skip
+    terms = flop_terms(get_config("wan2.1-t2v-1.3b"))
+    assert info["flops_per_sample"] == pytest.approx(3 * terms.forward(32760))
+    bad = subprocess.run(
+        [sys.executable, "-m", "adaptiveload", "model", "info", "--config", "wan2.1-tiny",
+         "--frames", "80"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert bad.returncode == 2 and "4k+1" in bad.stderr
