@@ -179,6 +179,15 @@ def _timed(model: WanModel, inputs: tuple, device: torch.device, iters: int) -> 
     return (time.perf_counter() - wall) / iters, (time.process_time() - cpu) / iters
 
 
+def _drop_oom(model: WanModel, point: dict, inputs: dict, key: tuple[int, int]) -> None:
+    """Mark a point out-of-memory and release what the failed step held."""
+    point["status"] = "oom"
+    point["wall_s"], point["cpu_s"] = [], []
+    inputs.pop(key, None)
+    model.zero_grad(set_to_none=True)
+    torch.cuda.empty_cache()
+
+
 def measure_grid(
     model: WanModel, grid: Sequence[tuple[int, int]], device: torch.device, repeats: int,
     warmup: int, seed: int = 0, min_seconds: float = 0.05, progress: bool = True,
@@ -208,18 +217,21 @@ def measure_grid(
                     _step(model, inputs[b, s], device)
                 probe, _ = _timed(model, inputs[b, s], device, 1)
             except torch.OutOfMemoryError:
-                points[b, s]["status"] = "oom"
-                inputs.pop((b, s), None)
-                torch.cuda.empty_cache()
+                _drop_oom(model, points[b, s], inputs, (b, s))
                 bar.update(1 + repeats)
                 continue
             iters[b, s] = max(1, min(20, int(np.ceil(min_seconds / max(probe, 1e-6)))))
             bar.update(1)
         for _ in range(repeats):
-            for key in inputs:
+            for key in list(inputs):
                 if device.type == "cuda":
                     torch.cuda.reset_peak_memory_stats(device)
-                wall, cpu = _timed(model, inputs[key], device, iters[key])
+                try:
+                    wall, cpu = _timed(model, inputs[key], device, iters[key])
+                except torch.OutOfMemoryError:  # fragmentation can bite after warm-up too
+                    _drop_oom(model, points[key], inputs, key)
+                    bar.update(1)
+                    continue
                 points[key]["wall_s"].append(wall)
                 points[key]["cpu_s"].append(cpu)
                 if device.type == "cuda":
@@ -499,7 +511,10 @@ def prior(
             "fit": stats.to_dict(),
             "points": points,
             "notes": [
-                "source: model. Replace with `adaptiveload calibrate --device cuda` on an H200.",
+                "source: model. Replace it with a measurement on an H200 (the 1.3B fits one "
+                "GPU; the 14B's optimizer state needs sharding): `adaptiveload calibrate --model "
+                f"{cfg.name} --device cuda --activation-checkpointing --batch-sizes 1,2,4 "
+                "--tokens 1560,3600,7800,14040,32760 --mixture paper-mixed -o FILE`",
                 f"budget rules: {BUDGET_RULES['m_comp']}",
             ],
         },
