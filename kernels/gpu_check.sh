@@ -8,7 +8,8 @@
 # goes on PYTHONPATH), no typer/mlflow/pandas (the build and bench modules run directly).
 # Uses pytest when importable, else runs the CUDA test module as a script.
 # Outputs: env.txt, build.json, build.log, ptxas.txt, cuda_tests.log (+ .xml with pytest),
-# cpu_op_tests.log, bench.csv, bench.log, summary.txt, steps.tsv (status and seconds per step).
+# cpu_op_tests.log, bench.csv, bench.log, bench_nopipe.csv (backward without its cp.async
+# pipeline), summary.txt, steps.tsv (status and seconds per step).
 # Environment: PYTHON (default python3), ARCH (default 9.0), BENCH_TIMEOUT_S (default 170),
 # ALLOW_NO_GPU=1 (dry run on a GPU-less machine: carry on past the availability check; the
 # CUDA tests then skip and the bench writes a skip record).
@@ -88,7 +89,12 @@ fi
 SKIP_OK=()
 [ "${ALLOW_NO_GPU:-0}" = 1 ] && SKIP_OK=(--skip-ok)
 step bench "${BENCH_TIMEOUT_S:-170}" "$OUT/bench.log" \
-  "$PY" -m adaptiveload.ops.kernel_bench -o "$OUT/bench.csv" "${SKIP_OK[@]}"
+  "$PY" -m adaptiveload.ops.kernel_bench -o "$OUT/bench.csv" ${SKIP_OK[@]+"${SKIP_OK[@]}"}
+
+# 4b. A/B: the backward without its cp.async pipeline (fused only, two shapes)
+step bench_nopipe 60 "$OUT/bench_nopipe.log" \
+  env ADAPTIVELOAD_LN_BWD_PIPELINE=0 "$PY" -m adaptiveload.ops.kernel_bench -o "$OUT/bench_nopipe.csv" --impls fused \
+  --seq-lens 16384,75600 ${SKIP_OK[@]+"${SKIP_OK[@]}"}
 
 # 5. summary against the issue's targets
 "$PY" - "$OUT/bench.csv" > "$OUT/summary.txt" 2>&1 <<'EOF'

@@ -9,6 +9,13 @@
 // visits, so the column sums ride on the loads dx needs anyway. At the end every thread-row
 // writes its fp32 partial row to workspace [2, B, P * rows, D]; a finalize kernel sums the
 // partials in a fixed order. No atomics: results are bitwise reproducible on a given GPU.
+//
+// Latency hiding: the accumulators cost registers, so few warps fit per SM. With STAGES > 0
+// each thread streams the x and dy rows it will need STAGES-1 rows ahead into its own
+// shared-memory slots with cp.async (no registers held, no CTA barrier: a thread only reads
+// slots it filled), keeping several rows of loads in flight per thread.
+#include <cstdlib>
+
 #include "ln_modulate_common.cuh"
 
 namespace adaptiveload {
@@ -35,7 +42,13 @@ struct BwdParams {
   int D;
 };
 
-template <typename T, typename M, int CPT, bool PER_TOKEN>
+// 16-byte shared-memory slots one thread needs per pipeline stage (x and dy packs).
+template <typename T, int CPT>
+__host__ __device__ constexpr int stage_slots() {
+  return 2 * CPT * static_cast<int>(sizeof(Pack<T>) / sizeof(uint4));
+}
+
+template <typename T, typename M, int CPT, bool PER_TOKEN, int STAGES>
 __global__ void __launch_bounds__(kMaxThreads) ln_mod_bwd_kernel(const BwdParams p) {
   const int tx = threadIdx.x;
   const int ty = threadIdx.y;
@@ -60,25 +73,81 @@ __global__ void __launch_bounds__(kMaxThreads) ln_mod_bwd_kernel(const BwdParams
     }
   }
 
-  for (int64_t base = s0; base < s1; base += rows) {  // CTA-uniform trip count
-    const int64_t s = base + ty;
-    const bool valid = s < s1;
-    const int64_t row = b * p.S + s;
-    Pack<T> xv[CPT], dv[CPT];
-    float gam[CPT][kPack];  // 1 + scale; a broadcast row (scale_ss = 0) is an L1 hit
-    float mean = 0.f, rstd = 0.f;
-    if (valid) {
-      mean = p.mean[row];
-      rstd = p.rstd[row];
+  // pipeline slots: [STAGES][SLOTS][threads] uint4, consecutive threads adjacent (no bank
+  // conflicts); slot k < CPT*VPC holds x, the rest dy
+  extern __shared__ uint4 pipe[];
+  constexpr int VPC = static_cast<int>(sizeof(Pack<T>) / sizeof(uint4));
+  constexpr int SLOTS = stage_slots<T, CPT>();
+  constexpr int NS = STAGES > 0 ? STAGES : 1;  // modulus that is never 0
+  const int nthr = tpr * rows;
+  const int tid = ty * tpr + tx;
+  auto issue = [&](int stage, int64_t s) {  // start loading row s into `stage`; always commits
+    if (s < s1) {
       const T* xr = static_cast<const T*>(p.x) + b * p.x_sb + s * p.x_ss;
       const T* dr = static_cast<const T*>(p.dy) + b * p.dy_sb + s * p.dy_ss;
-      const M* sc = static_cast<const M*>(p.scale) + b * p.scale_sb + s * p.scale_ss;
 #pragma unroll
       for (int c = 0; c < CPT; ++c) {
         const int ch = c * tpr + tx;
         if (ch < nc) {
-          xv[c] = load_pack<T>(xr + ch * kPack);
-          dv[c] = load_pack<T>(dr + ch * kPack);
+#pragma unroll
+          for (int v = 0; v < VPC; ++v) {
+            const int k = c * VPC + v;
+            const int off = ch * kPack + v * (kPack / VPC);
+            cp_async16(&pipe[(stage * SLOTS + k) * nthr + tid], xr + off);
+            cp_async16(&pipe[(stage * SLOTS + CPT * VPC + k) * nthr + tid], dr + off);
+          }
+        }
+      }
+    }
+    cp_async_commit();
+  };
+  if constexpr (STAGES > 0) {
+#pragma unroll
+    for (int k = 0; k < STAGES - 1; ++k) issue(k, s0 + ty + k * rows);
+  }
+
+  // the row statistics are loaded one row ahead too (their latency would otherwise stall
+  // every row); values for rows past s1 are never used
+  float mean_next = 0.f, rstd_next = 0.f;
+  if (s0 + ty < s1) {
+    mean_next = p.mean[b * p.S + s0 + ty];
+    rstd_next = p.rstd[b * p.S + s0 + ty];
+  }
+
+  int it = 0;
+  for (int64_t base = s0; base < s1; base += rows, ++it) {  // CTA-uniform trip count
+    const int64_t s = base + ty;
+    const bool valid = s < s1;
+    const int64_t row = b * p.S + s;
+    const float mean = mean_next, rstd = rstd_next;
+    if (s + rows < s1) {
+      mean_next = p.mean[row + rows];
+      rstd_next = p.rstd[row + rows];
+    }
+    if constexpr (STAGES > 0) {
+      // refill the stage read in the previous iteration, then wait for this row's stage
+      issue((it + STAGES - 1) % NS, s + (STAGES - 1) * rows);
+      cp_async_wait<STAGES - 1>();
+    }
+    Pack<T> xv[CPT], dv[CPT];
+    float gam[CPT][kPack];  // 1 + scale; a broadcast row (scale_ss = 0) is an L1 hit
+    if (valid) {
+      const T* xr = static_cast<const T*>(p.x) + b * p.x_sb + s * p.x_ss;
+      const T* dr = static_cast<const T*>(p.dy) + b * p.dy_sb + s * p.dy_ss;
+      const M* sc = static_cast<const M*>(p.scale) + b * p.scale_sb + s * p.scale_ss;
+      const int stage = it % NS;
+#pragma unroll
+      for (int c = 0; c < CPT; ++c) {
+        const int ch = c * tpr + tx;
+        if (ch < nc) {
+          if constexpr (STAGES > 0) {
+            const uint4* slot = &pipe[(stage * SLOTS + c * VPC) * nthr + tid];
+            xv[c] = smem_pack<T>(slot, nthr);
+            dv[c] = smem_pack<T>(slot + CPT * VPC * nthr, nthr);
+          } else {
+            xv[c] = load_pack<T>(xr + ch * kPack);
+            dv[c] = load_pack<T>(dr + ch * kPack);
+          }
           load_floats<M>(sc + ch * kPack, gam[c]);
 #pragma unroll
           for (int i = 0; i < kPack; ++i) gam[c][i] += 1.f;
@@ -137,6 +206,8 @@ __global__ void __launch_bounds__(kMaxThreads) ln_mod_bwd_kernel(const BwdParams
       }
     }
   }
+
+  if constexpr (STAGES > 0) cp_async_wait<0>();  // nothing left in flight at exit
 
   if (!PER_TOKEN) {
     const int64_t q_total = p.parts * rows;
@@ -203,29 +274,39 @@ RowConfig bwd_config(int64_t D) {
   return D <= 8192 ? generic_config(D, 2) : generic_config(D, 4);
 }
 
-template <typename T, typename M, int CPT, bool PER_TOKEN>
-const void* kernel_ptr() {
-  return reinterpret_cast<const void*>(&ln_mod_bwd_kernel<T, M, CPT, PER_TOKEN>);
-}
-
 // Persistent grid: as many CTAs as fit on the GPU at once, split evenly over the samples;
 // each CTA gets >= `rows` rows so no thread-row idles for the whole kernel.
 struct Plan {
   RowConfig cfg;
   int64_t parts, span;
+  size_t smem;  // dynamic shared memory of the cp.async pipeline
 };
 
-const char* make_plan(const LnModBwdArgs& a, const void* kernel, Plan* plan) {
-  plan->cfg = bwd_config(a.D);
+constexpr int kStages = 4;  // the current row + 3 rows in flight per thread
+constexpr size_t kMaxPipeSmem = 100 * 1024;  // per CTA; larger rows run unpipelined
+
+// ADAPTIVELOAD_LN_BWD_PIPELINE=0 selects the unpipelined kernel (for A/B measurements).
+bool pipeline_enabled() {
+  const char* env = std::getenv("ADAPTIVELOAD_LN_BWD_PIPELINE");
+  return env == nullptr || env[0] != '0';
+}
+
+const char* make_plan(const LnModBwdArgs& a, const void* kernel, RowConfig cfg, size_t smem,
+                      Plan* plan) {
+  plan->cfg = cfg;
+  plan->smem = smem;
   int dev = 0, sms = 0, occ = 0;
   cudaError_t e = cudaGetDevice(&dev);
   if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  if (e == cudaSuccess && smem > 48 * 1024)
+    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(smem));
   if (e == cudaSuccess)
-    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kernel,
-                                                      plan->cfg.tpr * plan->cfg.rows, 0);
+    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kernel, cfg.tpr * cfg.rows, smem);
   if (e != cudaSuccess) return cudaGetErrorString(e);
-  const int64_t ctas = static_cast<int64_t>(sms) * (occ > 0 ? occ : 1);
-  const int64_t max_parts = (a.S + plan->cfg.rows - 1) / plan->cfg.rows;
+  if (occ < 1) return "ln_modulate_bwd: kernel does not fit on this GPU (registers/smem)";
+  const int64_t ctas = static_cast<int64_t>(sms) * occ;
+  const int64_t max_parts = (a.S + cfg.rows - 1) / cfg.rows;
   int64_t parts = (ctas + a.B - 1) / a.B;
   parts = parts < 1 ? 1 : (parts > max_parts ? max_parts : parts);
   plan->span = (a.S + parts - 1) / parts;
@@ -233,7 +314,7 @@ const char* make_plan(const LnModBwdArgs& a, const void* kernel, Plan* plan) {
   return nullptr;
 }
 
-template <typename T, typename M, int CPT, bool PER_TOKEN>
+template <typename T, typename M, int CPT, bool PER_TOKEN, int STAGES>
 const char* run(const LnModBwdArgs& a, const Plan& plan, cudaStream_t stream) {
   if (!PER_TOKEN && a.B > 65535) return "ln_modulate_bwd: at most 65535 samples per call";
   const BwdParams p{a.dy,     a.dy_sb,    a.dy_ss,  a.x,          a.x_sb,       a.x_ss,
@@ -243,7 +324,8 @@ const char* run(const LnModBwdArgs& a, const Plan& plan, cudaStream_t stream) {
   const int64_t blocks = a.B * plan.parts;
   if (blocks > 0x7fffffffLL) return "ln_modulate_bwd: too many CTAs for one launch";
   const dim3 block(plan.cfg.tpr, plan.cfg.rows);
-  ln_mod_bwd_kernel<T, M, CPT, PER_TOKEN><<<static_cast<unsigned>(blocks), block, 0, stream>>>(p);
+  ln_mod_bwd_kernel<T, M, CPT, PER_TOKEN, STAGES>
+      <<<static_cast<unsigned>(blocks), block, plan.smem, stream>>>(p);
   if (const char* err = last_error()) return err;
   if (PER_TOKEN) return nullptr;
   const dim3 fgrid((a.D / 4 + 31) / 32, static_cast<unsigned>(a.B), 2);
@@ -253,17 +335,31 @@ const char* run(const LnModBwdArgs& a, const Plan& plan, cudaStream_t stream) {
   return last_error();
 }
 
-// Both entry points (workspace size and run) go through here so they agree on the plan.
-template <typename T, typename M, int CPT, bool PER_TOKEN>
-const char* plan_and_maybe_run(const LnModBwdArgs& a, cudaStream_t stream, int64_t* floats) {
+template <typename T, typename M, int CPT, bool PER_TOKEN, int STAGES>
+const char* plan_and_maybe_run_stages(const LnModBwdArgs& a, RowConfig cfg, cudaStream_t stream,
+                                      int64_t* floats) {
+  const size_t smem = static_cast<size_t>(STAGES) * stage_slots<T, CPT>() * cfg.tpr *
+                      cfg.rows * sizeof(uint4);
+  const void* kernel = reinterpret_cast<const void*>(&ln_mod_bwd_kernel<T, M, CPT, PER_TOKEN, STAGES>);
   Plan plan;
-  if (const char* err = make_plan(a, kernel_ptr<T, M, CPT, PER_TOKEN>(), &plan)) return err;
+  if (const char* err = make_plan(a, kernel, cfg, smem, &plan)) return err;
   if (floats != nullptr) {
     *floats = PER_TOKEN ? 0 : 2 * a.B * plan.parts * plan.cfg.rows * a.D;
     return nullptr;
   }
   if (!PER_TOKEN && a.workspace == nullptr) return "ln_modulate_bwd: workspace missing";
-  return run<T, M, CPT, PER_TOKEN>(a, plan, stream);
+  return run<T, M, CPT, PER_TOKEN, STAGES>(a, plan, stream);
+}
+
+// Both entry points (workspace size and run) go through here so they agree on the plan.
+template <typename T, typename M, int CPT, bool PER_TOKEN>
+const char* plan_and_maybe_run(const LnModBwdArgs& a, cudaStream_t stream, int64_t* floats) {
+  const RowConfig cfg = bwd_config(a.D);
+  const size_t pipe_smem = static_cast<size_t>(kStages) * stage_slots<T, CPT>() * cfg.tpr *
+                           cfg.rows * sizeof(uint4);
+  if (pipeline_enabled() && pipe_smem <= kMaxPipeSmem)
+    return plan_and_maybe_run_stages<T, M, CPT, PER_TOKEN, kStages>(a, cfg, stream, floats);
+  return plan_and_maybe_run_stages<T, M, CPT, PER_TOKEN, 0>(a, cfg, stream, floats);
 }
 
 template <typename T, typename M, int CPT>

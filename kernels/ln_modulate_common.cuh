@@ -118,6 +118,45 @@ __device__ __forceinline__ Pack<__nv_bfloat16> pack<__nv_bfloat16>(const float (
   return r;
 }
 
+// A pack staged in shared memory as 16-byte slots `stride` uint4 apart (see the backward's
+// cp.async pipeline): fp16/bf16 packs are one slot, fp32 packs two.
+template <typename T>
+__device__ __forceinline__ Pack<T> smem_pack(const uint4* slot, int /*stride*/) {
+  Pack<T> r;
+  r.v = *slot;
+  return r;
+}
+template <>
+__device__ __forceinline__ Pack<float> smem_pack<float>(const uint4* slot, int stride) {
+  Pack<float> r;
+  const uint4 a = slot[0], b = slot[stride];
+  memcpy(&r.a, &a, sizeof(a));
+  memcpy(&r.b, &b, sizeof(b));
+  return r;
+}
+
+// 16-byte global -> shared copy that does not wait (cp.async, sm_80+; L2 only, no L1 fill).
+// Completion is per thread: after cp_async_wait<N>() the issuing thread may read its slots.
+__device__ __forceinline__ void cp_async16(uint4* smem, const void* gmem) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem) : "memory");
+#else
+  *smem = *static_cast<const uint4*>(gmem);
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
 template <typename T>
 __device__ __forceinline__ void load_floats(const T* p, float (&f)[kPack]) {
   unpack(load_pack<T>(p), f);

@@ -104,6 +104,7 @@ def run(
     repeats: int = 20,
     warmup: int = 5,
     seed: int = 0,
+    impls: tuple[str, ...] = IMPLS,
 ) -> Iterator[list[dict[str, Any]]]:
     """Measure every (D, S, impl, phase); yields the CSV rows (dicts keyed by COLUMNS) of one
     shape at a time, so a caller can save partial results."""
@@ -120,11 +121,12 @@ def run(
         "mod_dtype": "float32",
         "repeats": repeats,
     }
-    impls: dict[str, Callable[..., torch.Tensor]] = {
-        "fused": lm.ln_modulate,
-        "eager": lm.wan_eager,
-        "compile": _compiled_eager(),
+    makers: dict[str, Callable[[], Callable[..., torch.Tensor]]] = {
+        "fused": lambda: lm.ln_modulate,
+        "eager": lambda: lm.wan_eager,
+        "compile": _compiled_eager,
     }
+    fns = {name: makers[name]() for name in impls}
     for d in dims:
         for s in seq_lens:
             rows: list[dict[str, Any]] = []
@@ -141,7 +143,7 @@ def run(
                              min_us=min(copy_t), model_bytes=4 * n, gbps=copy_gbps,
                              note="device-to-device copy of x: the bandwidth ceiling"))  # fmt: skip
             medians: dict[tuple[str, str], float] = {}
-            for name, fn in impls.items():
+            for name, fn in fns.items():
                 try:
                     rows.append(dict(base, phase="saved", impl=name,
                                      saved_bytes=_saved_bytes(fn, x, scale, shift),
@@ -228,13 +230,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seq-lens", type=_ints, default=SEQ_LENS, help="comma-separated")
     parser.add_argument("--dims", type=_ints, default=DIMS, help="comma-separated")
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--impls", type=lambda v: tuple(v.split(",")), default=IMPLS)
     parser.add_argument("--skip-ok", action="store_true", help="no CUDA: write a skip record")
     args = parser.parse_args(argv)
-    return bench_to_file(args.out, args.seq_lens, args.dims, args.repeats, args.skip_ok)
+    return bench_to_file(args.out, args.seq_lens, args.dims, args.repeats, args.skip_ok, args.impls)
 
 
 def bench_to_file(
-    out: Path, seq_lens: tuple[int, ...], dims: tuple[int, ...], repeats: int, skip_ok: bool
+    out: Path,
+    seq_lens: tuple[int, ...],
+    dims: tuple[int, ...],
+    repeats: int,
+    skip_ok: bool,
+    impls: tuple[str, ...] = IMPLS,
 ) -> int:
     """Run and write the CSV; the exit status for a CLI (1: needs CUDA and --skip-ok not given)."""
     if reason := unavailable_reason():
@@ -244,7 +252,7 @@ def bench_to_file(
         rows = skip_rows(reason)
     else:
         rows = []
-        for shape_rows in run(seq_lens, dims, repeats):
+        for shape_rows in run(seq_lens, dims, repeats, impls=impls):
             rows += shape_rows
             write_text(out, to_csv(rows))  # partial results survive a timeout
     write_text(out, to_csv(rows))
