@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 import re
 import sys
 import time
@@ -48,6 +49,7 @@ SKIP_REASON = (
 if pytest is not None:
     pytestmark = [pytest.mark.cuda, pytest.mark.skipif(bool(SKIP_REASON), reason=SKIP_REASON)]
 
+PIPELINE_ENV = "ADAPTIVELOAD_LN_BWD_PIPELINE"
 TOL = {torch.bfloat16: 1e-2, torch.float16: 1e-2, torch.float32: 1e-5}
 SHAPES = [(3, 37, 1536), (1, 129, 5120), (5, 3, 8), (2, 17, 264), (3, 11, 4096), (1, 5, 16384)]
 LAYOUTS = ["sample", "token"]
@@ -146,6 +148,27 @@ def test_backward_vs_fp64(shape, mod_fp32, dtype, layout):
         # an output rounded to a 16-bit type carries its rounding error; fp32 outputs are exact
         tol = TOL[t.dtype]
         assert _rel(g, w) <= tol, (name, _rel(g, w))
+
+
+@parametrize("layout", LAYOUTS)
+@parametrize("dtype", DTYPES)
+def test_backward_without_pipeline(dtype, layout):
+    """ADAPTIVELOAD_LN_BWD_PIPELINE=0 selects the unpipelined backward kernel: same numerics."""
+    _seed()
+    previous = os.environ.get(PIPELINE_ENV)
+    os.environ[PIPELINE_ENV] = "0"
+    try:
+        for shape in [(3, 37, 1536), (1, 1029, 5120), (2, 17, 264)]:
+            x, scale, shift = _inputs(*shape, layout, dtype, torch.float32)
+            dy = torch.randn(x.shape, device="cuda").to(dtype)
+            got = _grads(x, scale, shift, dy)
+            for g, w in zip(got, _ref_grads(x, scale, shift, dy), strict=True):
+                assert not g.isnan().any() and _rel(g, w) <= TOL[g.dtype]
+    finally:
+        if previous is None:
+            os.environ.pop(PIPELINE_ENV)
+        else:
+            os.environ[PIPELINE_ENV] = previous
 
 
 @parametrize("layout", LAYOUTS)
