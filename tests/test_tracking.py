@@ -120,3 +120,12 @@ def test_sync_of_a_bad_spool_is_a_user_error(tmp_path):
     result = adaptiveload("sync", str(bad), env=cli_env(), cwd=tmp_path)
     assert result.returncode == 2 and "header" in result.stderr
     assert Path(bad).exists()
+
+
+def test_stale_spool_of_another_run_blocks_a_new_run(tmp_path):
+    uri = init_store(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    spool = tmp_path / "s.jsonl"
+    Spool(spool, "0123abc", uri, [{"kind": "step", "step": 0, "ts": 0, "metrics": {}}]).rewrite()
+    with pytest.raises(UserError, match="adaptiveload sync"):
+        RunTracker.start(uri, "e", "r", {}, {}, spool)
+    assert MlflowClient(uri).get_experiment_by_name("e") is None  # nothing created

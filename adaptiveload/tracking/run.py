@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from adaptiveload.errors import UserError
 from adaptiveload.tracking.spool import Spool
 from adaptiveload.tracking.store import _client
 
@@ -55,8 +56,6 @@ class RunTracker:
         self._system = None
         path = Path(spool_path)
         self.spool = Spool.load(path) if path.exists() else Spool(path, run_id, uri)
-        if self.spool.run_id != run_id:
-            raise RuntimeError(f"{path}: spool belongs to run {self.spool.run_id}, not {run_id}")
         self.logged_through = self._store_last_step()
 
     # -- creation ---------------------------------------------------------------------------
@@ -72,6 +71,12 @@ class RunTracker:
         run_id: str | None = None,
     ) -> RunTracker:
         """Create the run (or reopen `run_id` when resuming); the store must be reachable."""
+        stale = Spool.load(spool_path).run_id if Path(spool_path).exists() else None
+        if stale is not None and stale != run_id:
+            raise UserError(
+                f"{spool_path}: holds metrics of an earlier MLflow run ({stale}) that "
+                f"never reached the store; upload them with `adaptiveload sync {spool_path}` first"
+            )
         client = _client(uri)
         if run_id is None:
             exp = client.get_experiment_by_name(experiment)
@@ -231,7 +236,5 @@ def sync(spool_path: str | Path, uri: str | None = None) -> int:
     uri = check_reachable(uri or spool.uri)
     tracker = RunTracker(uri, spool.run_id, Path(spool_path))
     if not tracker.flush(force=True):
-        from adaptiveload.errors import UserError
-
         raise UserError(f"{spool_path}: upload to {uri} failed; the spool is kept, retry later")
     return pending

@@ -98,7 +98,7 @@ def train(req: Request) -> dict[str, Any]:
     """Run (or resume) one training run; returns its summary (on the main process)."""
     exp, cfg, calibration, out = resolve(req)
     data = prepare_data(exp, cfg, calibration, req.manifest)
-    resume = checkpoint.latest(out / "checkpoints")
+    resume = checkpoint.latest(out / "checkpoints", cfg.fingerprint())
     main = int(os.environ.get("RANK", 0)) == 0
     tracker = None
     if req.track and main:
@@ -129,17 +129,19 @@ def train(req: Request) -> dict[str, Any]:
             run_id=(resume or {}).get("tracking", {}).get("run_id"),
         )
         tracker.start_system_metrics()
-    trainer = Trainer(
-        cfg, data, out / "checkpoints", sink=tracker, resume=resume, progress=req.progress
-    )
+    trainer = None
     try:
+        trainer = Trainer(
+            cfg, data, out / "checkpoints", sink=tracker, resume=resume, progress=req.progress
+        )
         result = trainer.run()
     except BaseException:
         if tracker is not None:
             tracker.finish(status="FAILED")
         raise
     finally:
-        trainer.close()
+        if trainer is not None:
+            trainer.close()
     if not main:
         return {}
     summary = run_summary(cfg, result.steps, data.builder, calibration, trainer.capacity)

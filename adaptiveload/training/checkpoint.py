@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from adaptiveload.errors import UserError
 from adaptiveload.io import atomic_path
 
 FORMAT_VERSION = 1
@@ -65,14 +66,25 @@ def _existing(directory: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def latest(directory: Path) -> dict[str, Any] | None:
-    """The newest checkpoint under `directory` that loads, or None (fresh start)."""
+def latest(directory: Path, fingerprint: str | None = None) -> dict[str, Any] | None:
+    """The newest checkpoint under `directory` that loads, or None (fresh start).
+
+    With `fingerprint`, a checkpoint of a different configuration is a UserError: resuming
+    it would silently mix two runs.
+    """
     for _, path in reversed(_existing(directory)):
         try:
             payload = torch.load(path, map_location="cpu", weights_only=False)
         except Exception:  # a file from another torch version or otherwise unreadable
             continue
-        if payload.get("format") == FORMAT_VERSION:
-            payload["path"] = str(path)
-            return payload
+        if payload.get("format") != FORMAT_VERSION:
+            continue
+        if fingerprint is not None and payload.get("fingerprint") != fingerprint:
+            raise UserError(
+                f"{path}: checkpoint of a different configuration (experiment, policy, seed, "
+                "launch mode, world size or hyper-parameters changed); use another --out "
+                "or delete that run directory to start over"
+            )
+        payload["path"] = str(path)
+        return payload
     return None

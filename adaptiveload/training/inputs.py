@@ -42,6 +42,7 @@ def prepare_data(
         samples, cfg.policy, budgets, cfg.world_size, cfg.seed, cost_model=calibration,
         num_excluded=int(bucketed.num_excluded),
     )  # fmt: skip
+    builder(0)  # plan epoch 0 now: a missing or bad budget fails before any output
     mcfg = get_config(cfg.model)
     dataset = LatentDataset(
         samples,

@@ -34,6 +34,7 @@ from tqdm import tqdm
 from adaptiveload import metrics
 from adaptiveload.costmodel import Calibration
 from adaptiveload.data.dataset import LatentDataset
+from adaptiveload.errors import UserError
 from adaptiveload.model.configs import get_config
 from adaptiveload.model.wan import WanModel
 from adaptiveload.planning.sampler import PlanBatchSampler, PlanBuilder
@@ -136,10 +137,7 @@ class Trainer:
     # -- checkpoint ---------------------------------------------------------------------------
     def _restore(self, state: dict[str, Any]) -> None:
         if state["fingerprint"] != self.cfg.fingerprint():
-            raise ValueError(
-                f"{state['path']}: checkpoint is from a different configuration; "
-                "delete the run directory to start over"
-            )
+            raise UserError(f"{state['path']}: checkpoint of a different configuration")
         dd.load_full_state(self.model, self.optimizer, state["model"], state["optimizer"])
         for r, sampler in self.samplers.items():
             sampler.load_state_dict(state["samplers"][r])
