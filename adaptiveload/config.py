@@ -6,6 +6,7 @@ so a bad field is reported the same way everywhere: file, field, what is expecte
 
 from __future__ import annotations
 
+import copy
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -31,26 +32,17 @@ def _with_defaults(validator_class: type) -> type:
         if isinstance(instance, dict):
             for name, sub in properties.items():
                 if "default" in sub and name not in instance:
-                    instance[name] = _copy(sub["default"])
-                elif "$ref" in sub and name not in instance:
-                    ref = validator.resolver.resolve(sub["$ref"])[1]
-                    if "default" in ref:
-                        instance[name] = _copy(ref["default"])
+                    instance[name] = copy.deepcopy(sub["default"])
         yield from validate_properties(validator, properties, instance, schema_)
 
     return jsonschema.validators.extend(validator_class, {"properties": set_defaults})
 
 
-def _copy(value: Any) -> Any:
-    return yaml.safe_load(yaml.safe_dump(value))
-
-
 def validate(config: dict[str, Any], origin: str) -> dict[str, Any]:
     """Fill defaults into `config` in place and validate it; UserError names the bad field."""
     validator = _with_defaults(jsonschema.Draft202012Validator)(schema())
-    # first pass fills defaults (nested objects get theirs once the parent default exists)
-    for _ in range(2):
-        errors = sorted(validator.iter_errors(config), key=lambda e: list(e.absolute_path))
+    # defaults are inserted before descending, so nested sections get theirs in the same pass
+    errors = sorted(validator.iter_errors(config), key=lambda e: list(e.absolute_path))
     if errors:
         err = errors[0]
         field = ".".join(str(p) for p in err.absolute_path) or "(top level)"
