@@ -10,7 +10,7 @@
 # Outputs: env.txt, build.json, build.log, ptxas.txt, cuda_tests.log (+ .xml with pytest),
 # cpu_op_tests.log, bench.csv, bench.log, bench_nopipe.csv (backward without its cp.async
 # pipeline), summary.txt, steps.tsv (status and seconds per step).
-# Environment: PYTHON (default python3), ARCH (default 9.0), BENCH_TIMEOUT_S (default 170),
+# Environment: PYTHON (default python3), ARCH (default 9.0), BENCH_TIMEOUT_S (default 150),
 # ALLOW_NO_GPU=1 (dry run on a GPU-less machine: carry on past the availability check; the
 # CUDA tests then skip and the bench writes a skip record).
 set -uo pipefail
@@ -57,7 +57,7 @@ step() {  # step NAME TIMEOUT_S LOGFILE CMD...: run with a time limit, record st
 cat "$OUT/env.txt"
 
 # 1. build (the record says built/skipped/failed and why)
-step build 240 "$OUT/build.log" "$PY" -m adaptiveload.ops.kernel_build --out "$BUILD" --arch "$ARCH"
+step build 150 "$OUT/build.log" "$PY" -m adaptiveload.ops.kernel_build --out "$BUILD" --arch "$ARCH"
 cp "$BUILD/build.json" "$OUT/build.json" 2>/dev/null
 if ! "$PY" -c 'import sys; from adaptiveload.ops import ln_modulate as lm; r = lm.fused_unavailable_reason(); print("fused kernel:", r or "available"); sys.exit(1 if r else 0)' >> "$OUT/build.log" 2>&1 && [ "${ALLOW_NO_GPU:-0}" != 1 ]; then
   tail -n 3 "$OUT/build.log"
@@ -65,36 +65,42 @@ if ! "$PY" -c 'import sys; from adaptiveload.ops import ln_modulate as lm; r = l
   exit 1
 fi
 
-# 2. register/spill report of the kernels as compiled (for tuning; a few seconds)
+# 2. register/spill report of the kernels as compiled (for tuning), on the CPU in the
+#    background while the GPU runs the tests
 SM=${ARCH%%;*}
 SM=${SM/./}
-for cu in ln_modulate_fwd ln_modulate_bwd; do
-  "$CUDA_HOME/bin/nvcc" -O3 -std=c++17 "-gencode=arch=compute_$SM,code=sm_$SM" \
-    -Xptxas -v -c "kernels/$cu.cu" -o "$BUILD/$cu.ptxas.o" 2>&1 |
-    grep -E "Compiling entry|registers|spill" | paste - - - |
-    sed -E 's/.*entry function .([^ ]+). for.*stack frame, ([0-9]+) bytes spill stores.*Used ([0-9]+) registers.*/\1 spill_stores=\2 registers=\3/'
-done > "$OUT/ptxas.txt" 2>&1
+(
+  for cu in ln_modulate_fwd ln_modulate_bwd; do
+    "$CUDA_HOME/bin/nvcc" -O3 -std=c++17 "-gencode=arch=compute_$SM,code=sm_$SM" \
+      -Xptxas -v -c "kernels/$cu.cu" -o "$BUILD/$cu.ptxas.o" 2>&1 |
+      grep -E "Compiling entry|registers|spill" | paste - - - |
+      sed -E 's/.*entry function .([^ ]+). for.*stack frame, ([0-9]+) bytes spill stores.*Used ([0-9]+) registers.*/\1 spill_stores=\2 registers=\3/'
+  done > "$OUT/ptxas.txt" 2>&1
+) &
+PTXAS_PID=$!
 
 # 3. CUDA tests (pytest if present, else the module as a script)
 if "$PY" -c 'import pytest' 2>/dev/null; then
-  step cuda_tests 150 "$OUT/cuda_tests.log" "$PY" -m pytest tests/test_kernel_cuda.py -q -rs \
+  step cuda_tests 120 "$OUT/cuda_tests.log" "$PY" -m pytest tests/test_kernel_cuda.py -q -rs \
     -p no:cacheprovider -o addopts="" -o timeout=0 --junitxml="$OUT/cuda_tests.xml"
-  step cpu_op_tests 90 "$OUT/cpu_op_tests.log" "$PY" -m pytest tests/test_kernel_ops.py -q -rs \
+  step cpu_op_tests 60 "$OUT/cpu_op_tests.log" "$PY" -m pytest tests/test_kernel_ops.py -q -rs \
     -p no:cacheprovider -o addopts="" -o timeout=0
 else
-  step cuda_tests 150 "$OUT/cuda_tests.log" "$PY" tests/test_kernel_cuda.py
+  step cuda_tests 120 "$OUT/cuda_tests.log" "$PY" tests/test_kernel_cuda.py
 fi
 
 # 4. benchmark (CSV rewritten after every shape, so a timeout keeps what was measured)
 SKIP_OK=()
 [ "${ALLOW_NO_GPU:-0}" = 1 ] && SKIP_OK=(--skip-ok)
-step bench "${BENCH_TIMEOUT_S:-170}" "$OUT/bench.log" \
+step bench "${BENCH_TIMEOUT_S:-150}" "$OUT/bench.log" \
   "$PY" -m adaptiveload.ops.kernel_bench -o "$OUT/bench.csv" ${SKIP_OK[@]+"${SKIP_OK[@]}"}
 
 # 4b. A/B: the backward without its cp.async pipeline (fused only, two shapes)
-step bench_nopipe 60 "$OUT/bench_nopipe.log" \
+step bench_nopipe 45 "$OUT/bench_nopipe.log" \
   env ADAPTIVELOAD_LN_BWD_PIPELINE=0 "$PY" -m adaptiveload.ops.kernel_bench -o "$OUT/bench_nopipe.csv" --impls fused \
   --seq-lens 16384,75600 ${SKIP_OK[@]+"${SKIP_OK[@]}"}
+
+wait "$PTXAS_PID"
 
 # 5. summary against the issue's targets
 "$PY" - "$OUT/bench.csv" > "$OUT/summary.txt" 2>&1 <<'EOF'
