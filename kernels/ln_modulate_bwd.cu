@@ -49,7 +49,7 @@ __host__ __device__ constexpr int stage_slots() {
 }
 
 template <typename T, typename M, int CPT, bool PER_TOKEN, int STAGES>
-__global__ void __launch_bounds__(kMaxThreads) ln_mod_bwd_kernel(const BwdParams p) {
+__device__ __forceinline__ void bwd_body(const BwdParams& p) {
   const int tx = threadIdx.x;
   const int ty = threadIdx.y;
   const int tpr = blockDim.x;
@@ -225,6 +225,33 @@ __global__ void __launch_bounds__(kMaxThreads) ln_mod_bwd_kernel(const BwdParams
   }
 }
 
+template <typename T, typename M, int CPT, bool PER_TOKEN, int STAGES>
+__global__ void __launch_bounds__(kMaxThreads) ln_mod_bwd_kernel(const BwdParams p) {
+  bwd_body<T, M, CPT, PER_TOKEN, STAGES>(p);
+}
+
+// 16-bit x with 2 chunks per thread fits in 96 registers without spilling (ptxas -v, sm_90):
+// capping there lets two 320-thread CTAs share an SM at D=5120 instead of one, doubling the
+// loads in flight. Other shapes keep the 128-register budget of __launch_bounds__(512).
+template <typename T, int CPT>
+constexpr bool lean_kernel() {
+  return CPT == 2 && sizeof(T) == 2;
+}
+constexpr int kLeanRegisters = 96;
+
+template <typename T, typename M, int CPT, bool PER_TOKEN, int STAGES>
+__global__ void __maxnreg__(kLeanRegisters) ln_mod_bwd_kernel_lean(const BwdParams p) {
+  bwd_body<T, M, CPT, PER_TOKEN, STAGES>(p);
+}
+
+template <typename T, typename M, int CPT, bool PER_TOKEN, int STAGES>
+const void* bwd_kernel_ptr() {
+  if constexpr (lean_kernel<T, CPT>())
+    return reinterpret_cast<const void*>(&ln_mod_bwd_kernel_lean<T, M, CPT, PER_TOKEN, STAGES>);
+  else
+    return reinterpret_cast<const void*>(&ln_mod_bwd_kernel<T, M, CPT, PER_TOKEN, STAGES>);
+}
+
 // Column sums of the partials: grid (ceil(D / 128), B, 2 = {dscale, dshift}), block (32, 8).
 // Lane x owns 4 columns (one float4), the 8 warps stride over the partial rows, then warp 0
 // adds the 8 warp sums in order. Reads 2 * B * Q * D * 4 bytes (a few MB).
@@ -324,8 +351,12 @@ const char* run(const LnModBwdArgs& a, const Plan& plan, cudaStream_t stream) {
   const int64_t blocks = a.B * plan.parts;
   if (blocks > 0x7fffffffLL) return "ln_modulate_bwd: too many CTAs for one launch";
   const dim3 block(plan.cfg.tpr, plan.cfg.rows);
-  ln_mod_bwd_kernel<T, M, CPT, PER_TOKEN, STAGES>
-      <<<static_cast<unsigned>(blocks), block, plan.smem, stream>>>(p);
+  if constexpr (lean_kernel<T, CPT>())
+    ln_mod_bwd_kernel_lean<T, M, CPT, PER_TOKEN, STAGES>
+        <<<static_cast<unsigned>(blocks), block, plan.smem, stream>>>(p);
+  else
+    ln_mod_bwd_kernel<T, M, CPT, PER_TOKEN, STAGES>
+        <<<static_cast<unsigned>(blocks), block, plan.smem, stream>>>(p);
   if (const char* err = last_error()) return err;
   if (PER_TOKEN) return nullptr;
   const dim3 fgrid((a.D / 4 + 31) / 32, static_cast<unsigned>(a.B), 2);
@@ -340,7 +371,7 @@ const char* plan_and_maybe_run_stages(const LnModBwdArgs& a, RowConfig cfg, cuda
                                       int64_t* floats) {
   const size_t smem = static_cast<size_t>(STAGES) * stage_slots<T, CPT>() * cfg.tpr *
                       cfg.rows * sizeof(uint4);
-  const void* kernel = reinterpret_cast<const void*>(&ln_mod_bwd_kernel<T, M, CPT, PER_TOKEN, STAGES>);
+  const void* kernel = bwd_kernel_ptr<T, M, CPT, PER_TOKEN, STAGES>();
   Plan plan;
   if (const char* err = make_plan(a, kernel, cfg, smem, &plan)) return err;
   if (floats != nullptr) {
