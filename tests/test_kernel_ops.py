@@ -149,3 +149,16 @@ def test_not_built_fallback_defines_the_ops():
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     )
     assert "ln_modulate_fwd" + lm.FWD_SCHEMA in out.stdout
+
+
+def test_library_built_for_another_torch_is_not_loaded(tmp_path):
+    """A build record naming another torch version keeps the library unloaded, with the reason."""
+    lib = tmp_path / "adaptiveload_kernels.so"
+    lib.write_bytes(b"not a library")
+    (tmp_path / "build.json").write_text('{"torch_version": "0.0.0"}')
+    code = "from adaptiveload.ops import ln_modulate as lm\nprint(lm.fused_unavailable_reason())\n"
+    env = dict(os.environ, ADAPTIVELOAD_KERNEL_LIB=str(lib))
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    assert "built for torch 0.0.0" in out.stdout

@@ -24,11 +24,10 @@ from typing import Any
 import torch
 
 from adaptiveload.io import write_json
-from adaptiveload.ops.kernel_lib import DEFAULT_BUILD_DIR, LIB_NAME, REPO_ROOT
+from adaptiveload.ops.kernel_lib import DEFAULT_BUILD_DIR, LIB_NAME, RECORD_NAME, REPO_ROOT
 
 KERNEL_DIR = REPO_ROOT / "kernels"
 SOURCES = ("ln_modulate_fwd.cu", "ln_modulate_bwd.cu", "ln_modulate_binding.cpp")
-RECORD_NAME = "build.json"
 DEFAULT_ARCH = "9.0"
 
 

@@ -9,6 +9,7 @@ implementation without retrying (or re-raising) on every call.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,7 @@ ENV_VAR = "ADAPTIVELOAD_KERNEL_LIB"
 LIB_NAME = "adaptiveload_kernels"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_BUILD_DIR = REPO_ROOT / "build" / "kernels"
+RECORD_NAME = "build.json"  # written beside the library by the build
 
 
 def default_library_path() -> Path:
@@ -49,6 +51,8 @@ def load() -> LoadState:
         )
     elif torch.version.cuda is None:
         _STATE = LoadState(path=path, reason="this torch build has no CUDA")
+    elif mismatch := _torch_mismatch(path):
+        _STATE = LoadState(path=path, reason=mismatch)
     else:
         try:
             torch.ops.load_library(str(path))
@@ -56,3 +60,18 @@ def load() -> LoadState:
         except (OSError, RuntimeError) as exc:
             _STATE = LoadState(path=path, reason=f"loading {path} failed: {exc}")
     return _STATE
+
+
+def _torch_mismatch(library: Path) -> str:
+    """'' unless the build record beside `library` names another torch (C++ ABI risk)."""
+    record = library.parent / RECORD_NAME
+    try:
+        built_for = json.loads(record.read_text()).get("torch_version")
+    except (OSError, ValueError):
+        return ""  # no record (e.g. a library copied elsewhere): trust the loader
+    if built_for and built_for != torch.__version__:
+        return (
+            f"{library} was built for torch {built_for}, this is torch {torch.__version__}: "
+            "rebuild with `adaptiveload kernel build`"
+        )
+    return ""
