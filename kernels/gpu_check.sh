@@ -82,9 +82,9 @@ PTXAS_PID=$!
 # 3. CUDA tests (pytest if present, else the module as a script)
 if "$PY" -c 'import pytest' 2>/dev/null; then
   step cuda_tests 120 "$OUT/cuda_tests.log" "$PY" -m pytest tests/test_kernel_cuda.py -q -rs \
-    -p no:cacheprovider -o addopts="" -o timeout=0 --junitxml="$OUT/cuda_tests.xml"
+    -p no:cacheprovider --noconftest -o addopts="" -o timeout=0 --junitxml="$OUT/cuda_tests.xml"
   step cpu_op_tests 60 "$OUT/cpu_op_tests.log" "$PY" -m pytest tests/test_kernel_ops.py -q -rs \
-    -p no:cacheprovider -o addopts="" -o timeout=0
+    -p no:cacheprovider --noconftest -o addopts="" -o timeout=0
 else
   step cuda_tests 120 "$OUT/cuda_tests.log" "$PY" tests/test_kernel_cuda.py
 fi
