@@ -15,6 +15,10 @@
 // shared-memory slots with cp.async (no registers held, no CTA barrier: a thread only reads
 // slots it filled), keeping several rows of loads in flight per thread.
 #include <cstdlib>
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <utility>
 
 #include "ln_modulate_common.cuh"
 
@@ -318,19 +322,40 @@ bool pipeline_enabled() {
   return env == nullptr || env[0] != '0';
 }
 
+// SM count and CTAs per SM of `kernel` on the current device, queried once per (kernel,
+// device, block size, smem) (the queries cost microseconds of host time per call otherwise).
+const char* occupancy(const void* kernel, int threads, size_t smem, int* sms, int* occ) {
+  static std::mutex mutex;
+  static std::map<std::tuple<const void*, int, int, size_t>, std::pair<int, int>> cache;
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return cudaGetErrorString(e);
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto key = std::make_tuple(kernel, dev, threads, smem);
+  if (const auto hit = cache.find(key); hit != cache.end()) {
+    *sms = hit->second.first;
+    *occ = hit->second.second;
+    return nullptr;
+  }
+  e = cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, dev);
+  // opt in to > 48 KB; always to the largest size any launch of this kernel uses, so a later
+  // smaller opt-in never shrinks the limit under a cached larger configuration
+  if (e == cudaSuccess && smem > 48 * 1024)
+    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(kMaxPipeSmem));
+  if (e == cudaSuccess)
+    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(occ, kernel, threads, smem);
+  if (e != cudaSuccess) return cudaGetErrorString(e);
+  cache.emplace(key, std::make_pair(*sms, *occ));
+  return nullptr;
+}
+
 const char* make_plan(const LnModBwdArgs& a, const void* kernel, RowConfig cfg, size_t smem,
                       Plan* plan) {
   plan->cfg = cfg;
   plan->smem = smem;
-  int dev = 0, sms = 0, occ = 0;
-  cudaError_t e = cudaGetDevice(&dev);
-  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-  if (e == cudaSuccess && smem > 48 * 1024)
-    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(smem));
-  if (e == cudaSuccess)
-    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kernel, cfg.tpr * cfg.rows, smem);
-  if (e != cudaSuccess) return cudaGetErrorString(e);
+  int sms = 0, occ = 0;
+  if (const char* err = occupancy(kernel, cfg.tpr * cfg.rows, smem, &sms, &occ)) return err;
   if (occ < 1) return "ln_modulate_bwd: kernel does not fit on this GPU (registers/smem)";
   const int64_t ctas = static_cast<int64_t>(sms) * occ;
   const int64_t max_parts = (a.S + cfg.rows - 1) / cfg.rows;
