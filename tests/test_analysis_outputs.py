@@ -55,3 +55,32 @@ def test_unknown_figure_is_a_user_error(tmp_path):
                           "--out-dir", str(tmp_path), "--figure", "nope"],
                          capture_output=True, text=True)
     assert out.returncode == 2 and "unknown nope" in out.stderr
+
+
+def test_kernel_table_and_figure_from_a_benchmark_csv(tmp_path):
+    """Rows shaped like `adaptiveload kernel bench` output: measured, and the CPU skip record."""
+    from adaptiveload.analysis.figures import FigureInputs, kernel_bandwidth
+    from adaptiveload.analysis.tables import kernel_table
+
+    rows = [dict(source="measured", device="NVIDIA H200", S=s, D=1536, phase=ph, impl=impl,
+                 median_us=10.0, gbps=g)
+            for s in (8192, 16384) for ph, impl, g in
+            (("fwd", "fused", 3900.0), ("fwd", "eager", 900.0), ("bwd", "fused", 3500.0),
+             ("copy", "copy", 4300.0))]
+    bench = tmp_path / "bench.csv"
+    pd.DataFrame(rows).to_csv(bench, index=False)
+    assert len(kernel_table(bench).numbers) == len(rows)
+    empty = pd.DataFrame(columns=["setup", "variant", "kernel", "policy", "seed"])
+    fig = kernel_bandwidth(FigureInputs(runs=empty, steps=_empty_steps(), stats=empty,
+                                        kernel_bench=bench))
+    assert len(fig.axes) == 2  # fwd and bwd panels for D=1536
+    skipped = tmp_path / "skip.csv"
+    pd.DataFrame([dict(source="skipped", note="no CUDA device")]).to_csv(skipped, index=False)
+    assert kernel_table(skipped).numbers.reason.iloc[0] == "no CUDA device"
+
+
+def _empty_steps():
+    cols = ["setup", "variant", "policy", "kernel", "seed", "source", "label", "step", "rank",
+            "compute_s", "samples", "tokens", "step_time_s", "peak_bytes", "peak_bytes_model",
+            "capacity_bytes", "timed"]
+    return pd.DataFrame(columns=cols).astype({"timed": bool})

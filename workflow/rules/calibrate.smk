@@ -27,6 +27,12 @@ else:
             manifest=MANIFEST,
         output:
             CALIBRATION,
+        params:
+            ref=" ".join(
+                f"--{key.replace('_', '-')} {config['calibration'][key]}"
+                for key in ("ref_tokens", "ref_batch")
+                if config["calibration"][key] is not None
+            ),
         threads: workflow.cores
         resources:
             gpu=1 if config["calibration"]["device"] == "cuda" else 0,
@@ -38,4 +44,4 @@ else:
             CONDA_ENV
         shell:
             "OMP_NUM_THREADS={threads} adaptiveload calibrate --config {input.config} --threads {threads} "
-            "--manifest {input.manifest} -o {output} > {log} 2>&1"
+            "--manifest {input.manifest} {params.ref} -o {output} > {log} 2>&1"
