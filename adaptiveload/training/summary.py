@@ -6,6 +6,7 @@ metrics module); throughput divides by the sum of the window's step times.
 
 from __future__ import annotations
 
+import os
 import platform
 from pathlib import Path
 from typing import Any
@@ -117,6 +118,9 @@ def run_summary(
         "peak_bytes_model_source": calibration.label if calibration else None,
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
+        # CPU timings are only as good as the machine was quiet: oversubscribed OpenMP threads
+        # slow a 2-core run 10x or more and scramble per-rank times, so say how busy it was
+        "host_load_average_1m_5m": list(os.getloadavg()[:2]),
     }
     summary.update(measured_metrics(table, cfg.warmup_steps, capacity_bytes))
     if calibration is not None:
