@@ -185,7 +185,7 @@ def vram_utilization(inp: FigureInputs) -> plt.Figure:
         ax.set_xlabel("")
         ax.tick_params(axis="x", rotation=20)
         src = ", ".join(sorted(set(sel["vram_source"])))
-        ax.set_title(f"{setup}\n[{src}; {_label(sel)}]", fontsize=9)
+        ax.set_title(f"{setup}\n[memory: {src}; runs: {_label(sel)}]", fontsize=9)
     fig.suptitle("VRAM utilization per step: higher = memory budget used, not wasted")
     fig.tight_layout()
     return fig

@@ -8,7 +8,8 @@ baseline (equal-token by default) three ways, each with its n stated:
 - per-run throughput paired by seed: paired t (Cohen's d of the differences) and Wilcoxon
   signed-rank — honest about how few seeds there are (n = 3 cannot reach p < 0.05 by Wilcoxon);
 - bootstrap 95% CIs (seeded; steps resampled within each run) of the throughput ratio
-  policy / baseline and of the imbalance-rate difference policy - baseline.
+  policy / baseline and of the imbalance-rate difference policy - baseline, both of means
+  over runs (each seed weighs the same, as in the table's per-policy means).
 """
 
 from __future__ import annotations
@@ -89,18 +90,26 @@ def _row(head: tuple, metric: str, level: str, test: str, n_b: int, n_p: int,
                float(ci[1]), float(statistic), float(p), float(effect), effect_name)
 
 
-def _stratified_resample(
-    values: dict[str, np.ndarray], strata: np.ndarray, n_boot: int, rng: np.random.Generator
-) -> dict[str, np.ndarray]:
-    """Bootstrap sums of each column: rows resampled with replacement within each stratum
-    (a run), so run-to-run variation is kept and no run outweighs another. Returns [n_boot]."""
-    totals = {k: np.zeros(n_boot) for k in values}
-    for stratum in np.unique(strata):
-        idx = np.flatnonzero(strata == stratum)
-        draws = idx[rng.integers(0, len(idx), size=(n_boot, len(idx)))]
-        for k, v in values.items():
-            totals[k] += v[draws].sum(axis=1)
-    return totals
+def _run_means(
+    frame: pd.DataFrame, n_boot: int, rng: np.random.Generator
+) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+    """Per-run throughput (sum samples or tokens / sum step time) and mean step imbalance,
+    averaged over runs (seeds): the point estimate, and [n_boot] bootstrap replicates with
+    steps resampled with replacement within each run, so every run keeps its weight (a run
+    slowed by a noisy neighbour does not dominate a pooled sum)."""
+    runs = [g for _, g in frame.groupby("seed", sort=True)]
+    boot = {k: np.zeros(n_boot) for k in ("samples", "tokens", "imbalance")}
+    point = dict.fromkeys(boot, 0.0)
+    for run in runs:
+        v = {c: run[c].to_numpy(float) for c in ("samples", "tokens", "step_time_s", "imbalance")}
+        draws = rng.integers(0, len(run), size=(n_boot, len(run)))
+        time_b = v["step_time_s"][draws].sum(axis=1)
+        for unit in ("samples", "tokens"):
+            boot[unit] += v[unit][draws].sum(axis=1) / time_b / len(runs)
+            point[unit] += v[unit].sum() / v["step_time_s"].sum() / len(runs)
+        boot["imbalance"] += v["imbalance"][draws].mean(axis=1) / len(runs)
+        point["imbalance"] += v["imbalance"].mean() / len(runs)
+    return boot, point
 
 
 def compare(
@@ -171,37 +180,26 @@ def compare(
 def _bootstrap(
     pol: pd.DataFrame, base: pd.DataFrame, n_boot: int, seed: int, head: tuple
 ) -> list[Row]:
-    """Throughput ratios (sum samples / sum step time) and imbalance-rate difference."""
+    """Throughput ratios policy / baseline and the imbalance-rate difference, of run means."""
     if len(pol) < 2 or len(base) < 2:
         return []
     rng = np.random.default_rng(seed)
-    cols = ("samples", "tokens", "step_time_s", "imbalance")
-
-    def draw(frame: pd.DataFrame) -> tuple[dict[str, np.ndarray], dict[str, float]]:
-        values = {c: frame[c].to_numpy(float) for c in cols}
-        strata = frame["seed"].to_numpy()
-        boot = _stratified_resample(values, strata, n_boot, rng)
-        point = {c: float(values[c].sum()) for c in cols}
-        return boot, point
-
-    pb, pp = draw(pol)
-    bb, bp = draw(base)
+    pb, pp = _run_means(pol, n_boot, rng)
+    bb, bp = _run_means(base, n_boot, rng)
     n_p, n_b = len(pol), len(base)
     out = []
     for unit in ("samples", "tokens"):
-        ratio = (pb[unit] / pb["step_time_s"]) / (bb[unit] / bb["step_time_s"])
-        point = (pp[unit] / pp["step_time_s"]) / (bp[unit] / bp["step_time_s"])
+        ratio = pb[unit] / bb[unit]
         lo, hi = np.percentile(ratio, [2.5, 97.5])
         # two-sided bootstrap p-value for "ratio = 1"
         p = min(1.0, 2 * min(np.mean(ratio <= 1.0), np.mean(ratio >= 1.0)))
         out.append(_row(head, f"{unit}_per_s ratio", "bootstrap", "bootstrap 95% CI", n_b, n_p,
-                       point, ci=(lo, hi), p=p))
-    diff = pb["imbalance"] / n_p - bb["imbalance"] / n_b
-    point = pp["imbalance"] / n_p - bp["imbalance"] / n_b
+                        pp[unit] / bp[unit], ci=(lo, hi), p=p))
+    diff = pb["imbalance"] - bb["imbalance"]
     lo, hi = np.percentile(diff, [2.5, 97.5])
     p = min(1.0, 2 * min(np.mean(diff <= 0.0), np.mean(diff >= 0.0)))
     out.append(_row(head, "imbalance_rate difference", "bootstrap", "bootstrap 95% CI", n_b, n_p,
-                   point, ci=(lo, hi), p=p))
+                    pp["imbalance"] - bp["imbalance"], ci=(lo, hi), p=p))
     return out
 
 
