@@ -33,7 +33,7 @@ else:
                 for key in ("ref_tokens", "ref_batch")
                 if config["calibration"][key] is not None
             ),
-        threads: workflow.cores
+        threads: ALL_CORES
         resources:
             gpu=1 if config["calibration"]["device"] == "cuda" else 0,
         log:

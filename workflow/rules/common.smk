@@ -34,6 +34,9 @@ TRAIN = config["train"]["enabled"]
 SIMS = {s["name"]: s for s in config["simulate"]}
 SWEEPS = config["sweeps"]
 
+# timing jobs (calibrate, train) take the whole machine; Snakemake caps this at --cores
+ALL_CORES = os.cpu_count() or 1
+
 STORE = f"{RES}/tracking/store.ready"
 CONFIG = f"{RES}/config.yaml"
 CALIBRATION = f"{RES}/calibration/calibration.json"

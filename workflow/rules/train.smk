@@ -18,7 +18,7 @@ rule train:
     params:
         out=lambda w, output: os.path.dirname(output.summary),
         world=config["train"]["world_size"],
-    threads: workflow.cores
+    threads: ALL_CORES
     resources:
         gpu=1 if config["calibration"]["device"] == "cuda" else 0,
     log:
