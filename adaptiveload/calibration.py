@@ -300,6 +300,7 @@ def calibrate(
     threads: int | None = None,
     timer: str = "wall",
     progress: bool = True,
+    max_batch_tokens: int | None = None,
 ) -> Calibration:
     """Measure the grid on `device`, fit, derive budgets for `mix`; everything validated first.
 
@@ -308,11 +309,23 @@ def calibrate(
     default) fits wall-clock seconds; "cpu" fits process CPU seconds, which on a shared CPU
     machine with ONE thread is the work without the time spent waiting for a core (with more
     threads it counts spin-waiting too, so it is refused).
+
+    `max_batch_tokens` drops the grid points with B*S above it: the large-B corners of a
+    paper-scale grid (B=2 at 75.6k tokens is ~25 s a step on an H200) add little to a fit
+    that is linear in B, and a device check cannot afford them.
     """
     cfg = get_config(model_name)
     dev = _resolve_device(device)
     batch_sizes, tokens = sorted(set(batch_sizes)), sorted(set(tokens))
     _validate_grid(batch_sizes, tokens, repeats)
+    grid = [(b, s) for s in tokens for b in batch_sizes]
+    if max_batch_tokens is not None:
+        grid = [(b, s) for b, s in grid if b * s <= max_batch_tokens]
+        if len(grid) < 4 or len({s for _, s in grid}) < 2 or len({b for b, _ in grid}) < 2:
+            raise UserError(
+                f"max batch tokens {max_batch_tokens}: leaves {len(grid)} grid point(s); the "
+                "fit needs >= 4 points with >= 2 token counts and >= 2 batch sizes"
+            )
     if capacity_gb is None:
         if dev.type != "cuda":
             raise UserError("--capacity-gb is required on CPU (there is no device memory to read)")
@@ -340,7 +353,6 @@ def calibrate(
     optimizer.step()
     model.zero_grad(set_to_none=True)
 
-    grid = [(b, s) for s in tokens for b in batch_sizes]
     points = measure_grid(model, grid, dev, repeats, warmup, seed, progress=progress)
 
     for point in points:
@@ -388,7 +400,8 @@ def calibrate(
             "provenance": _provenance(dev),
             "setup": _setup_dict(setup, "bf16 autocast" if dev.type == "cuda" else "fp32"),
             "grid": {"batch_sizes": batch_sizes, "tokens": tokens, "repeats": repeats,
-                     "warmup": warmup, "timing": TIMING, "timer": timer},
+                     "warmup": warmup, "timing": TIMING, "timer": timer,
+                     "max_batch_tokens": max_batch_tokens},
             "fit": stats.to_dict(),
             "points": points,
             "notes": notes,

@@ -56,6 +56,9 @@ def calibrate_cmd(
     timer: Annotated[
         str | None, Opt(help="wall (default) | cpu (process CPU seconds; --threads 1 only)")
     ] = None,
+    max_batch_tokens: Annotated[
+        int | None, Opt(help="skip grid points with B*S above this (large-B corners)")
+    ] = None,
     activation_checkpointing: Annotated[
         bool, Opt("--activation-checkpointing", help="checkpoint every block")
     ] = False,
@@ -140,6 +143,7 @@ def calibrate_cmd(
             threads=_pick(threads, cal_section, "threads", None),
             timer=_pick(timer, cal_section, "timer", "wall"),
             progress=not quiet,
+            max_batch_tokens=max_batch_tokens,
         )  # fmt: skip
     write_json(output, cal.to_dict())
     fit = cal.extra["fit"]

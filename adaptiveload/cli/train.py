@@ -38,6 +38,10 @@ def train(
     ] = None,
     device: Annotated[str | None, typer.Option("--device", help="cpu | cuda")] = None,
     no_track: Annotated[bool, typer.Option("--no-track", help="no MLflow run")] = False,
+    no_checkpoint: Annotated[
+        bool,
+        typer.Option("--no-checkpoint", help="write no checkpoints (no resume); short runs"),
+    ] = False,
     init_store_only: Annotated[
         bool, typer.Option("--init-store-only", help="create the tracking store and exit")
     ] = False,
@@ -61,6 +65,7 @@ def train(
             config=config, policy=policy, seed=seed, steps=steps,
             emulate_world_size=emulate_world_size, kernel=kernel, calibration=calibration,
             manifest=manifest, out=out, device=device, track=not no_track,
+            checkpoint=not no_checkpoint,
         )
     )  # fmt: skip
     if summary:

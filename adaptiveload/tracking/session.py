@@ -50,6 +50,7 @@ class Request:
     device: str | None = None
     track: bool = True
     progress: bool = True
+    checkpoint: bool = True  # False: no checkpoints, so no resume (short measurement runs)
 
 
 def resolve(req: Request) -> tuple[dict[str, Any], TrainConfig, Calibration | None, Path]:
@@ -98,7 +99,8 @@ def train(req: Request) -> dict[str, Any]:
     """Run (or resume) one training run; returns its summary (on the main process)."""
     exp, cfg, calibration, out = resolve(req)
     data = prepare_data(exp, cfg, calibration, req.manifest)
-    resume = checkpoint.latest(out / "checkpoints", cfg.fingerprint())
+    ckpt_dir = out / "checkpoints" if req.checkpoint else None
+    resume = checkpoint.latest(ckpt_dir, cfg.fingerprint()) if ckpt_dir else None
     main = int(os.environ.get("RANK", 0)) == 0
     tracker = None
     if req.track and main:
@@ -131,9 +133,7 @@ def train(req: Request) -> dict[str, Any]:
         tracker.start_system_metrics()
     trainer = None
     try:
-        trainer = Trainer(
-            cfg, data, out / "checkpoints", sink=tracker, resume=resume, progress=req.progress
-        )
+        trainer = Trainer(cfg, data, ckpt_dir, sink=tracker, resume=resume, progress=req.progress)
         result = trainer.run()
     except BaseException:
         if tracker is not None:

@@ -96,12 +96,14 @@ class Trainer:
         self,
         cfg: TrainConfig,
         data: TrainData,
-        ckpt_dir: Path,
+        ckpt_dir: Path | None,
         sink: StepSink | None = None,
         resume: dict[str, Any] | None = None,
         progress: bool = True,
     ):
-        self.cfg, self.data, self.ckpt_dir, self.sink = cfg, data, Path(ckpt_dir), sink
+        self.cfg, self.data, self.sink = cfg, data, sink
+        # None: no checkpoints (short measurement runs; the 1.3B's state is 16 GB per save)
+        self.ckpt_dir = Path(ckpt_dir) if ckpt_dir is not None else None
         self.progress = progress
         self.ranks, self.device = dd.setup(cfg.launch_mode, cfg.world_size, cfg.device)
         if self.ranks.world_size != data.builder.world_size:
@@ -320,7 +322,9 @@ class Trainer:
                 if self.ranks.is_main and self.sink is not None:
                     self.sink.log_step(step, step_metrics)
                 done = step + 1
-                if done % cfg.checkpoint_every == 0 or done == cfg.steps:
+                if self.ckpt_dir is not None and (
+                    done % cfg.checkpoint_every == 0 or done == cfg.steps
+                ):
                     self._save(done)
                 bar.update(1)
                 bar.set_postfix(
