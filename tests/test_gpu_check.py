@@ -1,0 +1,123 @@
+"""The prepared H200 check (experiments/gpu): its calibration grid cap, its training budgets,
+checkpoint-free training, and the whole script dry-run on CPU and imported back."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from adaptiveload import calibration
+from adaptiveload import config as experiment_config
+from adaptiveload.costmodel import Calibration
+from adaptiveload.errors import UserError
+
+ROOT = Path(__file__).resolve().parent.parent
+GPU = ROOT / "experiments" / "gpu"
+sys.path.insert(0, str(GPU))
+
+import import_results  # noqa: E402
+import train_budgets  # noqa: E402
+
+PRIOR = ROOT / "experiments" / "calibration" / "h200-wan2.1-t2v-1.3b.json"
+
+
+def _env() -> dict[str, str]:
+    return dict(os.environ, OMP_NUM_THREADS="1", MLFLOW_ENABLE_TELEMETRY="false")
+
+
+def test_max_batch_tokens_drops_the_large_batch_corners():
+    cal = calibration.calibrate(
+        "wan2.1-micro", batch_sizes=[1, 2], tokens=[16, 64, 256], capacity_gb=0.1, repeats=1,
+        warmup=0, threads=1, progress=False, max_batch_tokens=256,
+    )  # fmt: skip
+    measured = {(p["batch"], p["tokens"]) for p in cal.extra["points"]}
+    assert measured == {(1, 16), (2, 16), (1, 64), (2, 64), (1, 256)}
+    assert cal.extra["grid"]["max_batch_tokens"] == 256
+
+
+def test_max_batch_tokens_that_leaves_too_few_points_is_refused():
+    with pytest.raises(UserError, match="leaves 3 grid point"):
+        calibration.calibrate(
+            "wan2.1-micro", batch_sizes=[1, 2], tokens=[16, 64], capacity_gb=0.1,
+            max_batch_tokens=64, progress=False,
+        )  # fmt: skip
+
+
+def test_training_budgets_fit_the_longest_bucket_and_keep_the_measured_model():
+    prior = Calibration.load(PRIOR)
+    exp = experiment_config.load(GPU / "h200_train.yaml")
+    out = train_budgets.scaled(prior, exp, fill=1.0)
+    longest = out.extra["manifest"]["tokens_max"]
+    assert longest == 7200  # 5 frames of 720p: 2 latent frames x 45 x 80
+    assert out.m_mem == pytest.approx(longest)
+    assert out.extra["budgets"]["max_fits"]
+    assert out.cost == prior.cost and out.source == prior.source
+    assert out.capacity_bytes < prior.capacity_bytes
+    b = out.extra["budgets"]
+    assert out.m_comp == pytest.approx(b["ref_batch"] * b["ref_tokens"] ** out.p)
+    assert out.extra["paper_scale_budgets"]["m_mem"] == prior.m_mem
+    with pytest.raises(UserError, match="--fill"):
+        train_budgets.scaled(prior, exp, fill=0.5)
+
+
+def test_training_without_checkpoints_writes_none(tmp_path):
+    cal = tmp_path / "cal.json"
+    cal_out = tmp_path / "cal-train.json"
+    run = [sys.executable, "-m", "adaptiveload"]
+    proc = subprocess.run(
+        [*run, "calibrate", "--model", "wan2.1-micro", "--batch-sizes", "1,2", "--tokens",
+         "16,64", "--repeats", "1", "--warmup", "0", "--threads", "1", "--capacity-gb", "0.08",
+         "--mixture", "tiny-cpu", "--num-samples", "200", "--quiet", "-o", str(cal)],
+        cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    args = ["--calibration", str(cal), "--config", str(GPU / "dry_train.yaml"), "-o", str(cal_out)]
+    assert train_budgets.main(args) == 0
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [*run, "train", "--config", str(GPU / "dry_train.yaml"), "--policy", "adaptiveload",
+         "--seed", "0", "--steps", "2", "--emulate-world-size", "4", "--calibration",
+         str(cal_out), "--no-track", "--no-checkpoint", "--out", str(out)],
+        cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert not (out / "checkpoints").exists()
+    steps = pd.read_parquet(out / "steps.parquet")
+    assert sorted(steps["rank"].unique()) == [0, 1, 2, 3] and steps["step"].max() == 1
+
+
+@pytest.mark.slow
+def test_dry_run_of_the_whole_check_imports_back(tmp_path):
+    """DRY_RUN=1 h200.sh (calibrate + train, all policies, both kernels on the CPU fallback),
+    its packed archive, then the importer on it."""
+    out, pack = tmp_path / "h200", tmp_path / "pack"
+    env = dict(_env(), DRY_RUN="1", PYTHON=sys.executable, PARTS="calibrate train")
+    proc = subprocess.run(
+        ["bash", str(GPU / "h200.sh"), str(out), str(pack)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert len(summary["train"]) == 6
+    assert {r["kernel"] for r in summary["train"]} == {"eager", "fused"}
+    assert summary["calibration"]["label"].startswith("measured")
+    assert (pack / "h200-results.tar.gz").is_file() and (pack / "summary.txt").is_file()
+
+    dest = tmp_path / "reference" / "h200"
+    with pytest.raises(UserError, match="not an H200"):
+        import_results.import_run(pack / "h200-results.tar.gz", dest)
+    assert not dest.exists()  # validated before writing
+    prov = import_results.import_run(pack / "h200-results.tar.gz", dest, dry=True)
+    assert prov["dry_run"] and len(prov["training_runs"]) == 6 and prov["archive_sha256"]
+    index = json.loads((dest / "run_index.json").read_text())
+    assert all(Path(r["summary"]).is_file() and Path(r["steps"]).is_file() for r in index)
+    from adaptiveload.analysis.aggregate import aggregate, parse_index
+
+    agg = aggregate(parse_index(str(dest / "run_index.json")))
+    assert len(agg.runs) == 6 and set(agg.runs["source"]) == {"measured"}
