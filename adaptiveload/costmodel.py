@@ -219,8 +219,11 @@ BUDGET_RULES = {
 
 
 @dataclass(frozen=True)
-class Budgets:
-    """AdaptiveLoad's budgets and how they were derived."""
+class BudgetDerivation:
+    """How p, M_mem and M_comp were derived from a cost model (recorded in calibration files).
+
+    The planner reads the resulting numbers as `planning.policies.Budgets`.
+    """
 
     p: float
     m_mem: float
@@ -248,7 +251,7 @@ def derive_budgets(
     headroom: float = 0.1,
     ref_tokens: float | None = None,
     ref_batch: int | None = None,
-) -> Budgets:
+) -> BudgetDerivation:
     """p, M_mem and M_comp of `cost` for a manifest's per-sample token counts (see BUDGET_RULES)."""
     tok = np.asarray(sample_tokens, dtype=np.float64).ravel()
     if tok.size == 0:
@@ -282,7 +285,7 @@ def derive_budgets(
     if ref_batch is None:
         ref_batch = max(1, int(m_mem // ref_tokens))
     m_comp = ref_batch * ref_tokens**p
-    return Budgets(
+    return BudgetDerivation(
         p=float(p), m_mem=float(m_mem), m_comp=float(m_comp), p_unclamped=float(p_raw),
         s_lo=s_lo, s_hi=s_hi,
         ref_tokens=float(ref_tokens), ref_batch=int(ref_batch), max_fits=max_fits,
