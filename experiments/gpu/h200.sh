@@ -41,9 +41,10 @@ export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
 
 if [ "$DRY" = 1 ]; then  # tiny, CPU, and without the packages the device lacks
   DEVICE=cpu MODEL=wan2.1-micro
-  CAL_ARGS=(--capacity-gb 0.08 --mixture tiny-cpu --num-samples 1000 --threads 1)
-  CAL_TOKENS=${CAL_TOKENS:-16,64,256} CAL_BATCH_SIZES=${CAL_BATCH_SIZES:-1,2}
-  CAL_MAX_BATCH_TOKENS=${CAL_MAX_BATCH_TOKENS:-256} CAL_REPEATS=${CAL_REPEATS:-1}
+  # process CPU time with one thread: the stable timer on a shared machine
+  CAL_ARGS=(--capacity-gb 0.08 --mixture tiny-cpu --num-samples 1000 --threads 1 --timer cpu)
+  CAL_TOKENS=${CAL_TOKENS:-64,256,1024} CAL_BATCH_SIZES=${CAL_BATCH_SIZES:-1,2}
+  CAL_MAX_BATCH_TOKENS=${CAL_MAX_BATCH_TOKENS:-1024} CAL_REPEATS=${CAL_REPEATS:-1}
   TRAIN_CONFIG=${TRAIN_CONFIG:-experiments/gpu/dry_train.yaml} TRAIN_STEPS=${TRAIN_STEPS:-3}
   export OMP_NUM_THREADS=1 ALLOW_NO_GPU=1 BENCH_TIMEOUT_S=30
   # the device has no mlflow/snakemake/diffusers/av/seaborn: prove nothing here needs them
@@ -58,7 +59,9 @@ else
   CAL_ARGS=(--mixture paper-mixed --num-samples 20000)
   # images (1,560) .. 81 frames 720p (75,600); B=2 only up to 32,760 (B=2 x 75.6k: ~25 s/step)
   CAL_TOKENS=${CAL_TOKENS:-1560,4680,16380,32760,75600} CAL_BATCH_SIZES=${CAL_BATCH_SIZES:-1,2}
-  CAL_MAX_BATCH_TOKENS=${CAL_MAX_BATCH_TOKENS:-65520} CAL_REPEATS=${CAL_REPEATS:-2}
+  # one timed pass after the probe step: a 75.6k step is ~12 s, where a pass more costs more
+  # than it tells; a run that overran its limit would leave no file at all
+  CAL_MAX_BATCH_TOKENS=${CAL_MAX_BATCH_TOKENS:-65520} CAL_REPEATS=${CAL_REPEATS:-1}
   TRAIN_CONFIG=${TRAIN_CONFIG:-experiments/gpu/h200_train.yaml} TRAIN_STEPS=${TRAIN_STEPS:-5}
   export BENCH_TIMEOUT_S=${BENCH_TIMEOUT_S:-100}
 fi
@@ -91,7 +94,7 @@ run_part() {  # run_part NAME LIMIT_S LOG CMD...: time-limited, status + seconds
   timeout --kill-after=10 "$lim" "$@" > "$log" 2>&1
   rc=$?
   printf '%s\t%s\t%s\n' "$name" "$rc" "$(($(date +%s) - t0))" >> "$OUTDIR/steps.tsv"
-  tail -n 3 "$log" | cut -c1-300
+  tail -c 4000 "$log" | tr '\r' '\n' | grep -v '^[[:space:]]*$' | tail -n 3 | cut -c1-300
   pack
   return $rc
 }
@@ -160,6 +163,14 @@ for mod in ("adaptiveload.cli", "adaptiveload.config", "adaptiveload.calibration
     importlib.import_module(mod)
 for stage in importlib.import_module("adaptiveload.cli").STAGES:
     importlib.import_module(f"adaptiveload.cli.{stage}")
+# the run outputs are Parquet: the (carried) pandas must work with this pyarrow
+import os, tempfile  # noqa: E401, E402
+import pandas as pd  # noqa: E402
+from adaptiveload.io import write_parquet  # noqa: E402
+with tempfile.TemporaryDirectory() as tmp:
+    frame = pd.DataFrame({"step": [0, 1], "peak_bytes": pd.array([1.0, None], "Float64")})
+    write_parquet(os.path.join(tmp, "t.parquet"), frame)
+    assert pd.read_parquet(os.path.join(tmp, "t.parquet")).equals(frame), "parquet round trip"
 if device == "cuda" and not torch.cuda.is_available():
     sys.exit("no CUDA device visible")
 print("imports ok")
@@ -177,7 +188,7 @@ if [ "$DRY" != 1 ] && { wants kernel || wants train; }; then
 fi
 if wants kernel; then
   mkdir -p "$OUTDIR/kernel"
-  run_part kernel "$(limit "${KERNEL_CAP_S:-210}" 250)" "$OUTDIR/kernel.log" \
+  run_part kernel "$(limit "${KERNEL_CAP_S:-240}" 250)" "$OUTDIR/kernel.log" \
     bash kernels/gpu_check.sh "$OUTDIR/kernel"
 fi
 [ -n "${KBUILD_PID:-}" ] && wait "$KBUILD_PID"
@@ -198,7 +209,7 @@ fi
 
 # --- 3. training: 16 emulated ranks, policies x kernels, budgets for the short run ---------------
 if wants train; then
-  TRAIN_DEADLINE=$(($(elapsed) + ${TRAIN_BUDGET_S:-180}))
+  TRAIN_DEADLINE=$(($(elapsed) + ${TRAIN_BUDGET_S:-220}))
   if [ -z "$CAL" ] || [ ! -f "$CAL" ]; then  # no measurement: the shipped prior (source: model)
     CAL="experiments/calibration/h200-$MODEL.json"
     [ "$DRY" = 1 ] && CAL="$OUTDIR/calibration/dry-$MODEL.json"

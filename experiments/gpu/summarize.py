@@ -95,7 +95,15 @@ def render(summary: dict[str, Any], out: Path) -> str:
     lines.append("parts: " + ", ".join(f"{k}={v}" for k, v in summary["parts"].items()))
     kernel = out / "kernel" / "summary.txt"
     lines.append("-- kernel (kernels/gpu_check.sh)")
-    lines.extend(kernel.read_text().splitlines() if kernel.is_file() else ["missing"])
+    if kernel.is_file():
+        lines.extend(kernel.read_text().splitlines())
+    elif not kernel.parent.is_dir():
+        lines.append("not run")
+    else:
+        bench = out / "kernel" / "bench.csv"
+        rows = list(csv.DictReader(bench.open())) if bench.is_file() else []
+        measured = sum(r.get("source") == "measured" for r in rows)
+        lines.append(f"missing (gpu_check cut short?); bench.csv: {measured} measured rows")
     cal = summary["calibration"]
     lines.append("-- calibration")
     if cal is None:
