@@ -114,6 +114,8 @@ def test_dry_run_of_the_whole_check_imports_back(tmp_path):
     assert not dest.exists()  # validated before writing
     prov = import_results.import_run(pack / "h200-results.tar.gz", dest, dry=True)
     assert prov["dry_run"] and len(prov["training_runs"]) == 6 and prov["archive_sha256"]
+    again = import_results.import_run(pack / "h200-results.tar.gz", dest, dry=True, merge=True)
+    assert again["merged_over"]["archive_sha256"] == prov["archive_sha256"]
     index = json.loads((dest / "run_index.json").read_text())
     assert all(Path(r["summary"]).is_file() and Path(r["steps"]).is_file() for r in index)
     from adaptiveload.analysis.aggregate import aggregate, parse_index

@@ -197,6 +197,7 @@ cp "$KLIB_DIR/build.json" "$OUTDIR/train_kernel_build.json" 2>/dev/null
 # --- 2. calibration: measured (B, S) grid of the 1.3B, fit, p / M_mem / M_comp -----------------
 mkdir -p "$OUTDIR/calibration" "$OUTDIR/train"
 CAL=${CALIBRATION:-}
+[ -n "$CAL" ] && cp "$CAL" "$OUTDIR/calibration/"  # a rerun's tree names what it used
 if [ -z "$CAL" ] && wants calibrate; then
   CAL="$OUTDIR/calibration/h200-$MODEL.json"
   [ "$DRY" = 1 ] && CAL="$OUTDIR/calibration/dry-$MODEL.json"

@@ -15,6 +15,7 @@ replaces DEST with the run's files (logs over 256 KB are left out) plus:
 The kernel part (kernels/gpu_check.sh's folder) is also copied to
 results/kernels/reference/h200-<date>/, where the kernel issue keeps GPU runs
 (`--kernel-dest`, or `--kernel-dest ''` for none).
+`--merge` lays a partial rerun (`PARTS=...`) over what DEST holds, then validates the whole.
 `--allow-dry-run` accepts a DRY_RUN=1 output (CPU, micro model) for testing this script.
 """
 
@@ -31,6 +32,8 @@ import tarfile
 import tempfile
 from pathlib import Path
 from typing import Any
+
+import summarize  # experiments/gpu, beside this script
 
 from adaptiveload.costmodel import Calibration
 from adaptiveload.errors import UserError
@@ -129,27 +132,42 @@ def _copy_tree(root: Path, dest: Path) -> list[str]:
 
 
 def import_run(
-    source: Path, dest: Path, dry: bool = False, kernel_dest: str | None = None
+    source: Path,
+    dest: Path,
+    dry: bool = False,
+    kernel_dest: str | None = None,
+    merge: bool = False,
 ) -> dict[str, Any]:
     """Validate `source` (archive or folder), then replace `dest` with it + provenance;
-    `kernel_dest` (may hold '{date}') also receives the kernel folder."""
+    `kernel_dest` (may hold '{date}') also receives the kernel folder. `merge` lays the run
+    over what `dest` holds (a partial rerun, `PARTS=...`) and validates the result."""
     with tempfile.TemporaryDirectory() as tmp:
         if source.is_file():
+            extracted = Path(tmp) / "extracted"
             with tarfile.open(source) as tar:
-                tar.extractall(tmp, filter="data")
-            root = _root(Path(tmp))
+                tar.extractall(extracted, filter="data")
+            root = _root(extracted)
             digest = hashlib.sha256(source.read_bytes()).hexdigest()
         elif source.is_dir():
             root, digest = _root(source), None
         else:
             raise UserError(f"{source}: no such archive or folder")
+        tree, previous = Path(tmp) / "tree", None
+        if merge and dest.is_dir():
+            skip = shutil.ignore_patterns("provenance.json", "run_index.json")
+            shutil.copytree(dest, tree, ignore=skip)
+            if (dest / "provenance.json").is_file():
+                previous = _load_json(dest / "provenance.json")
+        skipped = _copy_tree(root, tree)
+        if previous is not None or merge:
+            summarize.main(tree)  # the summary of the merged whole, not of the rerun alone
         try:
-            info = validate(root, dry)
+            info = validate(tree, dry)
         except UserError as exc:  # name the archive, not the scratch folder it was opened in
-            raise UserError(str(exc).replace(str(root), str(source))) from None
+            raise UserError(str(exc).replace(str(tree), f"{source} (as imported)")) from None
         dest.parent.mkdir(parents=True, exist_ok=True)
         staged = Path(tempfile.mkdtemp(prefix=".h200-import-", dir=dest.parent))
-        skipped = _copy_tree(root, staged)
+        shutil.copytree(tree, staged, dirs_exist_ok=True)
     env_txt = _env_txt(staged)
     provenance = {
         "what": "issue 9: measured GPU evidence (kernel, calibration, short training)",
@@ -167,6 +185,7 @@ def import_run(
         "archive_sha256": digest,
         "imported_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "logs_left_out": skipped,
+        "merged_over": previous,
     }
     write_json(staged / "provenance.json", provenance)
     index = [
@@ -209,10 +228,13 @@ def main(argv: list[str] | None = None) -> int:
         "--kernel-dest", default="results/kernels/reference/h200-{date}",
         help="also copy the kernel folder here ('' for no copy)",
     )  # fmt: skip
+    parser.add_argument("--merge", action="store_true", help="lay a partial rerun over DEST")
     parser.add_argument("--allow-dry-run", action="store_true", help="accept a CPU dry run")
     args = parser.parse_args(argv)
     try:
-        prov = import_run(args.source, args.dest, args.allow_dry_run, args.kernel_dest or None)
+        prov = import_run(
+            args.source, args.dest, args.allow_dry_run, args.kernel_dest or None, args.merge
+        )
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
