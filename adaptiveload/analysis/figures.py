@@ -111,7 +111,7 @@ def compute_heatmap(inp: FigureInputs) -> plt.Figure:
     axes[-1, 0].set_xlabel("step")
     fig.colorbar(mesh, ax=axes[:, 0].tolist(), label="compute time per rank (s)")
     fig.suptitle(f"Per-rank compute per step, {setup}, seed {steps['seed'].min()} "
-                 f"[{_label(steps)}]\nbright = straggler, dark = rank waiting", fontsize=11)
+                 f"[{_label(steps)}]\nbright = straggler, dark = rank waiting", fontsize=11, y=1.04)
     return fig
 
 
