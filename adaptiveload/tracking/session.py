@@ -13,7 +13,6 @@ Starting the same command again resumes from the newest checkpoint, in the same 
 from __future__ import annotations
 
 import os
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from adaptiveload import config as experiment_config
 from adaptiveload.costmodel import Calibration
 from adaptiveload.errors import UserError
 from adaptiveload.io import write_json, write_parquet
+from adaptiveload.provenance import device_name, git_commit
 from adaptiveload.tracking.run import RunTracker
 from adaptiveload.tracking.store import check_reachable, tracking_uri
 from adaptiveload.training import checkpoint
@@ -31,7 +31,7 @@ from adaptiveload.training.config import TrainConfig, from_experiment
 from adaptiveload.training.distributed import under_torchrun
 from adaptiveload.training.inputs import prepare_data
 from adaptiveload.training.loop import Trainer
-from adaptiveload.training.summary import device_name, run_summary
+from adaptiveload.training.summary import run_summary
 
 
 @dataclass
@@ -76,17 +76,6 @@ def resolve(req: Request) -> tuple[dict[str, Any], TrainConfig, Calibration | No
     return exp, cfg, calibration, Path(out)
 
 
-def _git_commit() -> str:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
-            cwd=Path(__file__).resolve().parent,
-        )  # fmt: skip
-        return out.stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
 def _numeric(summary: dict[str, Any]) -> dict[str, float]:
     return {
         f"summary/{k}": float(v)
@@ -115,7 +104,7 @@ def train(req: Request) -> dict[str, Any]:
                 "calibration": calibration.label if calibration else "none",
             },
             tags={
-                "git_commit": _git_commit(),
+                "git_commit": git_commit(),
                 "device": device_name(cfg.device),
                 "torch": torch.__version__,
                 "cuda": str(torch.version.cuda),

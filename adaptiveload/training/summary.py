@@ -7,8 +7,6 @@ metrics module); throughput divides by the sum of the window's step times.
 from __future__ import annotations
 
 import os
-import platform
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -19,20 +17,8 @@ from adaptiveload import metrics
 from adaptiveload.costmodel import Calibration
 from adaptiveload.planning.sampler import PlanBuilder
 from adaptiveload.planning.simulate import simulate
+from adaptiveload.provenance import device_name
 from adaptiveload.training.config import TrainConfig
-
-
-def device_name(device: str) -> str:
-    """'cuda:<GPU name>' or 'cpu:<CPU model>' (what `measured` numbers are stamped with)."""
-    if device == "cuda" and torch.cuda.is_available():
-        return f"cuda:{torch.cuda.get_device_name()}"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return f"cpu:{line.split(':', 1)[1].strip()}"
-    except OSError:
-        pass
-    return f"cpu:{platform.processor() or platform.machine()}"
 
 
 def timed_window(table: pd.DataFrame, warmup_steps: int) -> pd.DataFrame:

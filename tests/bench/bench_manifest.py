@@ -24,16 +24,10 @@ from adaptiveload.data.bucketing import bucketize
 from adaptiveload.data.manifest import load_manifest, write_manifest
 from adaptiveload.data.mixtures import synthesize
 from adaptiveload.io import write_json
+from adaptiveload.provenance import cpu_model
 
 TARGET_S = 5.0
 CASES = (("aspect", "wan"), ("aspect", "tiny"), ("exact", "wan"))
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
 
 
 def time_once(path: Path, mode: str, grid: str) -> dict[str, float]:

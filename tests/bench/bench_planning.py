@@ -33,6 +33,7 @@ from adaptiveload.planning.plan import build_plan
 from adaptiveload.planning.policies import POLICIES, Budgets
 from adaptiveload.planning.sampler import PlanBatchSampler
 from adaptiveload.planning.simulate import simulate
+from adaptiveload.provenance import cpu_model
 
 CALIBRATION = Path("experiments/calibration/h200-wan2.1-t2v-1.3b.json")
 TARGET_S, TARGET_BYTES = 3.0, 2 * 1024**3
@@ -42,13 +43,6 @@ NOTE = (
     "peak of one build_plan call (numpy and pandas buffers included; a separate run from the "
     "timed ones) and the process's ru_maxrss at the end (includes the 1M-row manifest)."
 )
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
 
 
 def header(benchmark: str, source: str) -> dict[str, Any]:

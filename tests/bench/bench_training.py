@@ -29,17 +29,11 @@ import torch
 from adaptiveload import __version__
 from adaptiveload.config import load
 from adaptiveload.io import write_json
+from adaptiveload.provenance import cpu_model
 
 TARGET_S = 600.0
 KEEP = ("imbalance_rate", "idle_fraction", "max_over_mean", "samples_per_s", "tokens_per_s",
         "wall_s", "steps", "sim_rel_err_median", "sim_rel_err_p90")  # fmt: skip
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
 
 
 def cli(*args: str, env: dict[str, str]) -> float:

@@ -1,0 +1,42 @@
+"""What every measured number is stamped with: the device, the code version, the host."""
+
+from __future__ import annotations
+
+import platform
+import subprocess
+from pathlib import Path
+
+
+def cpu_model() -> str:
+    """The CPU's marketing name from /proc/cpuinfo (Linux), else what `platform` knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def device_name(device: str) -> str:
+    """'cuda:<GPU name>' or 'cpu:<CPU model>': the device in `measured (<device>)` labels."""
+    import torch
+
+    if str(device).startswith("cuda") and torch.cuda.is_available():
+        return f"cuda:{torch.cuda.get_device_name(torch.device(device))}"
+    return f"cpu:{cpu_model()}"
+
+
+def git_commit() -> str:
+    """The commit of the checkout this package runs from, or 'unknown' outside git."""
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            cwd=Path(__file__).resolve().parent,
+        )
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
