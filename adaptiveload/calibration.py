@@ -2,9 +2,10 @@
 
 `calibrate` times forward+backward micro-batches over a (B, S) grid of bucket shapes (warm-up,
 then the median of several synchronised repeats), records peak memory where the device can
-report it (CUDA), fits the cost model and derives p, M_mem and M_comp for a manifest. On CPU
-there is no measured memory: the memory coefficients come from the analytic model and the file
-says so (`memory_source: model`).
+report it (CUDA), fits the cost model and derives p, M_mem, M_comp and the equal-token
+baseline's M_tok for a manifest (`costmodel.BUDGET_RULES`). On CPU there is no measured memory:
+the memory coefficients come from the analytic model and the file says so
+(`memory_source: model`).
 
 `prior` builds the same file from the analytic model and a device's rates instead of a timer
 (`source: model`): the shipped H200 priors are made this way, reproducibly.
@@ -27,7 +28,7 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
-from adaptiveload.costmodel import BUDGET_RULES, Calibration, CostModel, derive_budgets, fit
+from adaptiveload.costmodel import Calibration, CostModel, derive_budgets, fit
 from adaptiveload.errors import UserError
 from adaptiveload.model import analytic
 from adaptiveload.model.configs import WanConfig, get_config
@@ -48,10 +49,9 @@ TIMING = (
 
 @dataclass(frozen=True)
 class TokenMix:
-    """Per-sample token counts of a (bucketed) manifest and its most common bucket."""
+    """Per-sample token counts of a (bucketed) manifest: what the budgets must serve."""
 
     tokens: np.ndarray
-    ref_tokens: float
     origin: str
 
     def to_dict(self) -> dict[str, Any]:
@@ -63,21 +63,14 @@ class TokenMix:
             "tokens_max": int(tok.max()),
             "tokens_p5": float(np.percentile(tok, 5)),
             "tokens_p95": float(np.percentile(tok, 95)),
-            "ref_tokens": self.ref_tokens,
         }
 
 
 def token_mix(samples: pd.DataFrame, origin: str) -> TokenMix:
-    """From bucketed samples (a `tokens` column, ideally the bucket shape columns too)."""
+    """From bucketed samples (a `tokens` column)."""
     if samples.empty:
         raise UserError(f"{origin}: manifest has no samples (after bucketing); nothing to budget")
-    shape = ["bucket_frames", "bucket_height", "bucket_width"]
-    if set(shape) <= set(samples.columns):
-        counts = samples.groupby([*shape, "tokens"]).size()
-        ref = float(counts.idxmax()[-1])  # most common bucket *shape*, as the rule says
-    else:
-        ref = float(samples["tokens"].mode().min())
-    return TokenMix(samples["tokens"].to_numpy(dtype=np.int64), ref, origin)
+    return TokenMix(samples["tokens"].to_numpy(dtype=np.int64), origin)
 
 
 def manifest_token_mix(
@@ -107,9 +100,9 @@ def mixture_token_mix(
 
 
 def grid_token_mix(tokens: Sequence[int]) -> TokenMix:
-    """No manifest: the grid's token counts stand in for it; reference = their median."""
+    """No manifest: the grid's token counts stand in for it (one sample each)."""
     tok = np.asarray(sorted(tokens), dtype=np.int64)
-    return TokenMix(tok, float(tok[(tok.size - 1) // 2]), "calibration grid (no manifest given)")
+    return TokenMix(tok, "calibration grid (no manifest given)")
 
 
 # --- the device side -----------------------------------------------------------------------
@@ -381,8 +374,7 @@ def calibrate(
         memory_source = "model"
         for p in points:
             p["peak_bytes_model"] = float(cost.memory(p["batch"], p["tokens"]))
-    ref = mix.ref_tokens if ref_tokens is None else ref_tokens
-    budgets = derive_budgets(cost, mix.tokens, capacity, headroom, ref, ref_batch)
+    budgets = derive_budgets(cost, mix.tokens, capacity, headroom, ref_tokens, ref_batch)
     notes = []
     if dev.type == "cpu":
         notes.append(
@@ -430,6 +422,7 @@ def _calibration(
         p=budgets.p,
         m_mem=budgets.m_mem,
         m_comp=budgets.m_comp,
+        m_tok=budgets.m_tok,
         capacity_bytes=capacity,
         extra={
             "headroom": headroom,
@@ -489,8 +482,7 @@ def prior(
     cost, stats = fit(B, S, np.array([p["time_s"] for p in points]))
     cost = replace(cost, m_static=m_static, m_tok=m_tok, m_seq=m_seq)
     capacity = device.capacity_bytes
-    ref = mix.ref_tokens if ref_tokens is None else ref_tokens
-    budgets = derive_budgets(cost, mix.tokens, capacity, headroom, ref, ref_batch)
+    budgets = derive_budgets(cost, mix.tokens, capacity, headroom, ref_tokens, ref_batch)
     return _calibration(
         cfg, device.name, "model", cost, budgets, capacity, headroom, num_params, mix,
         extra={
@@ -528,7 +520,9 @@ def prior(
                 "GPU; the 14B's optimizer state needs sharding): `adaptiveload calibrate --model "
                 f"{cfg.name} --device cuda --activation-checkpointing --batch-sizes 1,2,4 "
                 "--tokens 1560,3600,7800,14040,32760 --mixture paper-mixed -o FILE`",
-                f"budget rules: {BUDGET_RULES['m_comp']}",
+                "budget rules (`budgets.rules`): one reference batch, the heaviest bucket within "
+                "M_mem at its memory-limited batch B_ref; M_tok = B_ref * S_ref (equal-token), "
+                "M_comp = B_ref * S_ref^p (AdaptiveLoad)",
             ],
         },
     )  # fmt: skip

@@ -13,7 +13,9 @@ sample on the 14B, worth ~90 tokens of linear work), `m_seq` its memory counterp
 `c_seq` defaults to 0, which is the issue's three-term form.
 
 `fit` estimates the coefficients from measured (or analytic) points; `derive_budgets` turns
-them into AdaptiveLoad's p, M_mem and M_comp for a manifest (rules in BUDGET_RULES).
+them into the policies' budgets for a manifest (rules in BUDGET_RULES): p, M_mem and M_comp
+for AdaptiveLoad and M_tok for the equal-token baseline, both calibrated to one reference batch
+(the heaviest bucket that fits alone, at its memory-limited batch size).
 """
 
 from __future__ import annotations
@@ -67,7 +69,9 @@ class Calibration:
     """A calibration file: the cost model, the budgets derived from it, and its provenance.
 
     `source` is "measured" (timed on `device`) or "model" (derived analytically); every number
-    built from it inherits that label.
+    built from it inherits that label. `m_tok` is the equal-token baseline's budget derived with
+    the others (BUDGET_RULES); files written before it existed lack it, and planning then gives
+    the baseline M_mem (`planning.policies.Budgets.resolve`).
     """
 
     model: str
@@ -77,6 +81,7 @@ class Calibration:
     p: float
     m_mem: float
     m_comp: float
+    m_tok: float | None = None  # equal-token budget; None in files older than the rule
     capacity_bytes: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -106,7 +111,10 @@ class Calibration:
             cost = CostModel(**data["cost"])
         except TypeError as exc:
             raise UserError(f"{origin}: field 'cost' is malformed ({exc})") from None
-        known = set(required) | {"capacity_bytes"}
+        m_tok = data.get("m_tok")
+        if m_tok is not None and not (isinstance(m_tok, (int, float)) and m_tok > 0):
+            raise UserError(f"{origin}: field 'm_tok' must be a positive number (or absent)")
+        known = set(required) | {"capacity_bytes", "m_tok"}
         return cls(
             model=data["model"],
             device=data["device"],
@@ -115,6 +123,7 @@ class Calibration:
             p=float(data["p"]),
             m_mem=float(data["m_mem"]),
             m_comp=float(data["m_comp"]),
+            m_tok=None if m_tok is None else float(m_tok),
             capacity_bytes=data.get("capacity_bytes"),
             extra={k: v for k, v in data.items() if k not in known},
         )
@@ -213,21 +222,29 @@ BUDGET_RULES = {
     "noise dominating) the compute bound would hand long samples more tokens than short ones",
     "m_mem": "largest B*S with m(B,S) <= capacity*(1-headroom) for every S >= the manifest's "
     "smallest token count (m_seq is per sample, so the smallest S is the binding one)",
-    "m_comp": "B_ref * S_ref^p: S_ref = the manifest's most common bucket (by samples), "
-    "B_ref = its memory-limited batch floor(m_mem/S_ref), unless given explicitly",
+    "reference": "the reference batch both policies are calibrated to: S_ref = the heaviest "
+    "bucket of the manifest that fits on its own, i.e. the largest sample token count with "
+    "S <= m_mem (so m(1,S_ref) <= capacity*(1-headroom) too); buckets above it are oversize "
+    "(B = 1) under both policies. B_ref = max(1, floor(m_mem/S_ref)), its memory-limited "
+    "batch. --ref-tokens/--ref-batch override S_ref/B_ref and are taken as given",
+    "m_tok": "B_ref * S_ref: the equal-token baseline equalises TOKENS to the reference batch "
+    "(as Open-Sora/VideoX-Fun practitioners set the token budget: so that the longest bucket "
+    "fits)",
+    "m_comp": "B_ref * S_ref^p: AdaptiveLoad equalises COMPUTE to the same reference batch; "
+    "shorter buckets then grow up to the memory bound m_mem, none exceeds the reference's cost",
 }
 
 
 @dataclass(frozen=True)
 class BudgetDerivation:
-    """How p, M_mem and M_comp were derived from a cost model (recorded in calibration files).
-
-    The planner reads the resulting numbers as `planning.policies.Budgets`.
+    """How p, M_mem, M_comp and M_tok were derived from a cost model (recorded in calibration
+    files). The planner reads the resulting numbers as `planning.policies.Budgets`.
     """
 
     p: float
     m_mem: float
     m_comp: float
+    m_tok: float
     p_unclamped: float
     s_lo: float  # token range p was measured over
     s_hi: float
@@ -244,6 +261,17 @@ def local_exponent(cost: CostModel, s: float) -> float:
     return float((cost.a * s + 2 * cost.b * s * s) / cost.per_sample_time(s))
 
 
+def reference_tokens(sample_tokens: np.ndarray, m_mem: float) -> float:
+    """S_ref: the heaviest bucket that fits on its own (the largest token count <= m_mem)."""
+    fitting = sample_tokens[sample_tokens <= m_mem]
+    if fitting.size == 0:
+        raise UserError(
+            f"no sample fits the memory budget on its own (smallest {sample_tokens.min():.0f} "
+            f"tokens > M_mem {m_mem:.0f}); raise the capacity or give --ref-tokens"
+        )
+    return float(fitting.max())
+
+
 def derive_budgets(
     cost: CostModel,
     sample_tokens: Any,
@@ -252,7 +280,13 @@ def derive_budgets(
     ref_tokens: float | None = None,
     ref_batch: int | None = None,
 ) -> BudgetDerivation:
-    """p, M_mem and M_comp of `cost` for a manifest's per-sample token counts (see BUDGET_RULES)."""
+    """p, M_mem, M_comp and M_tok of `cost` for a manifest's per-sample token counts.
+
+    Both policies are calibrated to one reference batch (BUDGET_RULES["reference"]) so that the
+    comparison is fair: equal-token gets M_tok = B_ref*S_ref, AdaptiveLoad M_comp = B_ref*S_ref^p
+    under the same M_mem. Since (S_ref/S)^p >= S_ref/S for S <= S_ref, AdaptiveLoad's batches
+    are never smaller than equal-token's below the reference bucket and grow up to M_mem.
+    """
     tok = np.asarray(sample_tokens, dtype=np.float64).ravel()
     if tok.size == 0:
         raise UserError("manifest has no samples: cannot derive the token range of p and M_comp")
@@ -280,13 +314,14 @@ def derive_budgets(
     max_fits = bool(cost.memory(1, tok.max()) <= capacity_bytes * (1 - headroom))
 
     if ref_tokens is None:
-        values, counts = np.unique(tok, return_counts=True)
-        ref_tokens = float(values[np.argmax(counts)])  # ties: the smaller bucket
+        ref_tokens = reference_tokens(tok, m_mem)
     if ref_batch is None:
         ref_batch = max(1, int(m_mem // ref_tokens))
+    m_tok = ref_batch * ref_tokens
     m_comp = ref_batch * ref_tokens**p
     return BudgetDerivation(
-        p=float(p), m_mem=float(m_mem), m_comp=float(m_comp), p_unclamped=float(p_raw),
+        p=float(p), m_mem=float(m_mem), m_comp=float(m_comp), m_tok=float(m_tok),
+        p_unclamped=float(p_raw),
         s_lo=s_lo, s_hi=s_hi,
         ref_tokens=float(ref_tokens), ref_batch=int(ref_batch), max_fits=max_fits,
     )  # fmt: skip

@@ -47,6 +47,8 @@ def test_tiny_cpu_calibration_on_a_2x2_grid_writes_a_valid_file(tmp_path):
     assert cal.cost.m_tok > 0  # analytic memory filled in on CPU
     budgets = cal.extra["budgets"]
     assert budgets["m_comp"] == pytest.approx(budgets["ref_batch"] * budgets["ref_tokens"] ** cal.p)
+    assert cal.m_tok == budgets["m_tok"] == budgets["ref_batch"] * budgets["ref_tokens"]
+    assert Calibration.load(out).to_dict()["m_tok"] == cal.m_tok
     assert "fit" in cal.extra and cal.extra["fit"]["num_points"] == 4
     assert "R^2" in proc.stderr
 
@@ -123,17 +125,12 @@ def test_latent_grid_has_the_requested_tokens(tokens):
     assert token_count(frames, height, width) == tokens
 
 
-def test_reference_bucket_is_the_most_common_shape_not_token_count():
-    samples = pd.DataFrame(
-        {
-            "bucket_frames": [1, 1, 1, 1, 81, 81, 81],
-            "bucket_height": [832, 832, 1104, 1104, 480, 480, 480],
-            "bucket_width": [1104, 1104, 832, 832, 832, 832, 832],
-        }
-    )
-    samples["tokens"] = [3588] * 4 + [32760] * 3
-    mix = calibration.token_mix(samples, "test")
-    assert mix.ref_tokens == 32760  # two 3588-token shapes of 2 samples each lose to 3 videos
+def test_old_calibration_files_without_m_tok_still_load(tmp_path):
+    data = json.loads((PRIORS / "h200-wan2.1-t2v-1.3b.json").read_text())
+    del data["m_tok"]
+    assert Calibration.from_dict(data).m_tok is None
+    with pytest.raises(UserError, match="'m_tok' must be a positive number"):
+        Calibration.from_dict({**data, "m_tok": -1})
 
 
 @pytest.mark.parametrize("model", ["wan2.1-t2v-1.3b", "wan2.1-t2v-14b"])
@@ -145,10 +142,19 @@ def test_shipped_priors_are_reproducible(model):
     assert fresh.p == pytest.approx(shipped.p, rel=1e-9)
     assert fresh.m_mem == pytest.approx(shipped.m_mem, rel=1e-9)
     assert fresh.m_comp == pytest.approx(shipped.m_comp, rel=1e-9)
+    assert fresh.m_tok == pytest.approx(shipped.m_tok, rel=1e-9)
     for name in ("c0", "a", "b", "c_seq", "m_static", "m_tok", "m_seq"):
         assert getattr(fresh.cost, name) == pytest.approx(getattr(shipped.cost, name), rel=1e-9)
     # the budgets admit the largest bucket at B=1 and the prior's fit is exact
     assert shipped.extra["budgets"]["max_fits"] and shipped.extra["fit"]["r2"] > 0.9999
+    # reference batch: the heaviest bucket within M_mem (the 14B's M_mem, ~72k tokens, is
+    # below the 720p clips' 75.6k, so its reference is the next bucket down, 61.2k)
+    b = shipped.extra["budgets"]
+    assert b["ref_tokens"] == max(s for s in set(mix.tokens.tolist()) if s <= shipped.m_mem)
+    assert b["ref_tokens"] == {"wan2.1-t2v-1.3b": 75600, "wan2.1-t2v-14b": 61200}[model]
+    assert b["ref_batch"] == max(1, int(shipped.m_mem // b["ref_tokens"]))
+    assert shipped.m_tok == b["ref_batch"] * b["ref_tokens"] <= shipped.m_mem
+    assert shipped.m_comp == pytest.approx(b["ref_batch"] * b["ref_tokens"] ** shipped.p)
     assert np.isclose(shipped.capacity_bytes, 141e9)
 
 

@@ -81,12 +81,46 @@ def test_budgets_follow_the_documented_rules():
     assert TRUE.memory(budgets.m_mem / 256, 256) == pytest.approx(usable)
     for s in (256, 1024, 4096):
         assert TRUE.memory(np.floor(budgets.m_mem / s), s) <= usable
-    # M_comp: most common bucket (256) at its memory-limited batch
-    assert budgets.ref_tokens == 256 and budgets.ref_batch == int(budgets.m_mem // 256)
-    assert budgets.m_comp == pytest.approx(budgets.ref_batch * 256**budgets.p)
+    # reference batch: the heaviest bucket (4096, not the most common 256) at its
+    # memory-limited batch; equal-token equalises tokens to it, AdaptiveLoad compute
+    assert budgets.ref_tokens == 4096 and budgets.ref_batch == int(budgets.m_mem // 4096) == 54
+    assert budgets.m_tok == 54 * 4096 < budgets.m_mem
+    assert budgets.m_comp == pytest.approx(54 * 4096**budgets.p)
     assert budgets.max_fits
-    override = derive_budgets(TRUE, tokens, 80e9, 0.1, ref_tokens=4096, ref_batch=2)
-    assert override.m_comp == pytest.approx(2 * 4096**override.p)
+    override = derive_budgets(TRUE, tokens, 80e9, 0.1, ref_tokens=1024, ref_batch=2)
+    assert (override.ref_tokens, override.ref_batch) == (1024, 2)
+    assert override.m_tok == 2048 and override.m_comp == pytest.approx(2 * 1024**override.p)
+    assert override.m_mem == budgets.m_mem
+
+
+def test_reference_skips_buckets_that_do_not_fit_alone():
+    tokens = [256] * 5 + [1024] * 3 + [4096] * 2
+    # 3 GB: one 4096-token sample needs 3.23 GB > 2.7 GB usable -> the next bucket, 1024
+    small = derive_budgets(TRUE, tokens, capacity_bytes=3e9, headroom=0.1)
+    assert TRUE.memory(1, 4096) > 3e9 * 0.9 and not small.max_fits
+    assert 1024 <= small.m_mem < 4096
+    assert (small.ref_tokens, small.ref_batch) == (1024, int(small.m_mem // 1024))
+    assert small.m_tok == small.ref_batch * 1024 <= small.m_mem
+    assert small.m_comp == pytest.approx(small.ref_batch * 1024**small.p)
+    # 4096 fits alone physically here, but lies above M_mem (bound at the 16-token images):
+    # AdaptiveLoad treats it as oversize, so it cannot be the reference both policies share
+    images = [16] * 5 + [1024] * 3 + [4096] * 2
+    tight = derive_budgets(TRUE, images, capacity_bytes=4.4e9, headroom=0.1)
+    assert TRUE.memory(1, 4096) <= 4.4e9 * 0.9 and tight.max_fits and tight.m_mem < 4096
+    assert tight.ref_tokens == 1024 and tight.m_tok == tight.ref_batch * 1024 <= tight.m_mem
+
+
+def test_adaptiveload_never_batches_fewer_than_equal_token_below_the_reference():
+    from adaptiveload.planning.policies import Budgets, batch_size
+
+    tokens = np.array([256, 512, 1024, 2048, 4096] * 3)
+    d = derive_budgets(TRUE, tokens, capacity_bytes=13.5e9, headroom=0.1)  # M_mem ~ 7.8 x 4096
+    budgets = Budgets(m_tok=d.m_tok, m_mem=d.m_mem, m_comp=d.m_comp, p=d.p)
+    s = np.unique(tokens)
+    equal, adaptive = batch_size("equal-token", s, budgets), batch_size("adaptiveload", s, budgets)
+    assert d.ref_tokens == 4096 and equal[-1] == adaptive[-1] == d.ref_batch
+    assert np.all(adaptive >= equal) and np.any(adaptive > equal)
+    assert np.all(adaptive * s <= d.m_mem)
 
 
 def test_budgets_reject_bad_input():
@@ -94,6 +128,8 @@ def test_budgets_reject_bad_input():
         derive_budgets(TRUE, [], 80e9)
     with pytest.raises(UserError, match="static memory"):
         derive_budgets(TRUE, [256, 1024], capacity_bytes=1e9)
+    with pytest.raises(UserError, match="no sample fits the memory budget on its own"):
+        derive_budgets(TRUE, [4096, 8192], capacity_bytes=3e9)
 
 
 def test_p_is_clamped_to_1_2_and_the_raw_value_kept():

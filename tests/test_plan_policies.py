@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -58,11 +60,15 @@ def test_unknown_policy_and_missing_budget():
 
 def test_budgets_resolve_from_calibration():
     cal = Calibration("wan2.1-tiny", "cpu", "measured", CostModel(0.1, 1e-3, 1e-6),
-                      p=1.4, m_mem=5000.0, m_comp=2e5)  # fmt: skip
+                      p=1.4, m_mem=5000.0, m_comp=2e5, m_tok=4000.0)  # fmt: skip
     auto = Budgets.resolve(calibration=cal)
-    assert auto == Budgets(m_tok=5000.0, m_mem=5000.0, m_comp=2e5, p=1.4)
+    assert auto == Budgets(m_tok=4000.0, m_mem=5000.0, m_comp=2e5, p=1.4)
     mixed = Budgets.resolve(m_mem=100, p="1.2", calibration=cal)
-    assert mixed == Budgets(m_tok=100.0, m_mem=100.0, m_comp=2e5, p=1.2)
+    assert mixed == Budgets(m_tok=4000.0, m_mem=100.0, m_comp=2e5, p=1.2)
+    # a calibration file older than the m_tok rule: the baseline gets M_mem
+    old = replace(cal, m_tok=None)
+    assert Budgets.resolve(calibration=old) == replace(auto, m_tok=5000.0)
+    assert Budgets.resolve(m_mem=100, calibration=old).m_tok == 100.0
     assert Budgets.resolve(m_tok=7) == Budgets(m_tok=7.0)
     assert Budgets.resolve(m_tok="auto", m_mem="3e4") == Budgets(m_tok=3e4, m_mem=3e4)
     with pytest.raises(UserError, match="m_comp='lots'"):

@@ -62,8 +62,12 @@ def calibrate_cmd(
     activation_checkpointing: Annotated[
         bool, Opt("--activation-checkpointing", help="checkpoint every block")
     ] = False,
-    ref_tokens: Annotated[float | None, Opt(help="override the reference bucket's S")] = None,
-    ref_batch: Annotated[int | None, Opt(help="override the reference bucket's B")] = None,
+    ref_tokens: Annotated[
+        float | None, Opt(help="override S_ref (default: the heaviest bucket that fits alone)")
+    ] = None,
+    ref_batch: Annotated[
+        int | None, Opt(help="override B_ref (default: floor(M_mem / S_ref))")
+    ] = None,
     prior: Annotated[
         str | None, Opt(help="no measurement: analytic prior for a device's rates (h200)")
     ] = None,
@@ -73,7 +77,7 @@ def calibrate_cmd(
     seed: Annotated[int, Opt(help="seed of the weights, inputs and mixture")] = 0,
     quiet: Annotated[bool, Opt("--quiet", help="no progress bar")] = False,
 ) -> None:
-    """Time forward+backward over a (B, S) grid, fit t(B,S) and m(B,S), derive p/M_mem/M_comp.
+    """Time forward+backward over a (B, S) grid, fit t(B,S) and m(B,S), derive the budgets.
 
     Flags override the experiment file given with --config. The file is written only after
     everything succeeded.
@@ -148,8 +152,8 @@ def calibrate_cmd(
     write_json(output, cal.to_dict())
     fit = cal.extra["fit"]
     typer.echo(
-        f"{output}: {cal.label} {cal.model}: p={cal.p:.3f} M_mem={cal.m_mem:.4g} "
-        f"M_comp={cal.m_comp:.4g} (fit R^2={fit['r2']:.4f}, worst point "
+        f"{output}: {cal.label} {cal.model}: p={cal.p:.3f} M_tok={cal.m_tok:.4g} "
+        f"M_mem={cal.m_mem:.4g} M_comp={cal.m_comp:.4g} (fit R^2={fit['r2']:.4f}, worst point "
         f"{100 * fit['max_rel_err']:.1f}%; memory: {cal.extra['memory_source']})",
         err=True,
     )

@@ -47,7 +47,9 @@ def plan_cmd(
     calibration: Annotated[
         Path | None, Opt(help="calibration JSON: budgets set to 'auto' and the cost model")
     ] = None,
-    m_tok: Annotated[str, Opt(help="equal-token budget, tokens per batch (auto: m_mem)")] = AUTO,
+    m_tok: Annotated[
+        str, Opt(help="equal-token budget, tokens per batch (auto: calibration, else m_mem)")
+    ] = AUTO,
     m_mem: Annotated[str, Opt(help="memory budget, tokens per batch (auto: calibration)")] = AUTO,
     m_comp: Annotated[str, Opt(help="compute budget, B*S^p per batch (auto: calibration)")] = AUTO,
     p: Annotated[str, Opt(help="compute exponent in [1, 3] (auto: calibration)")] = AUTO,

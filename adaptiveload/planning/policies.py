@@ -6,8 +6,10 @@ are dealt to ranks.
 - ``adaptiveload-balanced`` (beyond the paper): the ``adaptiveload`` batches, dealt so that the
   ranks of one step hold near-equal predicted cost (see ``adaptiveload.planning.dealing``).
 
-Budgets are in tokens (``M_tok``, ``M_mem``) and tokens^p (``M_comp``). Adding a policy is one
-subclass of ``Policy`` and one entry in ``POLICIES``.
+Budgets are in tokens (``M_tok``, ``M_mem``) and tokens^p (``M_comp``). A calibration derives
+all of them from one reference batch (``costmodel.BUDGET_RULES``): equal-token equalises tokens
+to it, AdaptiveLoad compute. Adding a policy is one subclass of ``Policy`` and one entry in
+``POLICIES``.
 """
 
 from __future__ import annotations
@@ -56,10 +58,12 @@ class Budgets:
     ) -> Budgets:
         """Budgets from explicit numbers, with ``"auto"``/None taken from `calibration`.
 
-        ``m_mem``, ``m_comp`` and ``p`` come from the calibration file; ``m_tok`` defaults to
-        ``m_mem`` so that the equal-token baseline gets the same memory budget as AdaptiveLoad.
-        Without a calibration, ``"auto"`` values stay unset and the policy reports which one
-        it needs.
+        All four come from the calibration file, ``m_tok`` being the equal-token budget it
+        derived from the same reference batch as ``m_comp``. Where there is none (calibration
+        files older than that rule, or no calibration but an explicit ``m_mem``), ``m_tok``
+        falls back to the resolved ``m_mem``: the baseline then gets AdaptiveLoad's memory
+        budget. Without a calibration, other ``"auto"`` values stay unset and the policy
+        reports which one it needs.
         """
 
         def pick(name: str, value: Any, from_calibration: float | None) -> float | None:
@@ -72,8 +76,9 @@ class Budgets:
 
         cal = calibration
         mem = pick("m_mem", m_mem, cal.m_mem if cal else None)
+        tok = cal.m_tok if cal and cal.m_tok is not None else mem
         return cls(
-            m_tok=pick("m_tok", m_tok, mem),
+            m_tok=pick("m_tok", m_tok, tok),
             m_mem=mem,
             m_comp=pick("m_comp", m_comp, cal.m_comp if cal else None),
             p=pick("p", p, cal.p if cal else None),

@@ -4,8 +4,8 @@ The paper-scale budgets of a calibration (M_mem of a whole 141 GB H200: ~200k to
 micro-batch) make one emulated 16-rank step of the 1.3B take minutes; a device check has
 about two. This derives the budgets for a *pretend capacity*, as the CPU default experiment
 does with `capacity_gb: 0.08`: the capacity at which M_mem is `--fill` times the longest
-bucket of the training data (so it still fits alone at B = 1). p and M_comp then follow the
-calibration's own rules (`derive_budgets`) on the training data's token mix; the cost and
+bucket of the training data (so it still fits alone at B = 1). p, M_comp and M_tok then
+follow the calibration's own rules (`derive_budgets`) on the training data's token mix; the cost and
 memory model stay the measured ones. The output is a calibration file for
 `adaptiveload train --calibration`, labelled with what was changed.
 
@@ -55,11 +55,12 @@ def scaled(cal: Calibration, exp: dict, fill: float) -> Calibration:
     extra["manifest"] = mix.to_dict()
     extra["notes"] = [*cal.extra.get("notes", []), note]
     extra["paper_scale_budgets"] = {
-        "p": cal.p, "m_mem": cal.m_mem, "m_comp": cal.m_comp, "capacity_bytes": cal.capacity_bytes,
+        "p": cal.p, "m_mem": cal.m_mem, "m_comp": cal.m_comp, "m_tok": cal.m_tok,
+        "capacity_bytes": cal.capacity_bytes,
     }  # fmt: skip
     return replace(
-        cal, p=budgets.p, m_mem=budgets.m_mem, m_comp=budgets.m_comp, capacity_bytes=capacity,
-        extra=extra,
+        cal, p=budgets.p, m_mem=budgets.m_mem, m_comp=budgets.m_comp, m_tok=budgets.m_tok,
+        capacity_bytes=capacity, extra=extra,
     )  # fmt: skip
 
 
