@@ -262,8 +262,12 @@ def local_exponent(cost: CostModel, s: float) -> float:
 
 
 def reference_tokens(sample_tokens: np.ndarray, m_mem: float) -> float:
-    """S_ref: the heaviest bucket that fits on its own (the largest token count <= m_mem)."""
-    fitting = sample_tokens[sample_tokens <= m_mem]
+    """S_ref: the heaviest bucket that fits on its own (the largest token count <= m_mem).
+
+    A relative 1e-9 of slack keeps a bucket that M_mem was sized to exactly (M_mem = its
+    tokens, round-tripped through a capacity) from being lost to rounding.
+    """
+    fitting = sample_tokens[sample_tokens <= m_mem * (1 + 1e-9)]
     if fitting.size == 0:
         raise UserError(
             f"no sample fits the memory budget on its own (smallest {sample_tokens.min():.0f} "

@@ -61,6 +61,10 @@ def test_training_budgets_fit_the_longest_bucket_and_keep_the_measured_model():
     assert out.capacity_bytes < prior.capacity_bytes
     b = out.extra["budgets"]
     assert out.m_comp == pytest.approx(b["ref_batch"] * b["ref_tokens"] ** out.p)
+    # M_mem sized to the longest bucket exactly: rounding must not drop it as the reference
+    assert (b["ref_tokens"], b["ref_batch"]) == (longest, 1) and out.m_tok == longest
+    roomy = train_budgets.scaled(prior, exp, fill=1.5)  # the script's default
+    assert roomy.m_mem == pytest.approx(1.5 * longest) and roomy.m_tok == longest
     assert out.extra["paper_scale_budgets"]["m_mem"] == prior.m_mem
     with pytest.raises(UserError, match="--fill"):
         train_budgets.scaled(prior, exp, fill=0.5)

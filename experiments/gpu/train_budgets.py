@@ -3,10 +3,13 @@
 The paper-scale budgets of a calibration (M_mem of a whole 141 GB H200: ~200k tokens per
 micro-batch) make one emulated 16-rank step of the 1.3B take minutes; a device check has
 about two. This derives the budgets for a *pretend capacity*, as the CPU default experiment
-does with `capacity_gb: 0.08`: the capacity at which M_mem is `--fill` times the longest
+does with `capacity_gb: 0.15`: the capacity at which M_mem is `--fill` times the longest
 bucket of the training data (so it still fits alone at B = 1). p, M_comp and M_tok then
-follow the calibration's own rules (`derive_budgets`) on the training data's token mix; the cost and
-memory model stay the measured ones. The output is a calibration file for
+follow the calibration's own rules (`derive_budgets`) on the training data's token mix: the
+longest bucket at B = 1 is the reference batch of both policies, so with `--fill 1` M_mem
+binds before M_comp everywhere and AdaptiveLoad's batches equal equal-token's; the default
+1.5 leaves AdaptiveLoad room to grow short-bucket batches. The cost and memory model stay
+the measured ones. The output is a calibration file for
 `adaptiveload train --calibration`, labelled with what was changed.
 
     python experiments/gpu/train_budgets.py --calibration CAL.json --config EXP.yaml -o OUT.json
@@ -68,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calibration", type=Path, required=True)
     parser.add_argument("--config", type=Path, required=True, help="the training experiment")
-    parser.add_argument("--fill", type=float, default=1.0, help="M_mem / longest bucket")
+    parser.add_argument("--fill", type=float, default=1.5, help="M_mem / longest bucket")
     parser.add_argument("-o", "--output", type=Path, required=True)
     args = parser.parse_args(argv)
     try:
