@@ -20,7 +20,6 @@ for AdaptiveLoad and M_tok for the equal-token baseline, both calibrated to one 
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from adaptiveload.errors import UserError
+from adaptiveload.io import read_json
 
 
 @dataclass(frozen=True)
@@ -130,14 +130,7 @@ class Calibration:
 
     @classmethod
     def load(cls, path: str | Path) -> Calibration:
-        path = Path(path)
-        try:
-            data = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise UserError(f"{path}: calibration file not found") from None
-        except json.JSONDecodeError as exc:
-            raise UserError(f"{path}: not valid JSON ({exc})") from None
-        return cls.from_dict(data, origin=str(path))
+        return cls.from_dict(read_json(path, "calibration file"), origin=str(path))
 
 
 @dataclass(frozen=True)

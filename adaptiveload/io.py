@@ -10,6 +10,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from adaptiveload.errors import UserError
+
 
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
@@ -24,6 +26,16 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
         os.replace(tmp_path, final)
     finally:
         tmp_path.unlink(missing_ok=True)
+
+
+def read_json(path: str | os.PathLike[str], what: str = "file") -> Any:
+    """Parse a JSON file; a missing or malformed one is a UserError naming the file."""
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise UserError(f"{path}: {what} not found") from None
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{path}: {what} is not valid JSON ({exc})") from None
 
 
 def write_text(path: str | os.PathLike[str], text: str) -> None:

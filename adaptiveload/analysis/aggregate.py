@@ -20,6 +20,7 @@ import pandas as pd
 
 from adaptiveload.costmodel import Calibration
 from adaptiveload.errors import UserError
+from adaptiveload.io import read_json
 
 # fields every run summary must carry (the BRIEF's run-summary schema)
 SUMMARY_KEYS = (
@@ -97,12 +98,7 @@ def parse_index(text: str) -> list[RunRef]:
 
 
 def _read_summary(path: Path, defaults: dict) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise UserError(f"{path}: run summary not found") from None
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{path}: run summary is not valid JSON ({exc})") from None
+    data = read_json(path, "run summary")
     # summary metrics may be nested under "summary" or "metrics", or flat
     for key in ("summary", "metrics"):
         if isinstance(data.get(key), dict):
