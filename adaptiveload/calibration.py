@@ -33,6 +33,7 @@ from adaptiveload.errors import UserError
 from adaptiveload.model import analytic
 from adaptiveload.model.configs import WanConfig, get_config
 from adaptiveload.model.wan import WanModel, build_on_meta, count_parameters
+from adaptiveload.provenance import device_name
 from adaptiveload.tokens import FRAME_STEP, PIXEL_STEP
 
 DEFAULT_BATCH_SIZES = (1, 2, 4)
@@ -130,16 +131,6 @@ def bucket_shape(tokens: int) -> tuple[int, int, int]:
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    cpuinfo = Path("/proc/cpuinfo")
-    for line in cpuinfo.read_text().splitlines() if cpuinfo.exists() else []:
-        if line.startswith("model name"):
-            return f"CPU {line.split(':', 1)[1].strip()}"
-    return f"CPU {platform.processor() or platform.machine()}"
 
 
 def _step(model: WanModel, batch: tuple, device: torch.device) -> None:
@@ -266,7 +257,7 @@ def _resolve_device(device: str) -> torch.device:
 
 def _provenance(device: torch.device) -> dict[str, Any]:
     return {
-        "device": device_name(device),
+        "device": device_name(str(device)),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "host": platform.node(),
@@ -353,7 +344,7 @@ def calibrate(
     ok = [p for p in points if p["status"] == "ok"]
     if len(ok) < 4 or len({p["tokens"] for p in ok}) < 2:
         raise UserError(
-            f"only {len(ok)} of {len(points)} grid points ran on {device_name(dev)} "
+            f"only {len(ok)} of {len(points)} grid points ran on {device_name(str(dev))} "
             "(the rest ran out of memory); use smaller batch sizes or token counts"
         )
     B = np.array([p["batch"] for p in ok])
@@ -386,7 +377,7 @@ def calibrate(
             "fit.max_rel_err); --threads 1 --timer cpu is the stable choice there"
         )
     return _calibration(
-        cfg, device_name(dev), "measured", cost, budgets, capacity, headroom, num_params, mix,
+        cfg, device_name(str(dev)), "measured", cost, budgets, capacity, headroom, num_params, mix,
         extra={
             "memory_source": memory_source,
             "provenance": _provenance(dev),

@@ -38,7 +38,7 @@ def test_tiny_cpu_calibration_on_a_2x2_grid_writes_a_valid_file(tmp_path):
     assert proc.returncode == 0, proc.stderr
     cal = Calibration.load(out)
     assert (cal.model, cal.source) == ("wan2.1-tiny", "measured")
-    assert cal.device.startswith("CPU") and cal.extra["memory_source"] == "model"
+    assert cal.device.startswith("cpu:") and cal.extra["memory_source"] == "model"
     assert len(cal.extra["points"]) == 4
     assert all(p["time_s"] > 0 and p["peak_bytes"] is None for p in cal.extra["points"])
     assert {"torch", "cuda", "date", "device"} <= set(cal.extra["provenance"])
