@@ -7,6 +7,8 @@
    window ablation and a world-size sweep 8..1024 -> results/benchmarks/simulated_paper_mixed.json.
 
 Run: .venv/bin/python tests/bench/bench_planning.py [--samples N] [--repeats R]
+     (--no-speed: part 2 only; --calibration FILE --balance-out NAME: another prior, e.g. the
+     14B's -> simulated_paper_mixed_14b.json)
 """
 
 from __future__ import annotations
@@ -210,6 +212,8 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--out-dir", default="results/benchmarks")
     parser.add_argument("--calibration", type=Path, default=CALIBRATION)
+    parser.add_argument("--balance-out", default="simulated_paper_mixed.json")
+    parser.add_argument("--no-speed", action="store_true", help="skip part 1 (planning speed)")
     args = parser.parse_args()
     cal_path = args.calibration
     cal = Calibration.load(cal_path) if cal_path.exists() else None
@@ -217,7 +221,7 @@ def main() -> None:
     if cal is None:
         print(f"{cal_path} missing: speed uses fallback budgets, balance is skipped")
         write_json(
-            out_dir / "simulated_paper_mixed.json",
+            out_dir / args.balance_out,
             {
                 **header("predicted balance, paper-mixed", "model"),
                 "missing": f"{cal_path} not found; rerun once the MODEL stage ships it",
@@ -225,8 +229,10 @@ def main() -> None:
         )
     else:
         balance = bench_balance(cal, cal_path, args.balance_samples, args.seeds)
-        write_json(out_dir / "simulated_paper_mixed.json", balance)
+        write_json(out_dir / args.balance_out, balance)
         print({p: round(v["imbalance_rate"], 4) for p, v in balance["policies"].items()})
+    if args.no_speed:
+        return
     speed = bench_speed(args.samples, args.repeats, cal, cal_path)
     write_json(out_dir / "planning.json", speed)
 
