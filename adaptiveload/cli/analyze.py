@@ -16,6 +16,12 @@ from adaptiveload.errors import UserError
 analyze = typer.Typer(no_args_is_help=True, help="Statistics, tables, figures of an experiment.")
 app.add_typer(analyze, name="analyze")
 Opt = typer.Option
+# inputs shared by the commands that read `aggregate`'s and `stats`' tables
+Runs = Annotated[Path, Opt(help="runs.parquet from `analyze aggregate`")]
+Steps = Annotated[Path, Opt(help="steps.parquet from `analyze aggregate`")]
+Stats = Annotated[Path, Opt(help="stats.csv from `analyze stats`")]
+KernelBench = Annotated[Path | None, Opt(help="`adaptiveload kernel bench` CSV")]
+Baseline = Annotated[str, Opt(help="the policy every other is compared with")]
 
 
 def _read(path: Path):
@@ -44,11 +50,11 @@ def aggregate_cmd(
 
 @analyze.command("stats")
 def stats_cmd(
-    runs: Annotated[Path, Opt()],
-    steps: Annotated[Path, Opt()],
+    runs: Runs,
+    steps: Steps,
     csv: Annotated[Path, Opt(help="all tests, one row each")],
     md: Annotated[Path, Opt(help="the same, readable")],
-    baseline: Annotated[str, Opt()] = "equal-token",
+    baseline: Baseline = "equal-token",
     n_boot: Annotated[int, Opt(min=100, help="bootstrap resamples")] = 2000,
     seed: Annotated[int, Opt(help="bootstrap seed")] = 0,
 ) -> None:
@@ -64,12 +70,12 @@ def stats_cmd(
 
 @analyze.command("tables")
 def tables_cmd(
-    runs: Annotated[Path, Opt()],
-    steps: Annotated[Path, Opt()],
-    stats: Annotated[Path, Opt()],
+    runs: Runs,
+    steps: Steps,
+    stats: Stats,
     out_dir: Annotated[Path, Opt(help="writes paper_table.* and kernel_table.* here")],
-    kernel_bench: Annotated[Path | None, Opt(help="`adaptiveload kernel bench` CSV")] = None,
-    baseline: Annotated[str, Opt()] = "equal-token",
+    kernel_bench: KernelBench = None,
+    baseline: Baseline = "equal-token",
 ) -> None:
     """The paper table (md, csv, html) and the kernel table."""
     from adaptiveload.analysis.tables import KERNEL_NOTE, PAPER_NOTE, kernel_table, paper_table
@@ -83,14 +89,14 @@ def tables_cmd(
 
 @analyze.command("figures")
 def figures_cmd(
-    runs: Annotated[Path, Opt()],
-    steps: Annotated[Path, Opt()],
-    stats: Annotated[Path, Opt()],
+    runs: Runs,
+    steps: Steps,
+    stats: Stats,
     out_dir: Annotated[Path, Opt()],
     figure: Annotated[list[str], Opt(help="figure names to draw (repeatable)")],
     describe: Annotated[Path | None, Opt(help="`manifest describe --json` out")] = None,
     calibration: Annotated[Path | None, Opt(help="calibration JSON")] = None,
-    kernel_bench: Annotated[Path | None, Opt(help="`adaptiveload kernel bench` CSV")] = None,
+    kernel_bench: KernelBench = None,
 ) -> None:
     """Draw the named figures as PNGs (names: see adaptiveload.analysis.figures.FIGURES)."""
     from tqdm import tqdm
@@ -114,7 +120,7 @@ def figures_cmd(
 def record_cmd(
     experiment: Annotated[str, Opt(help="MLflow experiment (the experiment's name)")],
     paper_table: Annotated[Path, Opt(help="paper_table.csv")],
-    stats: Annotated[Path, Opt(help="stats.csv")],
+    stats: Stats,
     out: Annotated[Path, Opt("--out", "-o", help="JSON naming the analysis run")],
     artifact: Annotated[list[Path] | None, Opt(help="file to attach (repeatable)")] = None,
 ) -> None:
