@@ -1,6 +1,8 @@
 import subprocess
 import sys
 
+from adaptiveload.cli import STAGES
+
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
@@ -13,4 +15,6 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
 def test_help_lists_stages():
     out = run_cli("--help")
     assert out.returncode == 0, out.stderr
-    assert "adaptiveload" in out.stdout or "Usage" in out.stdout
+    # first word of each help line, box-drawing stripped: the registered command names
+    listed = {line.strip("│ ").split(" ", 1)[0] for line in out.stdout.splitlines()}
+    assert set(STAGES) <= listed, out.stdout
