@@ -8,7 +8,6 @@ is still written, saying what is missing and why, so the pipeline's outputs are 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -346,7 +345,3 @@ def render(name: str, inputs: FigureInputs, path: Path) -> Path:
         fig.savefig(tmp, dpi=120, bbox_inches="tight", format="png")
     plt.close(fig)
     return path
-
-
-def load_json(path: Path | None) -> dict | None:
-    return json.loads(path.read_text()) if path is not None and path.exists() else None

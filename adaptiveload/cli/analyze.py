@@ -101,14 +101,16 @@ def figures_cmd(
     """Draw the named figures as PNGs (names: see adaptiveload.analysis.figures.FIGURES)."""
     from tqdm import tqdm
 
-    from adaptiveload.analysis.figures import FIGURES, FigureInputs, load_json, render
+    from adaptiveload.analysis.figures import FIGURES, FigureInputs, render
+    from adaptiveload.io import read_json
 
     unknown = sorted(set(figure) - set(FIGURES))
     if unknown:
         raise UserError(f"--figure: unknown {', '.join(unknown)}; known: {', '.join(FIGURES)}")
     inputs = FigureInputs(
         runs=_read(runs), steps=_read(steps), stats=_read(stats),
-        describe=load_json(describe), calibration=load_json(calibration),
+        describe=read_json(describe, "manifest description") if describe else None,
+        calibration=read_json(calibration, "calibration file") if calibration else None,
         kernel_bench=kernel_bench,
     )
     for name in tqdm(figure, desc="figures", unit="fig"):
