@@ -462,16 +462,17 @@ def prior(
     tokens = sorted({int(s) for s in np.geomspace(lo, max(hi, lo + 1), num_tokens)})
     num_params = count_parameters(build_on_meta(cfg))
     m_static, m_tok, m_seq = analytic.memory_terms(cfg, num_params, setup)
-    points = []
-    for s in tokens:
-        for b in PRIOR_BATCH_SIZES:
-            seconds = analytic.step_time(cfg, device, setup, b, s)
-            peak = m_static + b * (m_tok * s + m_seq)
-            points.append({"batch": b, "tokens": s, "time_s": seconds, "peak_bytes_model": peak})
+    points = [
+        {"batch": b, "tokens": s, "time_s": analytic.step_time(cfg, device, setup, b, s)}
+        for s in tokens
+        for b in PRIOR_BATCH_SIZES
+    ]
     B = np.array([p["batch"] for p in points])
     S = np.array([p["tokens"] for p in points])
     cost, stats = fit(B, S, np.array([p["time_s"] for p in points]))
     cost = replace(cost, m_static=m_static, m_tok=m_tok, m_seq=m_seq)
+    for p in points:
+        p["peak_bytes_model"] = float(cost.memory(p["batch"], p["tokens"]))
     capacity = device.capacity_bytes
     budgets = derive_budgets(cost, mix.tokens, capacity, headroom, ref_tokens, ref_batch)
     return _calibration(
