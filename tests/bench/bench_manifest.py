@@ -7,27 +7,26 @@ Writes the best and median of R repeats per (format, mode, grid), with device, d
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import statistics
 import tempfile
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pyarrow
+from stamp import stamp
 
-from adaptiveload import __version__
 from adaptiveload.data.bucketing import bucketize
 from adaptiveload.data.manifest import load_manifest, write_manifest
 from adaptiveload.data.mixtures import synthesize
 from adaptiveload.io import write_json
-from adaptiveload.provenance import cpu_model
 
 TARGET_S = 5.0
 CASES = (("aspect", "wan"), ("aspect", "tiny"), ("exact", "wan"))
+NOTE = (
+    "Shared development machine: 2 CPU cores used by ~6 engineers at once, so timings "
+    "are noisy upper bounds. Single process; times are wall clock (perf_counter)."
+)
 
 
 def time_once(path: Path, mode: str, grid: str) -> dict[str, float]:
@@ -84,25 +83,13 @@ def main() -> None:
                 print(results[-1], flush=True)
 
     report = {
-        "benchmark": "manifest load + validate + bucketize",
+        **stamp(
+            "manifest load + validate + bucketize", "measured", NOTE, pyarrow=pyarrow.__version__
+        ),
         "rows": args.rows,
         "mixture": args.mixture,
         "repeats": args.repeats,
         "target_s": TARGET_S,
-        "source": "measured",
-        "device": f"CPU: {cpu_model()} ({os.cpu_count()} cores visible)",
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "versions": {
-            "adaptiveload": __version__,
-            "python": platform.python_version(),
-            "numpy": np.__version__,
-            "pandas": pd.__version__,
-            "pyarrow": pyarrow.__version__,
-        },
-        "note": (
-            "Shared development machine: 2 CPU cores used by ~6 engineers at once, so timings "
-            "are noisy upper bounds. Single process; times are wall clock (perf_counter)."
-        ),
         "results": results,
     }
     write_json(args.out, report)

@@ -14,19 +14,17 @@ Run: .venv/bin/python tests/bench/bench_planning.py [--samples N] [--repeats R]
 from __future__ import annotations
 
 import argparse
-import platform
 import resource
 import statistics
 import time
 import tracemalloc
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
+from stamp import stamp
 
-from adaptiveload import __version__
 from adaptiveload.costmodel import Calibration
 from adaptiveload.data.bucketing import bucketize
 from adaptiveload.data.mixtures import synthesize
@@ -35,7 +33,6 @@ from adaptiveload.planning.plan import build_plan
 from adaptiveload.planning.policies import POLICIES, Budgets
 from adaptiveload.planning.sampler import PlanBatchSampler
 from adaptiveload.planning.simulate import simulate
-from adaptiveload.provenance import cpu_model
 
 CALIBRATION = Path("experiments/calibration/h200-wan2.1-t2v-1.3b.json")
 TARGET_S, TARGET_BYTES = 3.0, 2 * 1024**3
@@ -50,20 +47,7 @@ NOTE = (
 def header(benchmark: str, source: str) -> dict[str, Any]:
     import torch
 
-    return {
-        "benchmark": benchmark,
-        "source": source,
-        "device": f"CPU: {cpu_model()}",
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "versions": {
-            "adaptiveload": __version__,
-            "python": platform.python_version(),
-            "numpy": np.__version__,
-            "pandas": pd.__version__,
-            "torch": torch.__version__,
-        },
-        "note": NOTE,
-    }
+    return stamp(benchmark, source, NOTE, torch=torch.__version__)
 
 
 def fallback_budgets() -> Budgets:
