@@ -32,10 +32,11 @@ from adaptiveload.io import write_json
 from adaptiveload.planning.plan import build_plan
 from adaptiveload.planning.policies import POLICIES, Budgets
 from adaptiveload.planning.sampler import PlanBatchSampler
-from adaptiveload.planning.simulate import simulate
+from adaptiveload.planning.simulate import DEFAULT_ALLREDUCE_GBPS, simulate
 
 CALIBRATION = Path("experiments/calibration/h200-wan2.1-t2v-1.3b.json")
 TARGET_S, TARGET_BYTES = 3.0, 2 * 1024**3
+SPEED_N, BALANCE_N = 1024, 16  # world sizes of part 1 and part 2
 NOTE = (
     "Shared development machine: 2 CPU cores used by ~6 engineers at once, so timings are "
     "noisy upper bounds. Single process; wall clock (perf_counter). Peak memory: tracemalloc "
@@ -60,11 +61,11 @@ def bench_speed(
 ) -> dict[str, Any]:
     bucketed = bucketize(synthesize("paper-mixed", samples, seed=0), grid="wan")
     budgets = Budgets.resolve(calibration=cal) if cal else fallback_budgets()
-    out = header("build_plan: 1M samples, N=1024", "measured")
+    out = header(f"build_plan: {samples:,} samples, N={SPEED_N}", "measured")
     out.update(
         samples=samples,
         bucketed=len(bucketed.samples),
-        world_size=1024,
+        world_size=SPEED_N,
         budgets=budgets.as_dict(),
         budgets_from=str(cal_path) if cal else "fallback",
         target_s=TARGET_S,
@@ -75,7 +76,7 @@ def bench_speed(
         cost = cal if (cal and POLICIES[policy].balanced) else None
 
         def run(policy=policy, cost=cost):
-            return build_plan(bucketed, policy, budgets, 1024, seed=0, cost_model=cost)
+            return build_plan(bucketed, policy, budgets, SPEED_N, seed=0, cost_model=cost)
 
         times = []
         for _ in range(repeats):
@@ -92,7 +93,7 @@ def bench_speed(
         sim_s = None
         if cal:
             t0 = time.perf_counter()
-            simulate(plan.table, cal, world_size=1024)
+            simulate(plan.table, cal, world_size=SPEED_N)
             sim_s = time.perf_counter() - t0
         row = {
             "policy": policy,
@@ -138,11 +139,11 @@ def bench_balance(
         mixture="paper-mixed",
         samples=samples,
         seeds=seeds,
-        world_size=16,
+        world_size=BALANCE_N,
         bucketing="aspect",
         grid="wan",
         budgets=Budgets.resolve(calibration=cal).as_dict(),
-        allreduce_gbps=100.0,
+        allreduce_gbps=DEFAULT_ALLREDUCE_GBPS,  # what simulate() assumes below
         metric="imbalance_rate = mean over steps of (max_r t - min_r t) / max_r t (DESIGN.md)",
     )
     budgets = Budgets.resolve(calibration=cal)
@@ -153,8 +154,8 @@ def bench_balance(
     for seed in seeds:
         bucketed = bucketize(synthesize("paper-mixed", samples, seed=seed), grid="wan")
         for policy in POLICIES:
-            plan = build_plan(bucketed, policy, budgets, 16, seed, cost_model=cal)
-            per_seed[policy].append(predicted(plan.table, cal, 16))
+            plan = build_plan(bucketed, policy, budgets, BALANCE_N, seed, cost_model=cal)
+            per_seed[policy].append(predicted(plan.table, cal, BALANCE_N))
             t0 = time.perf_counter()
             for n in (8, 16, 32, 64, 128, 256, 512, 1024):
                 table = build_plan(bucketed, policy, budgets, n, seed, cost_model=cal).table
@@ -164,9 +165,12 @@ def bench_balance(
             t_sweep += time.perf_counter() - t0
         for w in (1, 8, 32, 128, 512, None):
             plan = build_plan(
-                bucketed, "adaptiveload-balanced", budgets, 16, seed, cost_model=cal, window_steps=w
+                bucketed, "adaptiveload-balanced", budgets, BALANCE_N, seed,
+                cost_model=cal, window_steps=w,
+            )  # fmt: skip
+            windows.setdefault(str(w), []).append(
+                predicted(plan.table, cal, BALANCE_N)["imbalance_rate"]
             )
-            windows.setdefault(str(w), []).append(predicted(plan.table, cal, 16)["imbalance_rate"])
     out["policies"] = {
         p: {k: float(np.mean([r[k] for r in rows])) for k in rows[0]} | {"per_seed": rows}
         for p, rows in per_seed.items()
