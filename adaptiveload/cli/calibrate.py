@@ -108,6 +108,9 @@ def calibrate_cmd(
     grid_name = grid or data.get("grid") or ("wan" if model_name in RELEASED else "tiny")
     mode = bucketing or data.get("bucketing", "aspect")
     max_frames = data.get("max_frames", 81)
+    if manifest is None and mixture is None:  # no flag: the experiment's data, if any
+        manifest, mixture = data.get("manifest") or None, data.get("mixture") or None
+        num_samples = data.get("num_samples", num_samples)
     mix = None
     if manifest is not None:
         mix = calibration.manifest_token_mix(manifest, mode, grid_name, max_frames)
@@ -115,11 +118,6 @@ def calibrate_cmd(
         mix = calibration.mixture_token_mix(
             mixture, num_samples, seed, mode, grid_name, max_frames
         )
-    elif data.get("manifest"):
-        mix = calibration.manifest_token_mix(data["manifest"], mode, grid_name, max_frames)
-    elif data.get("mixture"):
-        n = data.get("num_samples", num_samples)
-        mix = calibration.mixture_token_mix(data["mixture"], n, seed, mode, grid_name, max_frames)
 
     head = _pick(headroom, cal_section, "headroom", 0.1)
     if prior is not None:
