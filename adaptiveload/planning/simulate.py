@@ -165,13 +165,14 @@ def _metrics(
     if window.shape[0] == 0:
         return {"steps": 0}
     cells = slice(keep.start * n, steps * n)
+    wall_s = float(step_time[keep].sum())
     out: dict[str, Any] = metrics.summarize(
         window,
         samples=float(batch[cells].sum()),
         tokens=float((batch * s_tok)[cells].sum()),
-        wall_s=float(step_time[keep].sum()),
+        wall_s=wall_s,
     ).as_dict()
-    out["wall_s"] = float(step_time[keep].sum())
+    out["wall_s"] = wall_s
     if capacity_bytes:
         peak = peak_model.reshape(steps, n)[keep]
         peak = np.where(np.isnan(peak), 0.0, peak)
