@@ -24,6 +24,7 @@ import seaborn as sns
 
 from adaptiveload.analysis.aggregate import per_step
 from adaptiveload.analysis.tables import kernel_measurements
+from adaptiveload.costmodel import CostModel
 
 POLICY_ORDER = ["equal-token", "adaptiveload", "adaptiveload-balanced"]
 PALETTE = dict(zip(POLICY_ORDER, sns.color_palette("colorblind", 3), strict=True))
@@ -200,9 +201,8 @@ def calibration_fit(inp: FigureInputs) -> plt.Figure:
     if points.empty or not needed <= set(points.columns):
         return _placeholder("Calibration fit", "the calibration has no measured points "
                             f"({cal.get('source', 'no calibration')})")
-    cost = cal["cost"]
-    s = points["tokens"].to_numpy(float)
-    pred = cost["c0"] + points["batch"] * (cost["a"] * s + cost["b"] * s * s)
+    cost = CostModel(**cal["cost"])
+    pred = pd.Series(cost.step_time(points["batch"], points["tokens"]), index=points.index)
     fit = cal.get("fit") or {}
     if "r2" in fit:  # the calibration's own goodness of fit (its fitting objective)
         r2 = fit["r2"]
@@ -217,7 +217,7 @@ def calibration_fit(inp: FigureInputs) -> plt.Figure:
            max(pred.max(), points["time_s"].max()) * 1.2]
     ax.plot(lim, lim, "k--", lw=0.8, label="y = x")
     ax.set(xscale="log", yscale="log", xlim=lim, ylim=lim,
-           xlabel="fitted t(B,S) = c0 + B(aS + bS²) (s)", ylabel="measured step time (s)")
+           xlabel="fitted t(B,S) = c0 + B(c_seq + aS + bS²) (s)", ylabel="measured step time (s)")
     ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.legend(title="batch B / tokens S", fontsize=7)
