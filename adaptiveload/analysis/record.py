@@ -14,8 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from adaptiveload.tracking.run import _artifacts
-from adaptiveload.tracking.store import configure_environment, tracking_uri
+from adaptiveload.tracking.store import artifact_location, configure_environment, tracking_uri
 
 KIND_TAG = "adaptiveload.kind"
 MAX_METRICS_PER_CALL = 1000
@@ -62,7 +61,7 @@ def log_analysis(
     client = MlflowClient(tracking_uri=uri)
     exp = client.get_experiment_by_name(experiment)
     exp_id = (exp.experiment_id if exp is not None
-              else client.create_experiment(experiment, artifact_location=_artifacts(uri)))
+              else client.create_experiment(experiment, artifact_location=artifact_location(uri)))
     for old in client.search_runs([exp_id], filter_string=f"tags.`{KIND_TAG}` = 'analysis'"):
         client.delete_run(old.info.run_id)
     run = client.create_run(exp_id, run_name="analysis", tags={KIND_TAG: "analysis"})

@@ -19,7 +19,7 @@ from typing import Any
 
 from adaptiveload.errors import UserError
 from adaptiveload.tracking.spool import Spool
-from adaptiveload.tracking.store import _client
+from adaptiveload.tracking.store import _client, artifact_location
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,8 @@ class RunTracker:
         if run_id is None:
             exp = client.get_experiment_by_name(experiment)
             if exp is None:
-                exp_id = client.create_experiment(experiment, artifact_location=_artifacts(uri))
+                artifacts = artifact_location(uri)
+                exp_id = client.create_experiment(experiment, artifact_location=artifacts)
             else:
                 exp_id = exp.experiment_id
             run_id = client.create_run(exp_id, run_name=run_name, tags=dict(tags)).info.run_id
@@ -218,13 +219,6 @@ class RunTracker:
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
-
-
-def _artifacts(uri: str) -> str | None:
-    """Artifacts of a sqlite store live beside the db file, not in the working directory."""
-    if uri.startswith("sqlite:///"):
-        return (Path(uri.removeprefix("sqlite:///")).parent / "mlartifacts").resolve().as_uri()
-    return None  # a server decides (proxied artifacts)
 
 
 def sync(spool_path: str | Path, uri: str | None = None) -> int:

@@ -46,6 +46,14 @@ def _client(uri: str):
     return MlflowClient(tracking_uri=uri)
 
 
+def artifact_location(uri: str) -> str | None:
+    """Where a new experiment keeps artifacts: beside a sqlite db file, not in the working
+    directory; None lets a server decide (proxied artifacts)."""
+    if uri.startswith("sqlite:///"):
+        return (Path(uri.removeprefix("sqlite:///")).parent / "mlartifacts").resolve().as_uri()
+    return None
+
+
 def init_store(uri: str | None = None) -> str:
     """Create the store (sqlite schema, default experiment) if missing; return its URI."""
     uri = uri or tracking_uri()
