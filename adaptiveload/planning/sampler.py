@@ -112,9 +112,8 @@ class PlanBatchSampler(Sampler[list[int]]):
 
         bucketed = bucketize(manifest, mode=bucketing, grid=grid, max_frames=max_frames)
         builder = PlanBuilder(
-            bucketed.samples.reset_index(drop=True), policy, budgets, world_size, seed,
-            cost_model=cost_model, window_steps=window_steps,
-            num_excluded=int(bucketed.num_excluded),
+            bucketed.samples, policy, budgets, world_size, seed,
+            cost_model=cost_model, window_steps=window_steps, num_excluded=bucketed.num_excluded,
         )  # fmt: skip
         return cls(builder, rank)
 
