@@ -84,3 +84,23 @@ def _empty_steps():
             "compute_s", "samples", "tokens", "step_time_s", "peak_bytes", "peak_bytes_model",
             "capacity_bytes", "timed"]
     return pd.DataFrame(columns=cols).astype({"timed": bool})
+
+
+def test_calibration_fit_plots_the_cost_models_prediction():
+    """Points timed exactly as the full cost model says (c_seq > 0) lie on the y = x line."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from adaptiveload.analysis.figures import calibration_fit
+
+    c0, a, b, c_seq = 0.01, 1e-4, 1e-8, 0.05
+    points = [{"batch": n, "tokens": s, "time_s": c0 + n * (c_seq + a * s + b * s * s)}
+              for n in (1, 2, 4) for s in (100, 1000, 4000)]
+    points.append({"batch": 1, "tokens": 50, "time_s": None})  # a grid point that did not run
+    cal = {"model": "m", "device": "d", "source": "measured", "p": 1.2, "points": points,
+           "cost": {"c0": c0, "a": a, "b": b, "c_seq": c_seq}}
+    fig = calibration_fit(SimpleNamespace(calibration=cal))
+    xy = fig.axes[0].collections[0].get_offsets()
+    assert len(xy) == 9
+    np.testing.assert_allclose(xy[:, 0], xy[:, 1], rtol=1e-9)
