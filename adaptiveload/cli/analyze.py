@@ -28,7 +28,8 @@ def _read(path: Path):
     import pandas as pd
 
     if not path.exists():
-        raise UserError(f"{path}: not found; run `adaptiveload analyze aggregate` first")
+        raise UserError(f"{path}: not found; run the `adaptiveload analyze` step that writes it "
+                        "(aggregate, stats, tables) first")
     return pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
 
 
