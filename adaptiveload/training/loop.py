@@ -22,7 +22,7 @@ import math
 import sys
 from collections.abc import Mapping
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -65,8 +65,6 @@ class TrainData:
 @dataclass
 class TrainResult:
     steps: pd.DataFrame  # one row per (step, rank), STEP_COLUMNS
-    timed: dict[str, float] = field(default_factory=dict)  # metrics over steps >= warmup
-    resumed_from: int | None = None  # completed steps of the checkpoint resumed, if any
 
 
 def build_model(cfg: TrainConfig, device: torch.device) -> WanModel:
@@ -123,7 +121,6 @@ class Trainer:
         self.samplers = {r: PlanBatchSampler(data.builder, r) for r in self.ranks.local}
         self.rows: list[dict[str, Any]] = []
         self.start_step = 0
-        self.resumed_from: int | None = None
         if resume is not None:
             self._restore(resume)
         self._iters = {r: iter(s) for r, s in self.samplers.items()}
@@ -145,7 +142,7 @@ class Trainer:
             sampler.load_state_dict(state["samplers"][r])
         checkpoint.set_rng_state(state["rng"])
         self.rows = list(state["rows"])
-        self.start_step = self.resumed_from = int(state["step"])
+        self.start_step = int(state["step"])
 
     def _save(self, done: int) -> None:
         model_sd, optim_sd = dd.full_state(self.model, self.optimizer)
@@ -339,7 +336,7 @@ class Trainer:
         table = pd.DataFrame(self.rows, columns=list(STEP_COLUMNS))
         for col in ("peak_bytes", "peak_bytes_model", "loss"):
             table[col] = table[col].astype("Float64")
-        return TrainResult(steps=table, resumed_from=self.resumed_from)
+        return TrainResult(steps=table)
 
     def close(self) -> None:
         dd.teardown(self.ranks)
