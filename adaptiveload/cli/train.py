@@ -42,23 +42,17 @@ def train(
         bool,
         typer.Option("--no-checkpoint", help="write no checkpoints (no resume); short runs"),
     ] = False,
-    init_store_only: Annotated[
-        bool, typer.Option("--init-store-only", help="create the tracking store and exit")
-    ] = False,
 ) -> None:
     """Train Wan 2.1 on a policy's plan, measuring every rank's step; resumes if interrupted.
 
     Under `torchrun --nproc-per-node N -m adaptiveload train ...` each process is one rank
     (DDP; gloo on CPU, NCCL on CUDA); otherwise one process emulates the ranks in turn.
     """
-    from adaptiveload.tracking.store import configure_environment, init_store
-
-    configure_environment()
-    if init_store_only:
-        typer.echo(f"tracking store ready: {init_store()}", err=True)
-        return
     from adaptiveload.tracking.session import Request
     from adaptiveload.tracking.session import train as run
+    from adaptiveload.tracking.store import configure_environment
+
+    configure_environment()
 
     summary = run(
         Request(
