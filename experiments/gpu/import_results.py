@@ -25,7 +25,6 @@ import argparse
 import csv
 import datetime as dt
 import hashlib
-import json
 import shutil
 import sys
 import tarfile
@@ -37,7 +36,7 @@ import summarize  # experiments/gpu, beside this script
 
 from adaptiveload.costmodel import Calibration
 from adaptiveload.errors import UserError
-from adaptiveload.io import write_json
+from adaptiveload.io import read_json, write_json
 
 MAX_LOG_BYTES = 256 * 1024
 MODEL = "wan2.1-t2v-1.3b"
@@ -50,15 +49,6 @@ def _root(tree: Path) -> Path:
     if not found:
         raise UserError(f"{tree}: no steps.tsv: not the output of experiments/gpu/h200.sh")
     return found[0].parent
-
-
-def _load_json(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise UserError(f"{path}: missing") from None
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{path}: not valid JSON ({exc})") from None
 
 
 def _env_txt(root: Path) -> dict[str, str]:
@@ -75,7 +65,7 @@ def _env_txt(root: Path) -> dict[str, str]:
 
 def validate(root: Path, dry: bool) -> dict[str, Any]:
     """Everything the import relies on; returns what provenance.json needs."""
-    env = _load_json(root / "env.json")
+    env = read_json(root / "env.json")
     device = str(env.get("device"))
     if not dry and "H200" not in device:
         raise UserError(f"{root / 'env.json'}: device {device!r} is not an H200")
@@ -97,7 +87,7 @@ def validate(root: Path, dry: bool) -> dict[str, Any]:
         raise UserError(f"{cal_files[0]}: expected {MODEL} with measured memory")
     runs = []
     for summary_path in sorted((root / "train").glob("*/summary.json")):
-        s = _load_json(summary_path)
+        s = read_json(summary_path)
         bad = {k: s.get(k) for k, want in (("source", "measured"), ("launch_mode", "emulated"),
                                            ("world_size", 16)) if s.get(k) != want}  # fmt: skip
         if bad:
@@ -157,7 +147,7 @@ def import_run(
             skip = shutil.ignore_patterns("provenance.json", "run_index.json")
             shutil.copytree(dest, tree, ignore=skip)
             if (dest / "provenance.json").is_file():
-                previous = _load_json(dest / "provenance.json")
+                previous = read_json(dest / "provenance.json")
         skipped = _copy_tree(root, tree)
         if previous is not None or merge:
             summarize.main(tree)  # the summary of the merged whole, not of the rerun alone
