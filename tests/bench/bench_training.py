@@ -15,21 +15,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 import mlflow
 import torch
+from stamp import stamp
 
-from adaptiveload import __version__
 from adaptiveload.config import load
 from adaptiveload.io import write_json
-from adaptiveload.provenance import cpu_model
 
 TARGET_S = 600.0
 KEEP = ("imbalance_rate", "idle_fraction", "max_over_mean", "samples_per_s", "tokens_per_s",
@@ -83,8 +80,13 @@ def main() -> None:
             for k in ("imbalance_rate", "idle_fraction", "samples_per_s", "tokens_per_s",
                       "sim_rel_err_median", "sim_rel_err_p90")
         }  # fmt: skip
+    note = ("Shared 2-core machine (other engineers' jobs ran concurrently): wall times and "
+            "per-rank compute times include that contention. Means per policy are over seeds; "
+            "sim_rel_err compares planning.simulate's predicted per-(step, rank) compute time "
+            "with the measured one over steps >= warmup_steps.")
     result = {
-        "benchmark": "training of the default CPU experiment (policies x seeds, emulated ranks)",
+        **stamp("training of the default CPU experiment (policies x seeds, emulated ranks)",
+                "measured", note, torch=torch.__version__, mlflow=mlflow.__version__),
         "config": args.config,
         "model": exp["model"]["config"],
         "world_size": world,
@@ -95,22 +97,12 @@ def main() -> None:
         "target_s": TARGET_S,
         "meets_target": total <= TARGET_S,
         "calibrate_s": calibrate_s,
-        "source": "measured",
-        "device": f"cpu:{cpu_model()}",
-        "cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         # PASSIVE stops idle OpenMP threads spinning: on an oversubscribed CPU that spinning
         # slows torch several-fold (measured: 3 concurrent runs 167 s ACTIVE vs 24 s PASSIVE)
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "unset (runtime default)"),
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "versions": {"adaptiveload": __version__, "torch": torch.__version__,
-                     "mlflow": mlflow.__version__, "python": platform.python_version()},
         "load_average_before": load_before,
         "load_average_after": os.getloadavg(),
-        "note": "Shared 2-core machine (other engineers' jobs ran concurrently): wall times "
-                "and per-rank compute times include that contention. Means per policy are "
-                "over seeds; sim_rel_err compares planning.simulate's predicted per-(step, "
-                "rank) compute time with the measured one over steps >= warmup_steps.",
         "mean_by_policy": by_policy,
         "runs": runs,
     }  # fmt: skip
