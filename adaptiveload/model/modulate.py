@@ -5,8 +5,9 @@ three through `ln_modulate` makes the implementation a runtime switch, so fused 
 experiment axis rather than a code fork:
 
 - "eager": Wan 2.1's exact op sequence (`adaptiveload.ops.ln_modulate.wan_eager`);
-- "fused": the CUDA kernel (`adaptiveload.ops.ln_modulate.ln_modulate`), imported lazily so
-  the model works where the kernel was never built.
+- "fused": the custom op `adaptiveload.ops.ln_modulate.ln_modulate`: the CUDA kernel on CUDA
+  tensors when the library is built, its fp32 reference math otherwise (so the switch works
+  everywhere; `adaptiveload kernel status` says which runs).
 """
 
 from __future__ import annotations
@@ -17,24 +18,18 @@ import torch
 
 from adaptiveload.ops import ln_modulate as ops
 
-IMPLS = ("eager", "fused")
-
 LnModulateFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]
+
+_FNS: dict[str, LnModulateFn] = {"eager": ops.wan_eager, "fused": ops.ln_modulate}
+IMPLS = tuple(_FNS)
 
 
 def resolve(impl: str) -> LnModulateFn:
-    """The function behind `impl`; a clear error if it is unknown or the kernel is unavailable."""
-    if impl == "eager":
-        return ops.wan_eager
-    if impl == "fused":
-        fused = getattr(ops, "ln_modulate", None)
-        if fused is None:
-            raise RuntimeError(
-                "ln_modulate_impl='fused' requested but adaptiveload.ops.ln_modulate.ln_modulate "
-                "is not available; build the kernel (`adaptiveload kernel build`) or use 'eager'"
-            )
-        return fused
-    raise ValueError(f"unknown ln_modulate_impl '{impl}'; expected one of {IMPLS}")
+    """The function behind `impl`; ValueError naming the choices if it is unknown."""
+    try:
+        return _FNS[impl]
+    except KeyError:
+        raise ValueError(f"unknown ln_modulate_impl '{impl}'; expected one of {IMPLS}") from None
 
 
 def ln_modulate(
