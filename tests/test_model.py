@@ -113,11 +113,7 @@ def test_ln_modulate_switch():
     x, t, context = _inputs(cfg)
     with torch.no_grad():
         eager = model(x, t, context)
-    try:
-        model.set_ln_modulate_impl("fused")
-    except RuntimeError as exc:  # kernel not built / not importable here
-        assert "fused" in str(exc) and model.ln_modulate_impl == "eager"
-        return
+    model.set_ln_modulate_impl("fused")  # the fused op: reference math where not built / CPU
     assert all(site.impl == "fused" for site in sites)
     with torch.no_grad():
         torch.testing.assert_close(model(x, t, context), eager, rtol=1e-4, atol=1e-5)
