@@ -8,16 +8,20 @@ MLflow's trash), so the experiment shows one current analysis.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from adaptiveload.tracking.store import artifact_location, configure_environment, tracking_uri
+from adaptiveload.tracking.store import (
+    artifact_location,
+    chunked,
+    configure_environment,
+    tracking_uri,
+)
 
 KIND_TAG = "adaptiveload.kind"
-MAX_METRICS_PER_CALL = 1000
 
 
 def _key(*parts: str) -> str:
@@ -38,11 +42,6 @@ def metrics_of(paper: pd.DataFrame, stats: pd.DataFrame) -> dict[str, float]:
         out[_key(*stem, "estimate")] = row["estimate"]
         out[_key(*stem, "p_value")] = row["p_value"]
     return {k: float(v) for k, v in out.items() if v is not None and np.isfinite(v)}
-
-
-def _chunks(items: list, size: int) -> Iterable[list]:
-    for i in range(0, len(items), size):
-        yield items[i : i + size]
 
 
 def log_analysis(
@@ -68,7 +67,7 @@ def log_analysis(
     run_id = run.info.run_id
     ts = int(pd.Timestamp.now().timestamp() * 1000)
     metrics = [Metric(k, v, ts, 0) for k, v in sorted(metrics_of(paper, stats).items())]
-    for chunk in _chunks(metrics, MAX_METRICS_PER_CALL):
+    for chunk in chunked(metrics):
         client.log_batch(run_id, metrics=chunk, synchronous=True)
     for path in artifacts:
         folder = "figures" if path.suffix == ".png" else "tables"

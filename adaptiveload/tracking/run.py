@@ -19,18 +19,17 @@ from typing import Any
 
 from adaptiveload.errors import UserError
 from adaptiveload.tracking.spool import Spool
-from adaptiveload.tracking.store import _client, artifact_location
+from adaptiveload.tracking.store import (
+    MAX_METRICS_PER_CALL,
+    _client,
+    artifact_location,
+    chunked,
+)
 
 log = logging.getLogger(__name__)
 
-MAX_METRICS_PER_CALL = 1000  # MLflow's log_batch limit
 MAX_PARAMS_PER_CALL = 100
 STEP_KEY = "loss"  # logged at every step: its history says which steps the store holds
-
-
-def _chunks(items: list[Any], size: int) -> Iterable[list[Any]]:
-    for i in range(0, len(items), size):
-        yield items[i : i + size]
 
 
 def _flatten(prefix: str, value: Any) -> Iterable[tuple[str, str]]:
@@ -89,7 +88,7 @@ class RunTracker:
             from mlflow.entities import Param
 
             flat = [Param(k, v) for k, v in _flatten("", params)]
-            for chunk in _chunks(flat, MAX_PARAMS_PER_CALL):
+            for chunk in chunked(flat, MAX_PARAMS_PER_CALL):
                 client.log_batch(run_id, params=chunk, synchronous=True)
         else:
             client.update_run(run_id, status="RUNNING")
@@ -213,7 +212,7 @@ class RunTracker:
             for key, value in metrics.items()
             if value is not None
         ]
-        for chunk in _chunks(batch, MAX_METRICS_PER_CALL):
+        for chunk in chunked(batch, MAX_METRICS_PER_CALL):
             self.client.log_batch(self.run_id, metrics=chunk, synchronous=True)
 
 

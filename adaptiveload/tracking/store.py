@@ -9,6 +9,7 @@ pipeline runs `adaptiveload tracking init` as its own job first.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 from adaptiveload.errors import UserError
@@ -23,6 +24,15 @@ _FAST_HTTP = {
     "MLFLOW_ENABLE_TELEMETRY": "false",
     "DO_NOT_TRACK": "1",
 }
+
+
+MAX_METRICS_PER_CALL = 1000  # MLflow's log_batch limit
+
+
+def chunked(items: list, size: int = MAX_METRICS_PER_CALL) -> Iterable[list]:
+    """Consecutive slices of at most `size` items: one log_batch call each."""
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
 
 
 def configure_environment() -> None:
