@@ -32,7 +32,7 @@ def test_tiny_cpu_calibration_on_a_2x2_grid_writes_a_valid_file(tmp_path):
     out = tmp_path / "cal.json"
     proc = run_cli(
         "calibrate", "--model", "wan2.1-tiny", "--device", "cpu", "--batch-sizes", "1,2",
-        "--tokens", "16,256", "--repeats", "1", "--threads", "1", "--capacity-gb", "0.5",
+        "--tokens", "16,1024", "--repeats", "1", "--threads", "1", "--capacity-gb", "0.5",
         "--mixture", "tiny-cpu", "--num-samples", "300", "--quiet", "-o", str(out),
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
