@@ -133,3 +133,56 @@ def test_validate_ignores_the_input_index():
     )
     df = validate_manifest(raw, origin="frame")
     assert df["sample_id"].tolist() == ["a", "b"] and df["width"].tolist() == [64, 80]
+
+
+def _mixed_optional_cells(n: int) -> pd.DataFrame:
+    """n rows where each optional column is empty in a different, interleaved pattern."""
+    rng = np.random.default_rng(0)
+    image = rng.random(n) < 0.3
+    return pd.DataFrame(
+        {
+            "sample_id": [f"s{i:06d}" for i in range(n)],
+            "num_frames": np.where(image, 1, rng.integers(17, 122, n)),
+            "height": rng.choice([480, 720, 1080], n),
+            "width": rng.choice([832, 1280, 1920], n),
+            "fps": np.where(image, np.nan, rng.choice([16.0, 24.0, 30.0], n)),
+            "path": np.where(rng.random(n) < 0.5, None, [f"v/{i}.mp4" for i in range(n)]),
+            "caption": np.where(rng.random(n) < 0.2, None, "a caption, with a comma"),
+            "latent_path": np.where(rng.random(n) < 0.9, None, "lat.safetensors"),
+        }
+    )
+
+
+@pytest.mark.parametrize("suffix", ["csv", "parquet"])
+def test_many_rows_with_empty_optional_cells_load(tmp_path, suffix):
+    """Images leave fps empty; paths and captions come and go: all of it is a valid manifest.
+
+    The first rows are complete, so a reader that infers integer fps from them and then
+    meets an empty cell (pandas' pyarrow engine with `dtype=`) would fail here.
+    """
+    frame = _mixed_optional_cells(5000).sort_values("fps", na_position="last")
+    frame.loc[frame.index[:10], "fps"] = 24.0  # a run of whole numbers before the first gap
+    path = tmp_path / f"m.{suffix}"
+    if suffix == "csv":  # integer fps as users write it ("16", not "16.0"), empty for images
+        frame.astype({"fps": "Int64"}).to_csv(path, index=False)
+    else:
+        frame.to_parquet(path)
+    df = load_manifest(path)
+    assert len(df) == 5000
+    assert df["fps"].isna().sum() == frame["fps"].isna().sum() > 0
+    assert df["path"].isna().sum() == frame["path"].isna().sum() > 0
+    assert df["caption"].isna().sum() == frame["caption"].isna().sum() > 0
+    assert df["num_frames"].dtype == np.int64
+    assert df.loc[df["num_frames"] == 1, "fps"].isna().all()
+    present = df["path"].notna()
+    assert df.loc[present, "path"].str.startswith(str(tmp_path.resolve())).all()
+
+
+def test_empty_required_cell_is_named_by_line_after_valid_rows(tmp_path):
+    rows = "".join(f"s{i},81,480,832,16\n" for i in range(50))
+    body = "sample_id,num_frames,height,width,fps\n" + rows + "bad,81,,832,\n" + rows.replace(
+        "s", "t"
+    )
+    msg = _error(_csv(tmp_path, body))
+    assert "column 'height': 1 bad row, at line 52 (empty)" in msg, msg
+    assert "the cell is empty" in msg and "'fps'" not in msg, msg

@@ -53,7 +53,13 @@ def main() -> None:
         path="videos/" + frame["sample_id"] + ".mp4",
         caption="a synthetic caption of about sixty characters, as T5 prompts are",
     )
-    variants = [("ids+sizes", frame, CASES), ("with paths+captions", with_text, CASES[:1])]
+    # as users write it: whole-number fps, an empty cell for every image
+    empty_cells = frame.assign(fps=frame["fps"].round().astype("Int64"))
+    variants = [
+        ("ids+sizes", frame, CASES),
+        ("with paths+captions", with_text, CASES[:1]),
+        ("integer fps, empty for images", empty_cells, CASES[:1]),
+    ]
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for (columns, data, cases), suffix in (
