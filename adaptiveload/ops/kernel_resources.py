@@ -73,7 +73,12 @@ def _cxx() -> str | None:
 def _nvcc_flags(sm: str) -> list[str]:
     from torch.utils.cpp_extension import COMMON_NVCC_FLAGS  # what the library build adds
 
-    return [*COMMON_NVCC_FLAGS, *NVCC_FLAGS, "-std=c++17", f"-gencode=arch=compute_{sm},code=sm_{sm}"]
+    return [
+        *COMMON_NVCC_FLAGS,
+        *NVCC_FLAGS,
+        "-std=c++17",
+        f"-gencode=arch=compute_{sm},code=sm_{sm}",
+    ]
 
 
 def _key(sm: str, extra: str) -> str:
@@ -91,6 +96,7 @@ _ENTRY = re.compile(r"Compiling entry function '([^']+)'")
 _FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _USED = re.compile(r"Used (\d+) registers")
 _SMEM = re.compile(r"(\d+) bytes smem")
+_INSTANCE = re.compile(r"(\w+<[^()]*>)\(")  # template arguments hold no parentheses
 
 
 def parse_ptxas(text: str) -> list[dict[str, Any]]:
@@ -112,9 +118,8 @@ def parse_ptxas(text: str) -> list[dict[str, Any]]:
 
 def short_name(demangled: str) -> str:
     """`void ns::(anonymous namespace)::k<float, 2>(ns::P)` -> `k<float, 2>`."""
-    head = demangled.split("(adaptiveload::")[0].split("(float const*")[0]
-    head = head[: head.rindex(">") + 1] if ">" in head else head
-    return head.rsplit("::", 1)[-1]
+    m = _INSTANCE.search(demangled)
+    return m.group(1) if m else demangled
 
 
 def _demangle(names: list[str]) -> list[str]:
@@ -128,7 +133,8 @@ def _compile_one(source: Path, flags: list[str], workdir: Path) -> str:
     assert nvcc is not None
     obj = workdir / f"{source.stem}.o"
     proc = subprocess.run(
-        [str(nvcc), *flags, "-Xptxas", "-v", "-I", str(KERNEL_DIR), "-c", str(source), "-o", str(obj)],
+        [str(nvcc), *flags, "-Xptxas", "-v", "-I", str(KERNEL_DIR), "-c", str(source),
+         "-o", str(obj)],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     if proc.returncode != 0:
@@ -153,9 +159,14 @@ def ptxas_report(sm: str = DEFAULT_SM, cache_dir: Path = CACHE_DIR) -> list[Inst
     entries = [e for log in logs for e in parse_ptxas(log)]
     names = _demangle([e["mangled"] for e in entries])
     instances = [
-        Instance(name=short_name(n), registers=e["registers"], static_smem=e["static_smem"],
-                 stack_frame=e["stack_frame"], spill_stores=e["spill_stores"],
-                 spill_loads=e["spill_loads"])  # fmt: skip
+        Instance(
+            name=short_name(n),
+            registers=e["registers"],
+            static_smem=e["static_smem"],
+            stack_frame=e["stack_frame"],
+            spill_stores=e["spill_stores"],
+            spill_loads=e["spill_loads"],
+        )
         for e, n in zip(entries, names, strict=True)
     ]
     cache.write_text(json.dumps([asdict(i) for i in instances], indent=1))
@@ -220,7 +231,9 @@ def check(
             problems.append(f"{where}: {inst.registers} registers x threads = {regs} > "
                             f"{limits['kRegistersPerCta']}")  # fmt: skip
         if inst.registers > row["max_registers"]:
-            problems.append(f"{where}: {inst.registers} registers > its bound {row['max_registers']}")
+            problems.append(
+                f"{where}: {inst.registers} registers > its bound {row['max_registers']}"
+            )
         if row["op"] != "bwd_finalize" and row["threads"] > limits["kMaxThreads"]:
             problems.append(f"{where}: more threads than __launch_bounds__ {limits['kMaxThreads']}")
         smem = inst.static_smem + row["dynamic_smem"]
@@ -231,7 +244,9 @@ def check(
                                 f"B static smem exceeds the opt-in of {cap} B")  # fmt: skip
         elif smem > limits["kSmemDefault"]:
             problems.append(f"{where}: {smem} B smem > {limits['kSmemDefault']} B without opt-in")
-    problems += [f"{n}: compiled but never dispatched (unchecked)" for n in by_name if n not in used]
+    problems += [
+        f"{n}: compiled but never dispatched (unchecked)" for n in by_name if n not in used
+    ]
     return problems
 
 
@@ -253,7 +268,9 @@ def launch_table(
     return rows
 
 
-def report(sm: str = DEFAULT_SM, dims: tuple[int, ...] = (1152, 1536, 2048, 3072, 4096, 5120)) -> tuple[str, list[str]]:
+def report(
+    sm: str = DEFAULT_SM, dims: tuple[int, ...] = (1152, 1536, 2048, 3072, 4096, 5120)
+) -> tuple[str, list[str]]:
     """(text report, problems) for the CLI and the GPU check script."""
     instances = ptxas_report(sm)
     limits, launches = dispatch_table()
