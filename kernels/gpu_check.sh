@@ -11,17 +11,19 @@
 # cut window still leaves an archive of everything finished.
 # Outputs: env.txt, build.json, build.log, resources.txt (ptxas -v per instance vs the dispatch
 # table: registers x threads, smem, spills; the CPU resource check), cuda_tests.log (+ .xml),
-# cpu_op_tests.log, bench.csv/.log (every Wan/DiT width: TB/s, fraction of the copy bandwidth,
-# speed-ups vs eager and torch.compile, saved activations), bench_nopipe.csv (backward without
-# its cp.async pipeline), e2e.csv/.log (Wan 2.1 1.3B training step, eager vs fused: step time,
-# peak memory), ncu_bwd.txt (optional: Nsight Compute on the backward), summary.txt,
-# steps.tsv (status and seconds per part).
+# cpu_op_tests.log, bench.csv/.log (D 1536 and 5120 at the target lengths) and
+# bench_widths.csv/.log (the other DiT widths at one length): TB/s, fraction of the copy
+# bandwidth, speed-ups vs eager and torch.compile, saved activations; bench_nopipe.csv (backward
+# without its cp.async pipeline), e2e.csv/.log (Wan 2.1 1.3B training step, eager vs fused:
+# step time, peak memory), ncu_bwd.txt (optional: Nsight Compute on the backward),
+# summary.txt, steps.tsv (status and seconds per part).
 # Environment: PYTHON (default python3), ARCH (default 9.0), PACK (archive, default
-# OUTDIR.tar.gz; "none" to skip), BENCH_SEQ_LENS (default 16384,75600), BENCH_DIMS (default: all
-# six widths), BENCH_TIMEOUT_S (default 110), E2E_SEQ_LENS (default 16380,32760,75600),
-# E2E_TIMEOUT_S (default 100), NCU_TIMEOUT_S (default 45; 0 skips), ALLOW_NO_GPU=1 (dry run on a
-# GPU-less machine: carry on past the availability check; the CUDA tests skip, the bench writes a
-# skip record and the end-to-end step runs the tiny model on the CPU).
+# OUTDIR.tar.gz; "none" to skip), BENCH_SEQ_LENS (16384,75600), BENCH_TIMEOUT_S (75),
+# BENCH_WIDTHS (1152,2048,3072,4096), BENCH_WIDTHS_SEQ_LEN (32768), BENCH_WIDTHS_TIMEOUT_S (60),
+# E2E_SEQ_LENS (16380,32760,75600), E2E_TIMEOUT_S (120), NCU_TIMEOUT_S (45; 0 skips),
+# NCU_START_BEFORE_S (200), ALLOW_NO_GPU=1 (dry run on a GPU-less machine: carry on past the
+# availability check; the CUDA tests skip, the benches write skip records and the end-to-end
+# step runs the tiny model on the CPU).
 set -uo pipefail
 
 OUT=${1:?usage: kernels/gpu_check.sh OUTDIR}
@@ -103,13 +105,16 @@ else
 fi
 wait "$RES_PID" ${CPU_PID:+"$CPU_PID"}  # nothing on the host competes with the timings below
 
-# 4. benchmark, every width (CSV rewritten after every shape, so a timeout keeps what was
-#    measured)
+# 4. benchmark (CSV rewritten after every shape, so a timeout keeps what was measured): the
+#    two Wan 2.1 widths at the target lengths first, then the other DiT widths at one length
 SKIP_OK=()
 [ "${ALLOW_NO_GPU:-0}" = 1 ] && SKIP_OK=(--skip-ok)
-step bench "${BENCH_TIMEOUT_S:-110}" "$OUT/bench.log" \
+step bench "${BENCH_TIMEOUT_S:-75}" "$OUT/bench.log" \
   "$PY" -m adaptiveload.ops.kernel_bench -o "$OUT/bench.csv" --repeats 15 \
-  --seq-lens "${BENCH_SEQ_LENS:-16384,75600}" ${BENCH_DIMS:+--dims "$BENCH_DIMS"} \
+  --dims 1536,5120 --seq-lens "${BENCH_SEQ_LENS:-16384,75600}" ${SKIP_OK[@]+"${SKIP_OK[@]}"}
+step bench_widths "${BENCH_WIDTHS_TIMEOUT_S:-60}" "$OUT/bench_widths.log" \
+  "$PY" -m adaptiveload.ops.kernel_bench -o "$OUT/bench_widths.csv" --repeats 15 \
+  --dims "${BENCH_WIDTHS:-1152,2048,3072,4096}" --seq-lens "${BENCH_WIDTHS_SEQ_LEN:-32768}" \
   ${SKIP_OK[@]+"${SKIP_OK[@]}"}
 
 # 4b. A/B: the backward without its cp.async pipeline (fused only, two shapes)
@@ -120,17 +125,19 @@ step bench_nopipe 30 "$OUT/bench_nopipe.log" \
 # 5. end to end: one Wan 2.1 1.3B training step (activation checkpointing, bf16), eager vs
 #    fused, per S (a GPU-less dry run takes the tiny model on the CPU)
 if "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
-  E2E=(--device cuda --model wan2.1-t2v-1.3b --seq-lens "${E2E_SEQ_LENS:-16380,32760,75600}" --steps 2)
+  E2E=(--device cuda --model wan2.1-t2v-1.3b --seq-lens "${E2E_SEQ_LENS:-16380,32760,75600}" --steps 1)
 else
   E2E=(--device cpu --model wan2.1-micro --seq-lens 16,48 --steps 1)
 fi
-step e2e "${E2E_TIMEOUT_S:-100}" "$OUT/e2e.log" \
+step e2e "${E2E_TIMEOUT_S:-120}" "$OUT/e2e.log" \
   "$PY" -m adaptiveload.ops.kernel_bench --e2e -o "$OUT/e2e.csv" "${E2E[@]}"
 
-# 6. optional: Nsight Compute on one backward launch per Wan width (what limits it: DRAM
-#    throughput vs latency, occupancy); never fails the check
+# 6. optional: Nsight Compute on backward launches at both Wan widths (what limits it: DRAM
+#    throughput vs latency, occupancy); only if the run is still within NCU_START_BEFORE_S,
+#    never fails the check
 NCU=$(command -v ncu || true)
-if [ -n "$NCU" ] && [ "${NCU_TIMEOUT_S:-45}" != 0 ] && [ "${ALLOW_NO_GPU:-0}" != 1 ]; then
+if [ -n "$NCU" ] && [ "${NCU_TIMEOUT_S:-45}" != 0 ] && [ "${ALLOW_NO_GPU:-0}" != 1 ] &&
+  [ $(($(date +%s) - START)) -lt "${NCU_START_BEFORE_S:-200}" ]; then
   step opt_ncu "${NCU_TIMEOUT_S:-45}" "$OUT/ncu_bwd.txt" \
     "$NCU" --kernel-name regex:ln_mod_bwd_kernel --launch-skip 2 --launch-count 2 \
     --section SpeedOfLight --section Occupancy --section MemoryWorkloadAnalysis \
@@ -146,7 +153,7 @@ torch.cuda.synchronize()'
 fi
 
 # 7. summary against the targets
-"$PY" - "$OUT/bench.csv" "$OUT/e2e.csv" > "$OUT/summary.txt" 2>&1 <<'EOF'
+"$PY" - "$OUT/e2e.csv" "$OUT/bench.csv" "$OUT/bench_widths.csv" > "$OUT/summary.txt" 2>&1 <<'EOF'
 import csv, sys
 from collections import defaultdict
 
@@ -163,7 +170,7 @@ def f(row, key):
     return float(row[key]) if row and row.get(key) else float("nan")
 
 
-rows = read(sys.argv[1])
+rows = [r for path in sys.argv[2:] for r in read(path)]
 t = defaultdict(dict)  # (D, S) -> {(impl, phase): row}
 for r in rows:
     if r["source"] == "measured":
@@ -187,7 +194,7 @@ for r in rows:
 
 print("\nend to end (measured): one training step, activation checkpointing")
 print("model S kernel | step s | peak GiB | x eager | GiB saved | precision | fused impl")
-for r in read(sys.argv[2]):
+for r in read(sys.argv[1]):
     print(f"{r['model']} {r['S']} {r['kernel']} | {f(r, 'step_s'):.3f} | "
           f"{f(r, 'peak_mem_gib'):.2f} | {f(r, 'speedup_vs_eager'):.3f} | "
           f"{f(r, 'mem_saved_gib'):.2f} | {r['precision']} | {r['fused_impl']} {r['note']}")

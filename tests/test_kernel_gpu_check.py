@@ -34,11 +34,12 @@ def test_gpu_check_dry_run_packs_every_part(tmp_path: Path) -> None:
     steps = {r["step"]: r for r in rows}
     # background parts (resources, cpu_op_tests) may finish in any order
     assert set(steps) == {"build", "resources", "cpu_op_tests", "cuda_tests", "bench",
-                          "bench_nopipe", "e2e"}  # fmt: skip
+                          "bench_widths", "bench_nopipe", "e2e"}  # fmt: skip
     assert all(r["status"] == "0" for r in steps.values())
     assert "skipped" in (out / "build.json").read_text()
     assert "resource check skipped: nvcc not found" in (out / "resources.txt").read_text()
     assert "skipped" in (out / "bench.csv").read_text()
+    assert "skipped" in (out / "bench_widths.csv").read_text()
     e2e = list(csv.DictReader((out / "e2e.csv").read_text().splitlines()))
     assert {(r["S"], r["kernel"]) for r in e2e} == {
         ("16", "eager"), ("16", "fused"), ("48", "eager"), ("48", "fused")
