@@ -139,7 +139,7 @@ NCU=$(command -v ncu || true)
 if [ -n "$NCU" ] && [ "${NCU_TIMEOUT_S:-45}" != 0 ] && [ "${ALLOW_NO_GPU:-0}" != 1 ] &&
   [ $(($(date +%s) - START)) -lt "${NCU_START_BEFORE_S:-200}" ]; then
   step opt_ncu "${NCU_TIMEOUT_S:-45}" "$OUT/ncu_bwd.txt" \
-    "$NCU" --kernel-name regex:ln_mod_bwd_kernel --launch-skip 2 --launch-count 2 \
+    "$NCU" --kernel-name regex:ln_mod_bwd_kernel --launch-skip 1 --launch-count 3 \
     --section SpeedOfLight --section Occupancy --section MemoryWorkloadAnalysis \
     "$PY" -c 'import torch; from adaptiveload.ops import ln_modulate as lm
 for d in (1536, 5120):
