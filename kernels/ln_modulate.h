@@ -16,12 +16,14 @@
 
 #include <cuda_runtime_api.h>
 
+#include "ln_modulate_dispatch.h"
+
 namespace adaptiveload {
 
 enum class DType : int { kF32 = 0, kF16 = 1, kBF16 = 2 };
 
 // D must be a multiple of 8 (one 16-byte vector of bf16/fp16) within [8, kMaxD].
-constexpr int64_t kMaxD = 16384;
+using dispatch::kMaxD;
 
 struct LnModFwdArgs {
   const void* x;

@@ -58,9 +58,14 @@ at::Tensor readable(const at::Tensor& t) {
   return kernel_readable(t) ? t : t.clone(at::MemoryFormat::Contiguous);
 }
 
+// Defensive twins of the Python validator (adaptiveload/ops/ln_modulate.py: check_inputs),
+// which runs first on every public path; these keep a direct torch.ops call from reaching a
+// kernel with an input it cannot read.
 void check_inputs(const at::Tensor& x, const at::Tensor& scale, const char* scale_name) {
+  TORCH_CHECK_VALUE(x.defined() && scale.defined(), "ln_modulate: undefined tensor");
   TORCH_CHECK_VALUE(x.dim() == 3, "ln_modulate: x must be [B, S, D], got ", x.sizes());
   TORCH_CHECK_VALUE(x.is_cuda(), "ln_modulate: the CUDA kernel got x on ", x.device());
+  dtype_of(x, "x");
   const int64_t D = x.size(2);
   TORCH_CHECK_VALUE(D % 8 == 0 && D >= 8 && D <= adaptiveload::kMaxD,
                     "ln_modulate: D = ", D, " unsupported; the fused kernel needs D a multiple "
@@ -127,12 +132,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cuda(const at::Tensor& dy_in,
                                                         const at::Tensor& mean_in,
                                                         const at::Tensor& rstd_in) {
   check_inputs(x_in, scale_in, "scale");
-  TORCH_CHECK_VALUE(dy_in.sizes() == x_in.sizes() && dy_in.scalar_type() == x_in.scalar_type(),
+  TORCH_CHECK_VALUE(dy_in.defined() && dy_in.sizes() == x_in.sizes() &&
+                        dy_in.scalar_type() == x_in.scalar_type() &&
+                        dy_in.device() == x_in.device(),
                     "ln_modulate_bwd: dy must match x (", x_in.sizes(), " ", x_in.scalar_type(),
-                    "), got ", dy_in.sizes(), " ", dy_in.scalar_type());
+                    " on ", x_in.device(), "), got ", dy_in.sizes(), " ",
+                    dy_in.scalar_type(), " on ", dy_in.device());
   const int64_t B = x_in.size(0), S = x_in.size(1), D = x_in.size(2);
   for (const at::Tensor* t : {&mean_in, &rstd_in}) {
-    TORCH_CHECK_VALUE(t->scalar_type() == at::kFloat && t->dim() == 2 && t->size(0) == B &&
+    TORCH_CHECK_VALUE(t->defined() && t->scalar_type() == at::kFloat && t->dim() == 2 && t->size(0) == B &&
                           t->size(1) == S && t->device() == x_in.device(),
                       "ln_modulate_bwd: mean/rstd must be float32 [B, S] on x's device, got ",
                       t->sizes(), " ", t->scalar_type());

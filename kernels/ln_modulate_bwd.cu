@@ -49,7 +49,8 @@ struct BwdParams {
 // 16-byte shared-memory slots one thread needs per pipeline stage (x and dy packs).
 template <typename T, int CPT>
 __host__ __device__ constexpr int stage_slots() {
-  return 2 * CPT * static_cast<int>(sizeof(Pack<T>) / sizeof(uint4));
+  static_assert(sizeof(Pack<T>) == kPack * sizeof(T), "Pack<T> is 8 elements");
+  return dispatch::bwd_stage_slots(sizeof(T), CPT);
 }
 
 template <typename T, typename M, int CPT, bool PER_TOKEN, int STAGES>
@@ -234,23 +235,21 @@ __global__ void __launch_bounds__(kMaxThreads) ln_mod_bwd_kernel(const BwdParams
   bwd_body<T, M, CPT, PER_TOKEN, STAGES>(p);
 }
 
-// 16-bit x with 2 chunks per thread fits in 96 registers without spilling (ptxas -v, sm_90):
-// capping there lets two 320-thread CTAs share an SM at D=5120 instead of one, doubling the
-// loads in flight. Other shapes keep the 128-register budget of __launch_bounds__(512).
-template <typename T, int CPT>
+// The lean instances (dispatch::bwd_lean) cap registers at 96 instead of the 128 of
+// __launch_bounds__(512), so more CTAs share an SM and more loads are in flight.
+template <typename T, int CPT, int STAGES>
 constexpr bool lean_kernel() {
-  return CPT == 2 && sizeof(T) == 2;
+  return dispatch::bwd_lean(sizeof(T), CPT, STAGES);
 }
-constexpr int kLeanRegisters = 96;
 
 template <typename T, typename M, int CPT, bool PER_TOKEN, int STAGES>
-__global__ void __maxnreg__(kLeanRegisters) ln_mod_bwd_kernel_lean(const BwdParams p) {
+__global__ void __maxnreg__(dispatch::kLeanRegisters) ln_mod_bwd_kernel_lean(const BwdParams p) {
   bwd_body<T, M, CPT, PER_TOKEN, STAGES>(p);
 }
 
 template <typename T, typename M, int CPT, bool PER_TOKEN, int STAGES>
 const void* bwd_kernel_ptr() {
-  if constexpr (lean_kernel<T, CPT>())
+  if constexpr (lean_kernel<T, CPT, STAGES>())
     return reinterpret_cast<const void*>(&ln_mod_bwd_kernel_lean<T, M, CPT, PER_TOKEN, STAGES>);
   else
     return reinterpret_cast<const void*>(&ln_mod_bwd_kernel<T, M, CPT, PER_TOKEN, STAGES>);
@@ -259,7 +258,7 @@ const void* bwd_kernel_ptr() {
 // Column sums of the partials: grid (ceil(D / 128), B, 2 = {dscale, dshift}), block (32, 8).
 // Lane x owns 4 columns (one float4), the 8 warps stride over the partial rows, then warp 0
 // adds the 8 warp sums in order. Reads 2 * B * Q * D * 4 bytes (a few MB).
-constexpr int kFinWarps = 8;
+using dispatch::kFinWarps;
 
 template <typename M>
 __global__ void __launch_bounds__(32 * kFinWarps)
@@ -298,13 +297,6 @@ __global__ void __launch_bounds__(32 * kFinWarps)
   out[3] = from_float<M>(t.w);
 }
 
-// ~16 elements per thread keeps x, dy, (1 + scale) and the two accumulators in registers.
-RowConfig bwd_config(int64_t D) {
-  if (D == 1536) return {96, 2, 2};
-  if (D == 5120) return {320, 2, 1};
-  return D <= 8192 ? generic_config(D, 2) : generic_config(D, 4);
-}
-
 // Persistent grid: as many CTAs as fit on the GPU at once, split evenly over the samples;
 // each CTA gets >= `rows` rows so no thread-row idles for the whole kernel.
 struct Plan {
@@ -312,9 +304,6 @@ struct Plan {
   int64_t parts, span;
   size_t smem;  // dynamic shared memory of the cp.async pipeline
 };
-
-constexpr int kStages = 4;  // the current row + 3 rows in flight per thread
-constexpr size_t kMaxPipeSmem = 100 * 1024;  // per CTA; larger rows run unpipelined
 
 // ADAPTIVELOAD_LN_BWD_PIPELINE=0 selects the unpipelined kernel (for A/B measurements).
 bool pipeline_enabled() {
@@ -338,11 +327,11 @@ const char* occupancy(const void* kernel, int threads, size_t smem, int* sms, in
     return nullptr;
   }
   e = cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, dev);
-  // opt in to > 48 KB; always to the largest size any launch of this kernel uses, so a later
-  // smaller opt-in never shrinks the limit under a cached larger configuration
-  if (e == cudaSuccess && smem > 48 * 1024)
+  // always the same opt-in size, so a later call never shrinks the limit under a cached
+  // larger configuration
+  if (e == cudaSuccess && dispatch::smem_opt_in(smem))
     e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(kMaxPipeSmem));
+                             static_cast<int>(dispatch::kMaxPipeSmem));
   if (e == cudaSuccess)
     e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(occ, kernel, threads, smem);
   if (e != cudaSuccess) return cudaGetErrorString(e);
@@ -356,7 +345,9 @@ const char* make_plan(const LnModBwdArgs& a, const void* kernel, RowConfig cfg, 
   plan->smem = smem;
   int sms = 0, occ = 0;
   if (const char* err = occupancy(kernel, cfg.tpr * cfg.rows, smem, &sms, &occ)) return err;
-  if (occ < 1) return "ln_modulate_bwd: kernel does not fit on this GPU (registers/smem)";
+  if (occ < 1)  // the CPU resource check (ptxas) should make this unreachable on sm_90
+    return "ln_modulate_bwd: kernel does not fit on this GPU (registers/smem); run "
+           "tests/test_kernel_resources.py for this GPU's architecture";
   const int64_t ctas = static_cast<int64_t>(sms) * occ;
   const int64_t max_parts = (a.S + cfg.rows - 1) / cfg.rows;
   int64_t parts = (ctas + a.B - 1) / a.B;
@@ -376,7 +367,7 @@ const char* run(const LnModBwdArgs& a, const Plan& plan, cudaStream_t stream) {
   const int64_t blocks = a.B * plan.parts;
   if (blocks > 0x7fffffffLL) return "ln_modulate_bwd: too many CTAs for one launch";
   const dim3 block(plan.cfg.tpr, plan.cfg.rows);
-  if constexpr (lean_kernel<T, CPT>())
+  if constexpr (lean_kernel<T, CPT, STAGES>())
     ln_mod_bwd_kernel_lean<T, M, CPT, PER_TOKEN, STAGES>
         <<<static_cast<unsigned>(blocks), block, plan.smem, stream>>>(p);
   else
@@ -394,8 +385,7 @@ const char* run(const LnModBwdArgs& a, const Plan& plan, cudaStream_t stream) {
 template <typename T, typename M, int CPT, bool PER_TOKEN, int STAGES>
 const char* plan_and_maybe_run_stages(const LnModBwdArgs& a, RowConfig cfg, cudaStream_t stream,
                                       int64_t* floats) {
-  const size_t smem = static_cast<size_t>(STAGES) * stage_slots<T, CPT>() * cfg.tpr *
-                      cfg.rows * sizeof(uint4);
+  const size_t smem = dispatch::bwd_pipe_smem(sizeof(T), cfg, STAGES);
   const void* kernel = bwd_kernel_ptr<T, M, CPT, PER_TOKEN, STAGES>();
   Plan plan;
   if (const char* err = make_plan(a, kernel, cfg, smem, &plan)) return err;
@@ -410,11 +400,10 @@ const char* plan_and_maybe_run_stages(const LnModBwdArgs& a, RowConfig cfg, cuda
 // Both entry points (workspace size and run) go through here so they agree on the plan.
 template <typename T, typename M, int CPT, bool PER_TOKEN>
 const char* plan_and_maybe_run(const LnModBwdArgs& a, cudaStream_t stream, int64_t* floats) {
-  const RowConfig cfg = bwd_config(a.D);
-  const size_t pipe_smem = static_cast<size_t>(kStages) * stage_slots<T, CPT>() * cfg.tpr *
-                           cfg.rows * sizeof(uint4);
-  if (pipeline_enabled() && pipe_smem <= kMaxPipeSmem)
-    return plan_and_maybe_run_stages<T, M, CPT, PER_TOKEN, kStages>(a, cfg, stream, floats);
+  const RowConfig cfg = dispatch::bwd_config(a.D);
+  if (dispatch::bwd_stages(a.D, sizeof(T), pipeline_enabled()) == dispatch::kBwdStages)
+    return plan_and_maybe_run_stages<T, M, CPT, PER_TOKEN, dispatch::kBwdStages>(a, cfg, stream,
+                                                                              floats);
   return plan_and_maybe_run_stages<T, M, CPT, PER_TOKEN, 0>(a, cfg, stream, floats);
 }
 
@@ -426,9 +415,8 @@ const char* dispatch_layout(const LnModBwdArgs& a, cudaStream_t stream, int64_t*
 
 template <typename T, typename M>
 const char* dispatch_cpt(const LnModBwdArgs& a, cudaStream_t stream, int64_t* floats) {
-  switch (bwd_config(a.D).cpt) {
-    case 2: return dispatch_layout<T, M, 2>(a, stream, floats);
-    case 4: return dispatch_layout<T, M, 4>(a, stream, floats);
+  switch (dispatch::bwd_config(a.D).cpt) {
+    case dispatch::kBwdCpt: return dispatch_layout<T, M, dispatch::kBwdCpt>(a, stream, floats);
     default: return "ln_modulate_bwd: internal error (no kernel for this chunk count)";
   }
 }
@@ -440,7 +428,7 @@ const char* dispatch_mod(const LnModBwdArgs& a, cudaStream_t stream, int64_t* fl
   return "ln_modulate_bwd: scale dtype must be float32 or x's dtype";
 }
 
-const char* dispatch(const LnModBwdArgs& a, cudaStream_t stream, int64_t* floats) {
+const char* run_or_size(const LnModBwdArgs& a, cudaStream_t stream, int64_t* floats) {
   if (const char* err = detail::check_shape(a.B, a.S, a.D)) return err;
   if (a.B == 0 || a.S == 0) {
     if (floats != nullptr) *floats = 0;
@@ -457,11 +445,11 @@ const char* dispatch(const LnModBwdArgs& a, cudaStream_t stream, int64_t* floats
 }  // namespace
 
 const char* ln_modulate_bwd_workspace(const LnModBwdArgs& args, int64_t* floats) {
-  return dispatch(args, nullptr, floats);
+  return run_or_size(args, nullptr, floats);
 }
 
 const char* ln_modulate_bwd(const LnModBwdArgs& args, cudaStream_t stream) {
-  return dispatch(args, stream, nullptr);
+  return run_or_size(args, stream, nullptr);
 }
 
 }  // namespace adaptiveload

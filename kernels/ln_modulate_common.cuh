@@ -19,8 +19,9 @@
 namespace adaptiveload {
 namespace detail {
 
-constexpr int kPack = 8;          // elements per chunk
-constexpr int kMaxThreads = 512;  // per CTA; launch configs never exceed it
+using dispatch::kMaxThreads;  // per CTA; launch configs never exceed it
+using dispatch::kPack;        // elements per chunk
+using dispatch::RowConfig;
 constexpr int kMaxWarps = kMaxThreads / 32;
 
 // 8 elements of T in their storage format (16 bytes for fp16/bf16, 32 bytes for fp32).
@@ -203,26 +204,10 @@ __device__ __forceinline__ void row_allreduce(float (&v)[N]) {
   }
 }
 
-// Launch shape for one D: tpr threads per row (multiple of 32), cpt chunks per thread,
-// rows per CTA. cpt must be one of the values the dispatcher instantiates.
-struct RowConfig {
-  int tpr;
-  int cpt;
-  int rows;
-};
-
-inline int round_up(int v, int m) { return (v + m - 1) / m * m; }
-
-inline RowConfig generic_config(int64_t D, int cpt) {
-  const int nc = static_cast<int>(D / kPack);
-  const int tpr = round_up((nc + cpt - 1) / cpt, 32);
-  const int rows = tpr >= 128 ? 1 : 128 / tpr;
-  return {tpr, cpt, rows};
-}
-
+static_assert(kMaxD == 8192, "update check_shape's message");
 inline const char* check_shape(int64_t B, int64_t S, int64_t D) {
   if (D % kPack != 0 || D < kPack || D > kMaxD)
-    return "ln_modulate: D must be a multiple of 8 in [8, 16384]";
+    return "ln_modulate: D must be a multiple of 8 in [8, 8192]";
   if (B < 0 || S < 0) return "ln_modulate: negative B or S";
   return nullptr;
 }

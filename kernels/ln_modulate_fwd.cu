@@ -93,14 +93,6 @@ __global__ void __launch_bounds__(kMaxThreads) ln_mod_fwd_kernel(const FwdParams
   }
 }
 
-// Tuned shapes first (TransformerEngine's table: a warp per row at 1536, 4 warps at 5120),
-// otherwise 4 chunks (32 elements) per thread.
-RowConfig fwd_config(int64_t D) {
-  if (D == 1536) return {32, 6, 4};
-  if (D == 5120) return {128, 5, 2};
-  return generic_config(D, 4);
-}
-
 template <typename T, typename M, int CPT>
 const char* launch(const FwdParams& p, RowConfig cfg, cudaStream_t stream) {
   const dim3 block(cfg.tpr, cfg.rows);
@@ -136,7 +128,7 @@ const char* ln_modulate_fwd(const LnModFwdArgs& a, cudaStream_t stream) {
   const FwdParams p{a.x,     a.x_sb,    a.x_ss, a.scale, a.scale_sb,         a.scale_ss,
                     a.shift, a.shift_sb, a.shift_ss, a.y, a.mean, a.rstd, a.B * a.S, a.S,
                     static_cast<int>(a.D), a.eps};
-  const RowConfig cfg = fwd_config(a.D);
+  const RowConfig cfg = dispatch::fwd_config(a.D);
   switch (a.x_dtype) {
     case DType::kF32: return dispatch_mod<float>(p, cfg, a.x_dtype, a.mod_dtype, stream);
     case DType::kF16: return dispatch_mod<__half>(p, cfg, a.x_dtype, a.mod_dtype, stream);

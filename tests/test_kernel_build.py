@@ -75,3 +75,34 @@ def test_build_skips_without_nvcc(tmp_path: Path) -> None:
     record = json.loads((tmp_path / kb.RECORD_NAME).read_text())
     assert record["status"] == "skipped" and "nvcc" in record["reason"]
     assert "skipped" in out.stdout
+
+
+def test_binding_checks_raise_instead_of_crashing(built: dict) -> None:
+    """The C++ CUDA kernel entry reached with bad input (redispatched to the CUDA key with CPU
+    tensors, in a child process so a crash fails this test) raises ValueError: the throw path
+    that the first H200 run saw end in a segfault works here."""
+    code = (
+        "import torch; from adaptiveload.ops import ln_modulate as lm\n"
+        "assert lm._LOAD.loaded, lm._LOAD\n"
+        "ks = torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA)\n"
+        "ops = torch.ops.adaptiveload\n"
+        "s = torch.randn(2, 1, 16)\n"
+        "calls = [lambda: ops.ln_modulate_fwd.default.redispatch(ks, torch.randn(2, 3, 16), s, s,"
+        " 1e-6),\n"
+        "         lambda: ops.ln_modulate_fwd.default.redispatch(ks, torch.randn(6, 16), s, s,"
+        " 1e-6),\n"
+        "         lambda: ops.ln_modulate_bwd.default.redispatch(ks, torch.randn(2, 3, 16),"
+        " torch.randn(2, 3, 16), s, torch.randn(2, 3), torch.randn(2, 3))]\n"
+        "for call in calls:\n"
+        "    try:\n"
+        "        call()\n"
+        "    except ValueError as err:\n"
+        "        print('rejected:', str(err).splitlines()[0])\n"
+    )
+    env = dict(os.environ, ADAPTIVELOAD_KERNEL_LIB=built["library"])
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False
+    )
+    assert out.returncode == 0, (out.returncode, out.stderr[-3000:])
+    assert out.stdout.count("rejected:") == 3, out.stdout
+    assert "got x on cpu" in out.stdout and "x must be [B, S, D]" in out.stdout

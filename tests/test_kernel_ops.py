@@ -162,3 +162,135 @@ def test_library_built_for_another_torch_is_not_loaded(tmp_path):
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     )
     assert "built for torch 0.0.0" in out.stdout
+
+
+# --- validation: one set of rules for every device, before any kernel ---------------------
+
+
+def _t(*shape, dtype=torch.float32, device="cpu"):
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+BAD_INPUTS = [  # (x, scale, shift, error type, message)
+    (_t(2, 3, 12), _t(2, 1, 12), _t(2, 1, 12), ValueError, r"D = 12 unsupported.*\[8, 8192\]"),
+    (_t(1, 2, 8200), _t(1, 1, 8200), _t(1, 1, 8200), ValueError, r"D = 8200 unsupported"),
+    (_t(1, 2, 0), _t(1, 1, 0), _t(1, 1, 0), ValueError, r"D = 0 unsupported"),
+    (_t(2, 3, 16, dtype=torch.int32), _t(2, 1, 16), _t(2, 1, 16), ValueError, "dtype int32"),
+    (_t(2, 3, 16, dtype=torch.bfloat16), _t(2, 1, 16, dtype=torch.float16),
+     _t(2, 1, 16, dtype=torch.float16), ValueError, "must be float32 or x's dtype bfloat16"),
+    (_t(2, 3, 16), _t(2, 1, 16), _t(2, 3, 16), ValueError, "same shape and dtype"),
+    (_t(2, 3, 16), _t(2, 1, 16), _t(2, 1, 16, dtype=torch.float16), ValueError, "same shape"),
+    (_t(2, 3, 16), _t(1, 1, 16), _t(1, 1, 16), ValueError, r"scale must be \[B, 1, D\]"),
+    (_t(2, 3, 16), _t(2, 2, 16), _t(2, 2, 16), ValueError, r"scale must be"),
+    (_t(2, 3, 16), _t(2, 16), _t(2, 16), ValueError, r"scale must be"),
+    (_t(48), _t(1, 1, 48), _t(1, 1, 48), ValueError, r"x must be \[B, S, D\]"),
+    (_t(2, 3, 16), _t(2, 1, 16, device="meta"), _t(2, 1, 16, device="meta"), ValueError,
+     "scale is on meta, x on cpu"),
+    (_t(2, 3, 16), 0.5, _t(2, 1, 16), TypeError, "scale must be a torch.Tensor"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("device_type", ["cpu", "cuda"])
+@pytest.mark.parametrize(("x", "scale", "shift", "exc", "match"), BAD_INPUTS)
+def test_validator_rejects_bad_inputs_with_the_same_rules_on_every_device(
+    x, scale, shift, exc, match, device_type
+):
+    with pytest.raises(exc, match=match):
+        lm.check_inputs(x, scale, shift, device_type=device_type)
+
+
+@pytest.mark.parametrize(("x", "scale", "shift", "exc", "match"), BAD_INPUTS)
+def test_public_op_rejects_bad_inputs_before_any_kernel(x, scale, shift, exc, match):
+    with pytest.raises(exc, match=match):
+        lm.ln_modulate(x, scale, shift)
+
+
+def test_float64_is_for_the_cpu_oracle_only():
+    x, s = _t(2, 3, 16, dtype=torch.float64), _t(2, 1, 16, dtype=torch.float64)
+    lm.check_inputs(x, s, s)  # gradcheck's dtype on CPU
+    with pytest.raises(ValueError, match="float32, float16, bfloat16 on cuda"):
+        lm.check_inputs(x, s, s, device_type="cuda")
+
+
+@pytest.mark.parametrize("d", [1152, 1536, 2048, 3072, 4096, 5120, 8, 8192])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_validator_accepts_every_supported_width_on_cuda_shapes(d, dtype):
+    """Meta tensors describe the CUDA shapes of a Wan step (S = 75,600) without memory."""
+    x = _t(1, 75600, d, dtype=dtype, device="meta")
+    for mod in {torch.float32, dtype}:
+        for ms in (1, 75600):
+            scale = _t(1, ms, d, dtype=mod, device="meta")
+            lm.check_inputs(x, scale, scale, device_type="cuda")
+
+
+def test_backward_validator():
+    x, s = torch.randn(2, 3, 16), torch.randn(2, 1, 16)
+    y, mean, rstd = torch.ops.adaptiveload.ln_modulate_fwd(x, s, s, lm.EPS)
+    bwd = torch.ops.adaptiveload.ln_modulate_bwd
+    with pytest.raises(ValueError, match="dy must match x"):
+        bwd(y[:, :2], x, s, mean, rstd)
+    with pytest.raises(ValueError, match="dy must match x"):
+        bwd(y.bfloat16(), x, s, mean, rstd)
+    with pytest.raises(ValueError, match=r"mean must be float32 \(2, 3\)"):
+        bwd(y, x, s, mean[:, :2], rstd)
+    with pytest.raises(ValueError, match="rstd must be float32"):
+        bwd(y, x, s, mean, rstd.double())
+    with pytest.raises(ValueError, match="D = 12 unsupported"):
+        bwd(y[..., :12], x[..., :12], s[..., :12], mean, rstd)
+    with pytest.raises(TypeError, match=r"mean must be a torch\.Tensor"):
+        lm.check_backward_inputs(y, x, s, None, rstd)
+
+
+@pytest.mark.parametrize(("b", "s"), [(0, 3), (2, 0)])
+def test_empty_batch_or_sequence_gives_empty_outputs_and_zero_grads(b, s):
+    x = torch.randn(b, s, 16, requires_grad=True)
+    scale, shift = (torch.randn(b, 1, 16, requires_grad=True) for _ in range(2))
+    y = lm.ln_modulate(x, scale, shift)
+    assert y.shape == (b, s, 16)
+    gx, gs, gt = torch.autograd.grad(y.sum(), (x, scale, shift), allow_unused=False)
+    assert gx.shape == x.shape and gs.shape == scale.shape and gt.shape == shift.shape
+    assert not gs.any() and not gt.any()
+
+
+# --- broadcast modulation through autograd and torch.compile (the path CUDA runs) ----------
+
+
+def _wan_chunk_leaves(b: int, s: int, d: int, dtype=torch.bfloat16):
+    """x and Wan-style scale/shift: [B, 1, D] chunk views (row stride 6D) of a modulation."""
+    gen = torch.Generator().manual_seed(b * 1000 + s)
+    x = torch.randn(b, s, d, generator=gen).to(dtype).requires_grad_()
+    e = 0.1 * torch.randn(b, 6, d, generator=gen)
+    return x, e[:, 1:2].detach().requires_grad_(), e[:, 0:1].detach().requires_grad_()
+
+
+@pytest.mark.parametrize("b", [1, 3])
+def test_gradcheck_broadcast_chunk_views(b):
+    x, scale, shift = _wan_chunk_leaves(b, 4, 16, torch.float64)
+    scale, shift = (t.detach().double().requires_grad_() for t in (scale, shift))
+    assert torch.autograd.gradcheck(lm.ln_modulate, (x, scale, shift))
+
+
+def test_opcheck_single_sample_broadcast():
+    x, scale, shift = _wan_chunk_leaves(1, 5, 16, torch.float32)
+    torch.library.opcheck(torch.ops.adaptiveload.ln_modulate_fwd.default, (x, scale, shift, 1e-6))
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("b", [1, 2])
+def test_compile_fullgraph_broadcast_grads_keep_input_shapes(b, backend):
+    """[1, 1, D] and [B, 1, D] modulation with a dynamic S: dscale/dshift come back in their
+    leaves' shapes (on the first H200 run a compiled backward returned [D] for [1, 1, D])."""
+    torch._dynamo.reset()
+
+    def block(x, scale, shift):
+        return lm.ln_modulate(x, scale, shift).float().square().mean()
+
+    compiled = torch.compile(block, fullgraph=True, backend=backend)
+    for s in (24, 40):
+        leaves = _wan_chunk_leaves(b, s, 64)
+        torch._dynamo.maybe_mark_dynamic(leaves[0], 1)
+        got = torch.autograd.grad(compiled(*leaves), leaves)
+        want = torch.autograd.grad(block(*leaves), leaves)
+        for g, w, leaf in zip(got, want, leaves, strict=True):
+            assert g.shape == leaf.shape and g.dtype == leaf.dtype
+            torch.testing.assert_close(g, w, rtol=2e-2, atol=1e-5)

@@ -42,21 +42,40 @@ def bench_cmd(
     out: Annotated[Path, Opt("-o", "--out", help="CSV to write")] = Path(
         "results/kernels/bench.csv"
     ),
-    seq_lens: Annotated[str, Opt(help="comma-separated S values")] = "8192,16384,32768,65536,75600",
-    dims: Annotated[str, Opt(help="comma-separated D values")] = "1536,5120",
+    seq_lens: Annotated[
+        str | None,
+        Opt(help="comma-separated S values (default 8k..75.6k; --e2e: 16380,32760,75600)"),
+    ] = None,
+    dims: Annotated[
+        str | None, Opt(help="comma-separated D values (default: the six Wan/DiT widths)")
+    ] = None,
     repeats: Annotated[int, Opt(help="timed repeats per measurement (median)")] = 20,
     skip_ok: Annotated[bool, Opt(help="without CUDA write a skip record and exit 0")] = False,
+    e2e: Annotated[
+        bool, Opt(help="time whole Wan training steps, eager vs fused (step time, peak memory)")
+    ] = False,
+    model: Annotated[str | None, Opt(help="--e2e: model config (default Wan 2.1 1.3B)")] = None,
+    device: Annotated[str, Opt(help="--e2e: cuda, or cpu for a dry run")] = "cuda",
+    steps: Annotated[int, Opt(help="--e2e: timed steps per point (median)")] = 3,
 ) -> None:
-    """Time fused vs Wan eager vs torch.compile vs copy bandwidth on the GPU (needs CUDA)."""
+    """Time fused vs Wan eager vs torch.compile vs copy bandwidth on the GPU (needs CUDA):
+    TB/s, fraction of the copy bandwidth, speed-ups, saved activations; or, with --e2e, whole
+    training steps."""
     from adaptiveload.ops import kernel_bench
 
-    code = kernel_bench.bench_to_file(
-        out,
-        tuple(int(v) for v in seq_lens.split(",")),
-        tuple(int(v) for v in dims.split(",")),
-        repeats,
-        skip_ok,
-    )
+    seqs = tuple(int(v) for v in seq_lens.split(",")) if seq_lens else None
+    if e2e:
+        code = kernel_bench.e2e_to_file(
+            out, model or kernel_bench.E2E_MODEL, seqs or kernel_bench.E2E_SEQ_LENS, device, steps
+        )
+    else:
+        code = kernel_bench.bench_to_file(
+            out,
+            seqs or kernel_bench.SEQ_LENS,
+            tuple(int(v) for v in dims.split(",")) if dims else kernel_bench.DIMS,
+            repeats,
+            skip_ok,
+        )
     raise typer.Exit(code)
 
 

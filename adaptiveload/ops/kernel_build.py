@@ -29,6 +29,9 @@ from adaptiveload.ops.kernel_lib import DEFAULT_BUILD_DIR, LIB_NAME, RECORD_NAME
 KERNEL_DIR = REPO_ROOT / "kernels"
 SOURCES = ("ln_modulate_fwd.cu", "ln_modulate_bwd.cu", "ln_modulate_binding.cpp")
 DEFAULT_ARCH = "9.0"
+# nvcc flags of ours (cpp_extension adds its COMMON_NVCC_FLAGS and -std=c++17); the resource
+# check (kernel_resources.py) compiles with the same ones, so ptxas sees the same code
+NVCC_FLAGS = ("-O3",)
 
 
 def cuda_home() -> Path:
@@ -148,7 +151,7 @@ def _compile(out_dir: Path, verbose: bool) -> None:
         sources=[str(KERNEL_DIR / s) for s in SOURCES],
         extra_include_paths=[str(KERNEL_DIR)],
         extra_cflags=["-O3"],
-        extra_cuda_cflags=["-O3"],
+        extra_cuda_cflags=list(NVCC_FLAGS),
         build_directory=str(out_dir),
         is_python_module=False,
         verbose=verbose,
