@@ -68,7 +68,7 @@ def test_consistency_needs_all_four_numbers_within_tolerance():
     assert list(pm.consistent(pts, 5.0)) == [True, True, False, False]
     assert list(pm.consistent(pts, 6.0)) == [True, True, True, False]
     reg = pm.region(pts, 5.0)
-    assert reg["consistent"] == 2 and reg["settings"] == 4
+    assert reg["consistent"] == 2 and reg["settings"] == 4 and reg["rows"] == 4
     assert reg["within_tolerance_per_number"]["throughput_change"] == 2
     assert reg["axis_values"]["world_size"] == ["4", "5"]
     assert reg["number_ranges"]["baseline_imbalance"] == pytest.approx([0.39, 0.43])
@@ -131,13 +131,15 @@ def test_tiny_sweep_through_the_cli_into_figure_and_paper_table(tmp_path):
     for col in ("baseline_imbalance", "adaptiveload_imbalance", "vram_change",
                 "throughput_change", "p", "m_comp", "ref_tokens", "source", "designs"):
         assert table[col].notna().all(), col
-    assert table["source"].str.startswith("model (cost model of").all()
-    assert table["source"].str.contains("measured \\(cuda:NVIDIA H200\\)").any()
+    assert table["source"].str.startswith("model (").all()
+    assert "model (calibration-grid7-run2: measured on cuda:NVIDIA H200)" in set(table["source"])
+    assert "model (h200-wan2.1-t2v-1.3b: NVIDIA H200 (analytic prior))" in set(table["source"])
     rng = table[table["definition"] == "range"].set_index("dealing")
     centre = rng[rng["designs"].str.contains("centre")].iloc[0]
     assert rng.loc["balanced", "baseline_imbalance"] < centre["baseline_imbalance"]
     result = json.loads(summary.read_text())
-    assert result["region"]["settings"] == settings * 4
+    assert result["region"]["settings"] == settings
+    assert result["region"]["rows"] == settings * 4
     assert set(result["most_influential"]) <= set(pm.PAPER)
 
     png = tmp_path / "map.png"

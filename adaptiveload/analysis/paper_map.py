@@ -63,6 +63,7 @@ NUMBERS = {
 }
 AXES = ("mixture", "reference", "m_comp_scale", "calibration", "world_size", "dealing")
 DEALINGS = ("open-sora", "sorted", "balanced")
+DEFINITIONS = tuple(metrics.IMBALANCE_DEFINITIONS)
 SETTINGS = (*AXES, "definition")  # what identifies one row of the map
 CENTRE_DEFINITION = "range"  # the project's primary imbalance rate, (max - min) / max
 MANIFEST_SEED = 0  # as the pipeline's simulations: runs vary by plan seed
@@ -158,7 +159,9 @@ def evaluate(point: Point, seeds: list[int], cache: _Cache, allreduce_gbps: floa
     b = point_budgets(cal, tokens, point.reference, point.m_comp_scale)
     budgets = Budgets(m_tok=b["m_tok"], m_mem=b["m_mem"], m_comp=b["m_comp"], p=b["p"])
     policies, by_cost, window = _DEALT[point.dealing]
-    row: dict[str, Any] = {**asdict(point), "calibration_label": cal.label, **b}
+    made = f"measured on {cal.device}" if cal.source == "measured" else cal.device
+    row: dict[str, Any] = {**asdict(point), "calibration_label": cal.label,
+                           "source": f"model ({Path(point.calibration).stem}: {made})", **b}
     for role, policy in zip(("baseline", "adaptiveload"), policies, strict=True):
         runs = []
         for seed in seeds:
@@ -206,10 +209,7 @@ def sweep(spec: dict[str, Any], progress: bool = False) -> pd.DataFrame:
                 "baseline_imbalance": row[f"baseline_imbalance_{name}"],
                 "adaptiveload_imbalance": row[f"adaptiveload_imbalance_{name}"],
             })  # fmt: skip
-    table = pd.DataFrame(rows)
-    stem = table["calibration"].map(lambda c: Path(c).stem)
-    table["source"] = "model (cost model of " + stem + ": " + table["calibration_label"] + ")"
-    return table
+    return pd.DataFrame(rows)
 
 
 # ---------------------------------------------------------------- what the map says
@@ -242,8 +242,10 @@ def region(points: pd.DataFrame, tolerance_pp: float) -> dict[str, Any]:
     nearest = unique.assign(worst_pp=dev["worst"]).nsmallest(5, "worst_pp")
     return {
         "tolerance_pp": tolerance_pp,
-        "settings": len(unique),
-        "consistent": len(ok),
+        "settings": len(unique.drop_duplicates(subset=list(AXES))),
+        "rows": len(unique),  # settings x imbalance definitions
+        "consistent": len(ok),  # rows (a setting may be consistent under two definitions)
+        "consistent_settings_count": len(ok.drop_duplicates(subset=list(AXES))),
         "within_tolerance_per_number": within,
         "axis_values": {a: sorted(map(str, ok[a].unique())) for a in SETTINGS},
         "number_ranges": {k: [float(ok[k].min()), float(ok[k].max())] for k in PAPER}
@@ -354,7 +356,7 @@ def figure(points: pd.DataFrame, summary: dict[str, Any]):
     ok = consistent(points, tol)
     points = points.assign(cost_model=points["calibration"].map(_short))
     fig = plt.figure(figsize=(17, 10.5))
-    grid = fig.add_gridspec(2, 4, height_ratios=[1.15, 1], hspace=0.45, wspace=0.45)
+    grid = fig.add_gridspec(2, 4, height_ratios=[1.15, 1], hspace=0.45, wspace=0.9)
     planes = (("baseline_imbalance", "adaptiveload_imbalance", "definition", "dealing"),
               ("throughput_change", "vram_change", "reference", "cost_model"))  # fmt: skip
     for k, (x, y, hue, style) in enumerate(planes):
@@ -368,7 +370,7 @@ def figure(points: pd.DataFrame, summary: dict[str, Any]):
                                                   fill=False, ls="--", color="crimson"))
         ax.plot(px, py, marker="*", ms=16, color="crimson", ls="", label="paper")
         ax.set(xlabel=NUMBERS[x], ylabel=NUMBERS[y])
-        ax.legend(fontsize=7, ncol=2, loc="best")
+        ax.legend(fontsize=7, ncol=2, loc="upper left")
         ax.set_title(f"{NUMBERS[y]} vs {NUMBERS[x]}\nevery setting [model], paper ★ "
                      f"with ±{tol:g} pp box", fontsize=9)
     torn = pd.DataFrame(summary["tornado"])
@@ -394,16 +396,17 @@ def figure(points: pd.DataFrame, summary: dict[str, Any]):
     if reg["consistent"]:
         ranges = ", ".join(f"{NUMBERS[k].split(' (')[0]} {100 * lo:.1f}–{100 * hi:.1f}%"
                            for k, (lo, hi) in reg["number_ranges"].items())
-        verdict = (f"{reg['consistent']} of {reg['settings']} settings agree with all four "
-                   f"numbers within ±{tol:g} pp: {ranges}")
+        verdict = (f"{reg['consistent_settings_count']} of {reg['settings']} settings "
+                   f"({reg['consistent']} of {reg['rows']} setting × definition pairs) agree "
+                   f"with all four numbers within ±{tol:g} pp: {ranges}")
     else:
         near = reg["nearest"][0]
-        verdict = (f"no setting of {reg['settings']} agrees with all four within ±{tol:g} pp; "
+        verdict = (f"no setting of {reg['settings']} (× {len(DEFINITIONS)} definitions) "
+                   f"agrees with all four within ±{tol:g} pp; "
                    f"nearest ({near['worst_pp']:.1f} pp off): " + ", ".join(
                        f"{a}={_short(near[a])}" for a in SETTINGS))
-    models = "; ".join(sorted({f"{_short(c)}: {lab}" for c, lab in
-                               zip(points["calibration"], points["calibration_label"],
-                                   strict=True)}))
+    models = "; ".join(s.removeprefix("model (").removesuffix(")")
+                       for s in sorted(set(points["source"])))
     fig.suptitle(f"Where the paper's (39%, 18.9%, +22.7%, +27.2%) lies among unpublished "
                  f"choices: every number [model], simulated through the cost models of\n"
                  f"{models}\n{verdict}", fontsize=10)

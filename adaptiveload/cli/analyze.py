@@ -146,8 +146,10 @@ def paper_map_cmd(
     write_text(points, table.to_csv(index=False))
     write_json(summary, result)
     reg = result["region"]
-    typer.echo(f"{reg['settings']} settings, {reg['consistent']} consistent with the paper "
-               f"within ±{reg['tolerance_pp']:g} pp (model) -> {points}, {summary}")
+    typer.echo(f"{reg['settings']} settings x {len(paper_map.DEFINITIONS)} imbalance "
+               f"definitions, {reg['consistent_settings_count']} settings "
+               f"({reg['consistent']} pairs) consistent with the paper within "
+               f"±{reg['tolerance_pp']:g} pp (model) -> {points}, {summary}")
 
 
 @analyze.command("paper-map-figure")
