@@ -117,6 +117,16 @@ def sim_dir(sim, variant, policy, seed):
     return f"{RES}/sim/{sim}/{variant}/{policy}/seed{seed}"
 
 
+# ---------------------------------------------------------------- the paper map
+def map_calibrations():
+    """Every calibration file the map's centre, axes and factorial name (inputs of the sweep)."""
+    spec = config["paper_map"]
+    files = {spec["centre"]["calibration"]}
+    for section in (spec["axes"], spec["factorial"]):
+        files.update(section.get("calibration") or [])
+    return sorted(files)
+
+
 # ---------------------------------------------------------------- the run index
 def run_index():
     """Every run the analysis reads: training runs (measured) and simulations (model)."""

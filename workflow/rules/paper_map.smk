@@ -3,15 +3,6 @@
 # it; the paper table adds the settings that reproduce the paper's numbers.
 
 
-def map_calibrations():
-    """Every calibration file the map's centre, axes and factorial name (inputs of the sweep)."""
-    spec = config["paper_map"]
-    files = {spec["centre"]["calibration"]}
-    for section in (spec["axes"], spec["factorial"]):
-        files.update(section.get("calibration") or [])
-    return sorted(files)
-
-
 rule paper_map:
     """Baseline and AdaptiveLoad at every setting of the map (simulated, labelled `model`)."""
     input:
