@@ -22,6 +22,7 @@ include: "workflow/rules/kernel.smk"
 include: "workflow/rules/tracking.smk"
 include: "workflow/rules/plan.smk"
 include: "workflow/rules/train.smk"
+include: "workflow/rules/paper_map.smk"
 include: "workflow/rules/analysis.smk"
 
 

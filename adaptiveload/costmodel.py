@@ -254,18 +254,31 @@ def local_exponent(cost: CostModel, s: float) -> float:
     return float((cost.a * s + 2 * cost.b * s * s) / cost.per_sample_time(s))
 
 
-def reference_tokens(sample_tokens: np.ndarray, m_mem: float) -> float:
-    """S_ref: the heaviest bucket that fits on its own (the largest token count <= m_mem).
+# Which bucket S_ref is, among the samples that fit on their own. "heaviest" is our rule
+# (BUDGET_RULES["reference"]); the paper does not say, so the others are alternatives that the
+# paper-map sweep compares: the bucket most samples fall in, and the median sample's bucket.
+REFERENCE_RULES = ("heaviest", "most-common", "median")
+
+
+def reference_tokens(sample_tokens: np.ndarray, m_mem: float, rule: str = "heaviest") -> float:
+    """S_ref by `rule` (REFERENCE_RULES) over the samples that fit on their own (<= m_mem).
 
     A relative 1e-9 of slack keeps a bucket that M_mem was sized to exactly (M_mem = its
     tokens, round-tripped through a capacity) from being lost to rounding.
     """
+    if rule not in REFERENCE_RULES:
+        raise UserError(f"reference rule {rule!r}: expected one of {', '.join(REFERENCE_RULES)}")
     fitting = sample_tokens[sample_tokens <= m_mem * (1 + 1e-9)]
     if fitting.size == 0:
         raise UserError(
             f"no sample fits the memory budget on its own (smallest {sample_tokens.min():.0f} "
             f"tokens > M_mem {m_mem:.0f}); raise the capacity or give --ref-tokens"
         )
+    if rule == "most-common":  # ties go to the heavier bucket
+        values, counts = np.unique(fitting, return_counts=True)
+        return float(values[np.flatnonzero(counts == counts.max())[-1]])
+    if rule == "median":  # a real bucket: the lower median
+        return float(np.sort(fitting)[(fitting.size - 1) // 2])
     return float(fitting.max())
 
 

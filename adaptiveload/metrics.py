@@ -40,10 +40,27 @@ def idle_fraction(t: np.ndarray) -> float:
     return float((tmax[:, None] - arr).sum() / (arr.shape[1] * tmax.sum()))
 
 
+def imbalance_cv(t: np.ndarray) -> float:
+    """Variant: mean over steps of the coefficient of variation std_r t / mean_r t (population
+    std over the ranks of a step; 0 = balanced)."""
+    arr = _as_steps_by_ranks(t)
+    return float(np.mean(arr.std(axis=1) / arr.mean(axis=1)))
+
+
 def max_over_mean(t: np.ndarray) -> float:
     """Mean over steps of max_r t / mean_r t (1.0 = perfectly balanced)."""
     arr = _as_steps_by_ranks(t)
     return float(np.mean(arr.max(axis=1) / arr.mean(axis=1)))
+
+
+# Every candidate definition of the paper's "computational imbalance rate" (it defines none),
+# by the name sweeps and figures use; all read the same [steps, ranks] compute times.
+IMBALANCE_DEFINITIONS = {
+    "range": ("(max - min) / max per step", imbalance_rate),
+    "max-mean": ("(max - mean) / max per step", imbalance_rate_mean),
+    "cv": ("std / mean per step", imbalance_cv),
+    "idle": ("idle fraction of rank-time", idle_fraction),
+}
 
 
 def vram_utilization(peak_bytes: np.ndarray, capacity_bytes: float) -> tuple[float, float]:

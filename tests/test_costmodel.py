@@ -5,7 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from adaptiveload.costmodel import CostModel, derive_budgets, fit, local_exponent
+from adaptiveload.costmodel import (
+    CostModel,
+    derive_budgets,
+    fit,
+    local_exponent,
+    reference_tokens,
+)
 from adaptiveload.errors import UserError
 from adaptiveload.model import analytic
 from adaptiveload.model.configs import get_config
@@ -200,3 +206,15 @@ def test_memory_terms_shard_the_static_state():
     sixteen = analytic.memory_terms(cfg, params, analytic.TrainingSetup(shard_world_size=16))
     assert one[0] == pytest.approx(16 * sixteen[0]) and one[1:] == sixteen[1:]
     assert one[0] > 141e9  # why the 14B prior assumes a sharded optimizer state
+
+
+def test_reference_rules_pick_the_heaviest_most_common_or_median_fitting_bucket():
+    tok = np.array([100.0] + [300.0] * 4 + [500.0] * 3 + [900.0] * 3 + [5000.0])
+    m_mem = 1000.0  # 5000 does not fit alone and is never the reference
+    assert reference_tokens(tok, m_mem) == 900.0
+    assert reference_tokens(tok, m_mem, "most-common") == 300.0
+    assert reference_tokens(tok, m_mem, "median") == 500.0  # 6th of 11 fitting samples
+    ties = np.array([100.0, 100.0, 700.0, 700.0])
+    assert reference_tokens(ties, m_mem, "most-common") == 700.0
+    with pytest.raises(UserError, match="reference rule"):
+        reference_tokens(tok, m_mem, "lightest")

@@ -96,3 +96,19 @@ def test_property_generation_is_deterministic(name, n, seed):
     b = synthesize(name, n, seed)
     pd.testing.assert_frame_equal(a, b)
     assert len(a) == n and a["sample_id"].is_unique
+
+
+def test_parametric_family_reproduces_paper_mixed_and_moves_its_shares():
+    cols = ["num_frames", "height", "width", "fps"]
+    same = synthesize("mixed-i35-l20", 3000, 5)[cols]
+    pd.testing.assert_frame_equal(same, synthesize("paper-mixed", 3000, 5)[cols])
+    heavy = synthesize("mixed-i10-l60", 3000, 5)
+    assert (heavy["num_frames"] == 1).mean() == pytest.approx(0.10, abs=0.03)
+    assert (heavy["num_frames"] >= 48).mean() > 0.5  # long clips have >= 48 raw frames
+    assert (synthesize("mixed-i100-l0", 200, 0)["num_frames"] == 1).all()
+
+
+@pytest.mark.parametrize("bad", ["mixed-i80-l30", "mixed-ix-l1", "paper"])
+def test_parametric_family_rejects_bad_names(bad):
+    with pytest.raises(UserError, match="mixture"):
+        synthesize(bad, 10, 0)

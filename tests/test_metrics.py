@@ -51,3 +51,22 @@ def test_summarize_throughput():
 def test_rejects_bad_shapes(bad):
     with pytest.raises(ValueError):
         metrics.imbalance_rate(bad)
+
+
+def test_imbalance_cv_hand_computed():
+    # step 0: mean 7/3, population var ((4/3)^2 + (1/3)^2 + (5/3)^2)/3 = 42/27; step 1: 0
+    cv0 = np.sqrt(42 / 27) / (7 / 3)
+    assert metrics.imbalance_cv(T) == pytest.approx(cv0 / 2)
+
+
+def test_imbalance_definitions_read_the_same_times():
+    # one straggler at 2x: range 1/2, max-mean (2 - 5/4)/2 = 3/8, cv sqrt(3)/5, idle 3/8
+    t = np.array([[1.0, 1.0, 1.0, 2.0]])
+    got = {name: fn(t) for name, (_, fn) in metrics.IMBALANCE_DEFINITIONS.items()}
+    assert got == pytest.approx(
+        {"range": 0.5, "max-mean": 0.375, "cv": np.sqrt(3) / 5, "idle": 0.375}
+    )
+    # idle fraction weights steps by their length, the per-step forms do not
+    two = np.array([[1.0, 2.0], [10.0, 10.0]])
+    assert metrics.idle_fraction(two) == pytest.approx(1 / (2 * 12))
+    assert metrics.imbalance_rate_mean(two) == pytest.approx(0.25 / 2)

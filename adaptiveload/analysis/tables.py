@@ -69,9 +69,12 @@ def _stat(stats: pd.DataFrame, key: tuple, metric: str, test: str) -> pd.Series 
 
 
 def paper_table(
-    runs: pd.DataFrame, steps: pd.DataFrame, stats: pd.DataFrame, baseline: str = "equal-token"
+    runs: pd.DataFrame, steps: pd.DataFrame, stats: pd.DataFrame, baseline: str = "equal-token",
+    extra_rows: pd.DataFrame | None = None,
 ) -> Table:
-    """One row per (setup, kernel, policy) of the base (non-sweep) runs, seeds averaged."""
+    """One row per (setup, kernel, policy) of the base (non-sweep) runs, seeds averaged; then
+    `extra_rows` in the same columns (the paper map's paper-consistent settings, whose setup
+    says so), which carry their own changes and no confidence intervals."""
     base_runs = runs[runs["variant"] == "base"]
     runs_v = _vram_per_run(base_runs, steps[steps["variant"] == "base"])
     rows = []
@@ -106,12 +109,15 @@ def paper_table(
         })
         rows.append(row)
     numbers = pd.DataFrame(rows)
+    if not numbers.empty:
+        base = numbers[numbers["policy"] == baseline].set_index(["setup", "kernel"])
+        vram_base = numbers.apply(
+            lambda r: base["vram_utilization"].get((r["setup"], r["kernel"]), np.nan), axis=1)
+        numbers["vram_change"] = numbers["vram_utilization"] / vram_base - 1
+    if extra_rows is not None and len(extra_rows):
+        numbers = pd.concat([numbers, extra_rows], ignore_index=True)
     if numbers.empty:
         return Table(numbers, numbers)
-    base = numbers[numbers["policy"] == baseline].set_index(["setup", "kernel"])
-    vram_base = numbers.apply(
-        lambda r: base["vram_utilization"].get((r["setup"], r["kernel"]), np.nan), axis=1)
-    numbers["vram_change"] = numbers["vram_utilization"] / vram_base - 1
     for col in ("paper_imbalance_rate", "paper_vram_change", "paper_throughput_change"):
         numbers[col] = numbers["policy"].map(lambda p, c=col: PAPER.get(p, {}).get(c, ""))
     return Table(numbers, _shown(numbers, baseline))
@@ -127,6 +133,8 @@ def _ci(est: float, lo: float, hi: float, p: float, pp: bool = False) -> str:
     if not np.isfinite(est):
         return ""
     unit, scale = (" pp", 100) if pp else ("%", 100)
+    if not (np.isfinite(lo) and np.isfinite(hi)):  # a model setting: no spread to show
+        return f"{scale * est:+.1f}{unit}"
     text = f"{scale * est:+.1f}{unit} [{scale * lo:+.1f}, {scale * hi:+.1f}]"
     return text + (f", p={p:.2g}" if np.isfinite(p) else "")
 

@@ -77,11 +77,21 @@ def tables_cmd(
     out_dir: Annotated[Path, Opt(help="writes paper_table.* and kernel_table.* here")],
     kernel_bench: KernelBench = None,
     baseline: Baseline = "equal-token",
+    paper_map: Annotated[
+        Path | None, Opt(help="`analyze paper-map` summary: adds its paper-consistent rows")
+    ] = None,
 ) -> None:
     """The paper table (md, csv, html) and the kernel table."""
     from adaptiveload.analysis.tables import KERNEL_NOTE, PAPER_NOTE, kernel_table, paper_table
+    from adaptiveload.io import read_json
 
-    table = paper_table(_read(runs), _read(steps), _read(stats), baseline=baseline)
+    extra = None
+    if paper_map is not None:
+        from adaptiveload.analysis.paper_map import paper_table_rows
+
+        extra = paper_table_rows(read_json(paper_map, "paper-map summary"))
+    table = paper_table(_read(runs), _read(steps), _read(stats), baseline=baseline,
+                        extra_rows=extra)
     table.write(out_dir / "paper_table", "AdaptiveLoad vs equal-token", PAPER_NOTE)
     kernel_table(kernel_bench).write(
         out_dir / "kernel_table", "Fused LayerNorm-Modulate kernel", KERNEL_NOTE)
@@ -117,6 +127,48 @@ def figures_cmd(
     for name in tqdm(figure, desc="figures", unit="fig"):
         render(name, inputs, out_dir / f"{name}.png")
     typer.echo(f"{len(figure)} figures -> {out_dir}")
+
+
+@analyze.command("paper-map")
+def paper_map_cmd(
+    config: Annotated[Path, Opt(help="experiment YAML with a `paper_map` section")],
+    points: Annotated[Path, Opt(help="one row per (setting, imbalance definition), CSV")],
+    summary: Annotated[Path, Opt(help="consistent region, nearest settings, tornado (JSON)")],
+) -> None:
+    """Simulate the grid of the paper's unpublished choices and locate the paper's numbers."""
+    from adaptiveload import config as experiment
+    from adaptiveload.analysis import paper_map
+    from adaptiveload.io import write_json, write_text
+
+    spec = experiment.load(config)["paper_map"]
+    table = paper_map.sweep(spec, progress=True)
+    result = paper_map.summarize(table, spec)
+    write_text(points, table.to_csv(index=False))
+    write_json(summary, result)
+    reg = result["region"]
+    typer.echo(f"{reg['settings']} settings x {len(paper_map.DEFINITIONS)} imbalance "
+               f"definitions, {reg['consistent_settings_count']} settings "
+               f"({reg['consistent']} pairs) consistent with the paper within "
+               f"±{reg['tolerance_pp']:g} pp (model) -> {points}, {summary}")
+
+
+@analyze.command("paper-map-figure")
+def paper_map_figure_cmd(
+    points: Annotated[Path, Opt(help="`analyze paper-map` points CSV")],
+    summary: Annotated[Path, Opt(help="`analyze paper-map` summary JSON")],
+    out: Annotated[Path, Opt("--out", "-o", help="PNG to write")],
+) -> None:
+    """Draw where the paper's numbers lie in the map, and what moves each one most."""
+    import matplotlib.pyplot as plt
+
+    from adaptiveload.analysis.paper_map import figure
+    from adaptiveload.io import atomic_path, read_json
+
+    fig = figure(_read(points), read_json(summary, "paper-map summary"))
+    with atomic_path(out) as tmp:
+        fig.savefig(tmp, dpi=110, bbox_inches="tight", format="png")
+    plt.close(fig)
+    typer.echo(f"figure -> {out}")
 
 
 @analyze.command("record")

@@ -9,6 +9,7 @@ crops), not bucket shapes, so bucketing has real work to do.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -187,13 +188,55 @@ MIXTURES: dict[str, Mixture] = {
 }
 
 
+# The parametric family around paper-mixed: `mixed-i<I>-l<L>` has I% images, L% long clips and
+# the rest short clips, each part split over its sources as in paper-mixed (short: 2:1 SD:HD,
+# long: 13:7 SD:HD), so `mixed-i35-l20` is paper-mixed's recipe. It maps how the result depends
+# on the two shares the paper does not publish.
+MIXED_FAMILY = re.compile(r"mixed-i(\d{1,3})-l(\d{1,3})")
+
+
+def mixed(image_pct: int, long_pct: int) -> Mixture:
+    """paper-mixed's components with `image_pct`% images and `long_pct`% long clips."""
+    if not (image_pct >= 0 and long_pct >= 0 and image_pct + long_pct <= 100):
+        raise UserError(
+            f"mixture mixed-i{image_pct}-l{long_pct}: image and long-clip percentages must be "
+            ">= 0 and sum to at most 100"
+        )
+    images, short_sd, short_hd, long_sd, long_hd = PAPER_MIXED.components
+    short = (100 - image_pct - long_pct) / 100
+    shares = (image_pct / 100, short * 2 / 3, short / 3, long_pct / 100 * 0.65,
+              long_pct / 100 * 0.35)  # fmt: skip
+    parts = (images, short_sd, short_hd, long_sd, long_hd)
+    return Mixture(
+        name=f"mixed-i{image_pct}-l{long_pct}",
+        components=tuple(
+            Component(w, c.sources, c.frames) for w, c in zip(shares, parts, strict=True)
+        ),
+        provenance=(
+            f"paper-mixed's sources with {image_pct}% images, {long_pct}% long clips and the "
+            "rest short clips (our parametric family for mapping the unpublished data mix)"
+        ),
+    )
+
+
+def get_mixture(name: str) -> Mixture:
+    """A registered mixture, or a member `mixed-i<I>-l<L>` of the parametric family."""
+    if name in MIXTURES:
+        return MIXTURES[name]
+    match = MIXED_FAMILY.fullmatch(name)
+    if match is None:
+        raise UserError(
+            f"mixture '{name}': unknown; expected one of {', '.join(MIXTURES)} or "
+            "mixed-i<image %>-l<long-clip %> (e.g. mixed-i35-l20)"
+        )
+    return mixed(int(match[1]), int(match[2]))
+
+
 def synthesize(name: str, n: int, seed: int) -> pd.DataFrame:
     """`n` manifest rows of mixture `name`; the same (name, n, seed) gives the same frame."""
-    if name not in MIXTURES:
-        raise UserError(f"mixture '{name}': unknown; expected one of {', '.join(MIXTURES)}")
+    mix = get_mixture(name)
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
         raise UserError(f"number of samples {n!r}: expected an integer >= 1")
-    mix = MIXTURES[name]
     rng = np.random.default_rng(seed)
     weights = np.array([c.weight for c in mix.components])
     which = rng.choice(len(mix.components), size=n, p=weights / weights.sum())

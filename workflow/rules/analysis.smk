@@ -48,6 +48,7 @@ rule tables:
         steps=rules.aggregate.output.steps,
         stats=rules.stats.output.csv,
         kernel=KERNEL_BENCH,
+        paper_map=[MAP_SUMMARY] if PAPER_MAP else [],
     output:
         f"{TABLES}/paper_table.csv",
         f"{TABLES}/paper_table.md",
@@ -59,6 +60,7 @@ rule tables:
                category="Tables"),
     params:
         kernel=lambda w, input: f"--kernel-bench {input.kernel}" if input.kernel else "",
+        paper_map=lambda w, input: f"--paper-map {input.paper_map}" if input.paper_map else "",
         baseline=config["analysis"]["baseline"],
         out=lambda w, output: os.path.dirname(output[0]),
     log:
@@ -69,7 +71,7 @@ rule tables:
         CONDA_ENV
     shell:
         "adaptiveload analyze tables --runs {input.runs} --steps {input.steps} --stats {input.stats} "
-        "--out-dir {params.out} {params.kernel} "
+        "--out-dir {params.out} {params.kernel} {params.paper_map} "
         "--baseline {params.baseline} > {log} 2>&1"
 
 

@@ -44,6 +44,9 @@ MANIFEST = config["data"]["manifest"] or f"{RES}/data/manifest.parquet"
 DESCRIBE = f"{RES}/data/describe.json"
 KERNEL_BUILD = "build/kernels/build.json"
 KERNEL_BENCH = [f"{RES}/kernel/bench.csv"] if config["kernel"]["bench"] else []
+PAPER_MAP = config["paper_map"]["enabled"]
+MAP_POINTS = f"{RES}/paper_map/points.csv"
+MAP_SUMMARY = f"{RES}/paper_map/summary.json"
 
 
 wildcard_constraints:
@@ -114,6 +117,16 @@ def sim_dir(sim, variant, policy, seed):
     return f"{RES}/sim/{sim}/{variant}/{policy}/seed{seed}"
 
 
+# ---------------------------------------------------------------- the paper map
+def map_calibrations():
+    """Every calibration file the map's centre, axes and factorial name (inputs of the sweep)."""
+    spec = config["paper_map"]
+    files = {spec["centre"]["calibration"]}
+    for section in (spec["axes"], spec["factorial"]):
+        files.update(section.get("calibration") or [])
+    return sorted(files)
+
+
 # ---------------------------------------------------------------- the run index
 def run_index():
     """Every run the analysis reads: training runs (measured) and simulations (model)."""
@@ -173,6 +186,8 @@ def all_targets():
                *TABLE_FILES, *[f"{FIGS}/{name}.png" for name in figure_names()]]
     if config["kernel"]["build"]:
         targets.append(KERNEL_BUILD)
+    if PAPER_MAP:
+        targets += [MAP_SUMMARY, f"{FIGS}/paper_map.png"]
     if TRAIN:
         targets += expand(f"{RES}/plans/{{policy}}/seed{{seed}}.json", policy=POLICIES,
                           seed=SEEDS)
