@@ -20,6 +20,7 @@ for AdaptiveLoad and M_tok for the equal-token baseline, both calibrated to one 
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -131,6 +132,29 @@ class Calibration:
     @classmethod
     def load(cls, path: str | Path) -> Calibration:
         return cls.from_dict(read_json(path, "calibration file"), origin=str(path))
+
+    def require_model(self, model: str, origin: str | Path) -> None:
+        """UserError unless this calibration was made for `model`: the same name and, where
+        the file records it (`model_config`), the same shape. Budgets of another model
+        would silently plan wrong batch sizes."""
+        fix = f"calibrate {model} (`adaptiveload calibrate`) or pass its calibration file"
+        if self.model != model:
+            raise UserError(
+                f"{origin}: calibration is for model {self.model!r}, not {model!r}; {fix}"
+            )
+        recorded = self.extra.get("model_config")
+        if not isinstance(recorded, dict):
+            return
+        from adaptiveload.model.configs import get_config
+
+        expected = json.loads(json.dumps(get_config(model).to_dict()))
+        differ = [k for k, v in expected.items() if k != "name" and recorded.get(k) != v]
+        if differ:
+            k = differ[0]
+            raise UserError(
+                f"{origin}: calibration of {model!r} has another shape ({k} {recorded.get(k)!r} "
+                f"in the file, {expected[k]!r} in the model); {fix}"
+            )
 
 
 @dataclass(frozen=True)
