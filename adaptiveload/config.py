@@ -63,15 +63,19 @@ def _non_finite(value: Any, path: str = "") -> str | None:
     return None
 
 
+def _require_finite(config: dict[str, Any], origin: str) -> None:
+    bad = _non_finite(config)
+    if bad:
+        raise UserError(f"{origin}: field '{bad}': must be a finite number (not NaN or infinite)")
+
+
 def validate(config: dict[str, Any], origin: str) -> dict[str, Any]:
     """Fill defaults into `config` in place and validate it; UserError names the bad field.
 
     Snakemake's validation of the pipeline config calls this too (see the Snakefile), so
     `snakemake -n` refuses what `adaptiveload` commands refuse.
     """
-    bad = _non_finite(config)
-    if bad:
-        raise UserError(f"{origin}: field '{bad}': must be a finite number (not NaN or infinite)")
+    _require_finite(config, origin)
     validator = _with_defaults(jsonschema.Draft202012Validator)(schema())
     # defaults are inserted before descending, so nested sections get theirs in the same pass
     errors = sorted(validator.iter_errors(config), key=lambda e: list(e.absolute_path))
@@ -121,3 +125,12 @@ def load(path: str | Path) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise UserError(f"{path}: expected a mapping of fields at the top level")
     return validate(raw, origin=str(path))
+
+
+def check_pipeline_config(config: dict[str, Any], files: list[str | Path]) -> None:
+    """What the Snakefile runs beside Snakemake's `validate()`: the checks JSON Schema cannot
+    express (duplicate keys in each config file, NaN/inf numbers), so `snakemake -n` refuses
+    every config the `adaptiveload` commands refuse. UserError names the file and field."""
+    for path in files:
+        read_yaml(path)
+    _require_finite(config, ", ".join(str(p) for p in files) or "config")

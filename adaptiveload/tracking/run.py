@@ -271,8 +271,16 @@ def _now_ms() -> int:
 
 
 def sync(spool_path: str | Path, uri: str | None = None) -> int:
-    """Upload a run's spool (`adaptiveload sync`); returns the number of records uploaded."""
+    """Upload a run's spool (`adaptiveload sync`); returns the number of records uploaded.
+
+    Idempotent: a spool that is gone (a run or an earlier sync uploaded everything and
+    removed it) or holds no records uploads nothing and returns 0.
+    """
+    if not Path(spool_path).is_file():
+        return 0
     spool = Spool.load(spool_path)
+    if not spool.records:
+        return 0
     pending = len(spool.records)
     from adaptiveload.tracking.store import check_reachable
 
