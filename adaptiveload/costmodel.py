@@ -99,6 +99,10 @@ class Calibration:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], origin: str = "<dict>") -> Calibration:
+        if not isinstance(data, dict):
+            raise UserError(
+                f"{origin}: a calibration is a JSON object; write it with `adaptiveload calibrate`"
+            )
         required = ("model", "device", "source", "cost", "p", "m_mem", "m_comp")
         missing = [k for k in required if k not in data]
         if missing:
@@ -108,10 +112,17 @@ class Calibration:
             )
         if data["source"] not in ("measured", "model"):
             raise UserError(f"{origin}: field 'source' must be 'measured' or 'model'")
+        for name in ("p", "m_mem", "m_comp"):
+            if not _finite_number(data[name]):
+                raise UserError(f"{origin}: field '{name}' must be a finite number")
+        cost_fields = data["cost"] if isinstance(data["cost"], dict) else {}
         try:
-            cost = CostModel(**data["cost"])
+            cost = CostModel(**cost_fields)
         except TypeError as exc:
             raise UserError(f"{origin}: field 'cost' is malformed ({exc})") from None
+        bad = [k for k, v in cost_fields.items() if not _finite_number(v)]
+        if bad:
+            raise UserError(f"{origin}: field 'cost.{bad[0]}' must be a finite number")
         m_tok = data.get("m_tok")
         if m_tok is not None and not (isinstance(m_tok, (int, float)) and m_tok > 0):
             raise UserError(f"{origin}: field 'm_tok' must be a positive number (or absent)")
@@ -155,6 +166,10 @@ class Calibration:
                 f"{origin}: calibration of {model!r} has another shape ({k} {recorded.get(k)!r} "
                 f"in the file, {expected[k]!r} in the model); {fix}"
             )
+
+
+def _finite_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and np.isfinite(value)
 
 
 @dataclass(frozen=True)

@@ -146,6 +146,8 @@ def _positive(**values: float) -> None:
 
 
 def _read_plan(path: Path) -> pd.DataFrame:
+    if path.is_dir():  # pyarrow would read it as an (empty) dataset
+        raise UserError(f"{path}: a plan file (Parquet) expected, found a directory")
     try:
         table = pd.read_parquet(path)
     except FileNotFoundError:

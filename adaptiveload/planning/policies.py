@@ -41,7 +41,7 @@ class Budgets:
     p: float | None = None
 
     def __post_init__(self) -> None:
-        for name in ("m_tok", "m_mem", "m_comp"):
+        for name in ("m_mem", "m_comp", "m_tok"):  # m_tok may be m_mem's value: name m_mem
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and 0 < value <= MAX_BUDGET):
                 raise UserError(

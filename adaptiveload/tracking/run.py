@@ -276,7 +276,7 @@ def sync(spool_path: str | Path, uri: str | None = None) -> int:
     Idempotent: a spool that is gone (a run or an earlier sync uploaded everything and
     removed it) or holds no records uploads nothing and returns 0.
     """
-    if not Path(spool_path).is_file():
+    if not Path(spool_path).exists():
         return 0
     spool = Spool.load(spool_path)
     if not spool.records:
