@@ -1,7 +1,8 @@
 """The resolved settings of one training run, built from a validated experiment dict.
 
 Grouped like torchtitan's job config (optimizer, objective, run), frozen so that nothing
-changes them mid-run; `fingerprint()` lets a resumed run check it is the same run.
+changes them mid-run; `fingerprint()` is the config's part of a run's identity
+(`training.inputs.run_identity`), which a checkpoint must match to be resumed.
 """
 
 from __future__ import annotations
