@@ -10,6 +10,10 @@ configfile: "experiments/default.yaml"
 
 
 validate(config, "workflow/schemas/config.schema.yaml")
+# what JSON Schema cannot say (duplicate keys, NaN/inf), checked as `adaptiveload` commands do
+from adaptiveload.config import check_pipeline_config
+
+check_pipeline_config(config, workflow.configfiles)
 
 
 report: "workflow/report/workflow.rst"

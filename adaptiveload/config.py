@@ -7,6 +7,8 @@ so a bad field is reported the same way everywhere: file, field, what is expecte
 from __future__ import annotations
 
 import copy
+import math
+from collections.abc import Hashable
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,7 @@ import jsonschema
 import yaml
 
 from adaptiveload.errors import UserError
+from adaptiveload.io import read_text
 
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "workflow" / "schemas" / "config.schema.yaml"
 
@@ -38,8 +41,41 @@ def _with_defaults(validator_class: type) -> type:
     return jsonschema.validators.extend(validator_class, {"properties": set_defaults})
 
 
+def _non_finite(value: Any, path: str = "") -> str | None:
+    """The dotted path of the first NaN or infinite number in `value`, else None.
+
+    JSON Schema bounds cannot refuse NaN (every comparison with it is false), and YAML
+    writes it as `.nan`; this check runs with the schema everywhere the schema runs.
+    """
+    if isinstance(value, float) and not math.isfinite(value):
+        return path or "(top level)"
+    items = (
+        value.items()
+        if isinstance(value, dict)
+        else enumerate(value)
+        if isinstance(value, list)
+        else ()
+    )
+    for key, sub in items:
+        found = _non_finite(sub, f"{path}.{key}" if path else str(key))
+        if found:
+            return found
+    return None
+
+
+def _require_finite(config: dict[str, Any], origin: str) -> None:
+    bad = _non_finite(config)
+    if bad:
+        raise UserError(f"{origin}: field '{bad}': must be a finite number (not NaN or infinite)")
+
+
 def validate(config: dict[str, Any], origin: str) -> dict[str, Any]:
-    """Fill defaults into `config` in place and validate it; UserError names the bad field."""
+    """Fill defaults into `config` in place and validate it; UserError names the bad field.
+
+    Snakemake's validation of the pipeline config calls this too (see the Snakefile), so
+    `snakemake -n` refuses what `adaptiveload` commands refuse.
+    """
+    _require_finite(config, origin)
     validator = _with_defaults(jsonschema.Draft202012Validator)(schema())
     # defaults are inserted before descending, so nested sections get theirs in the same pass
     errors = sorted(validator.iter_errors(config), key=lambda e: list(e.absolute_path))
@@ -53,15 +89,48 @@ def validate(config: dict[str, Any], origin: str) -> dict[str, Any]:
     return config
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a key given twice in one mapping (PyYAML keeps the last,
+    silently dropping the value the user may have meant)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, Hashable) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key '{key}' given twice; keep one", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def read_yaml(path: str | Path, what: str = "experiment file") -> Any:
+    """Parse a YAML file safely (no duplicate keys); UserError names the file and the line."""
+    text = read_text(path, what)
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        raise UserError(f"{path}: {where}not valid YAML ({exc.problem or exc.context})") from None
+    except yaml.YAMLError as exc:
+        raise UserError(f"{path}: not valid YAML ({' '.join(str(exc).split())})") from None
+
+
 def load(path: str | Path) -> dict[str, Any]:
     """Read an experiment YAML, fill defaults, validate. Raises UserError on bad input."""
     path = Path(path)
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise UserError(f"{path}: experiment file not found") from None
-    except yaml.YAMLError as exc:
-        raise UserError(f"{path}: not valid YAML ({exc})") from None
+    raw = read_yaml(path)
     if not isinstance(raw, dict):
         raise UserError(f"{path}: expected a mapping of fields at the top level")
     return validate(raw, origin=str(path))
+
+
+def check_pipeline_config(config: dict[str, Any], files: list[str | Path]) -> None:
+    """What the Snakefile runs beside Snakemake's `validate()`: the checks JSON Schema cannot
+    express (duplicate keys in each config file, NaN/inf numbers), so `snakemake -n` refuses
+    every config the `adaptiveload` commands refuse. UserError names the file and field."""
+    for path in files:
+        read_yaml(path)
+    _require_finite(config, ", ".join(str(p) for p in files) or "config")

@@ -20,6 +20,7 @@ for AdaptiveLoad and M_tok for the equal-token baseline, both calibrated to one 
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -98,6 +99,10 @@ class Calibration:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], origin: str = "<dict>") -> Calibration:
+        if not isinstance(data, dict):
+            raise UserError(
+                f"{origin}: a calibration is a JSON object; write it with `adaptiveload calibrate`"
+            )
         required = ("model", "device", "source", "cost", "p", "m_mem", "m_comp")
         missing = [k for k in required if k not in data]
         if missing:
@@ -107,10 +112,17 @@ class Calibration:
             )
         if data["source"] not in ("measured", "model"):
             raise UserError(f"{origin}: field 'source' must be 'measured' or 'model'")
+        for name in ("p", "m_mem", "m_comp"):
+            if not _finite_number(data[name]):
+                raise UserError(f"{origin}: field '{name}' must be a finite number")
+        cost_fields = data["cost"] if isinstance(data["cost"], dict) else {}
         try:
-            cost = CostModel(**data["cost"])
+            cost = CostModel(**cost_fields)
         except TypeError as exc:
             raise UserError(f"{origin}: field 'cost' is malformed ({exc})") from None
+        bad = [k for k, v in cost_fields.items() if not _finite_number(v)]
+        if bad:
+            raise UserError(f"{origin}: field 'cost.{bad[0]}' must be a finite number")
         m_tok = data.get("m_tok")
         if m_tok is not None and not (isinstance(m_tok, (int, float)) and m_tok > 0):
             raise UserError(f"{origin}: field 'm_tok' must be a positive number (or absent)")
@@ -131,6 +143,33 @@ class Calibration:
     @classmethod
     def load(cls, path: str | Path) -> Calibration:
         return cls.from_dict(read_json(path, "calibration file"), origin=str(path))
+
+    def require_model(self, model: str, origin: str | Path) -> None:
+        """UserError unless this calibration was made for `model`: the same name and, where
+        the file records it (`model_config`), the same shape. Budgets of another model
+        would silently plan wrong batch sizes."""
+        fix = f"calibrate {model} (`adaptiveload calibrate`) or pass its calibration file"
+        if self.model != model:
+            raise UserError(
+                f"{origin}: calibration is for model {self.model!r}, not {model!r}; {fix}"
+            )
+        recorded = self.extra.get("model_config")
+        if not isinstance(recorded, dict):
+            return
+        from adaptiveload.model.configs import get_config
+
+        expected = json.loads(json.dumps(get_config(model).to_dict()))
+        differ = [k for k, v in expected.items() if k != "name" and recorded.get(k) != v]
+        if differ:
+            k = differ[0]
+            raise UserError(
+                f"{origin}: calibration of {model!r} has another shape ({k} {recorded.get(k)!r} "
+                f"in the file, {expected[k]!r} in the model); {fix}"
+            )
+
+
+def _finite_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and np.isfinite(value)
 
 
 @dataclass(frozen=True)

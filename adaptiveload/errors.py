@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 
 class UserError(Exception):
     """Bad input from the user (a file, a flag, a config field).
@@ -9,3 +11,9 @@ class UserError(Exception):
     The CLI prints the message (which should name the file, the field and the fix) to stderr
     and exits with status 2, before any output is written.
     """
+
+
+def notice(message: str) -> None:
+    """Tell the user, in one line on stderr, about something the run decided on its own
+    (starting over, skipping a file) that changes what they get but is not an error."""
+    print(f"note: {' '.join(str(message).split())}", file=sys.stderr, flush=True)

@@ -1,4 +1,8 @@
-"""Atomic file writes: a reader (or a crashed writer) never sees a half-written result."""
+"""Atomic file writes: a reader (or a crashed writer) never sees a half-written result.
+
+Files get the mode an ordinary `open(path, "w")` would give them (0666 minus the umask), not
+mkstemp's private 0600, so colleagues sharing a results folder can read them.
+"""
 
 from __future__ import annotations
 
@@ -23,19 +27,60 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     tmp_path = Path(tmp)
     try:
         yield tmp_path
+        os.chmod(tmp_path, 0o666 & ~_umask())
         os.replace(tmp_path, final)
     finally:
         tmp_path.unlink(missing_ok=True)
 
 
+def _umask() -> int:
+    """The process umask: from /proc on Linux, else by setting it and putting it straight back
+    (which a thread creating a file in between would see)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def remove_temporaries(directory: str | os.PathLike[str], name_glob: str = "*") -> list[Path]:
+    """Delete what killed writers left of `atomic_path` (`.<name>.*.tmp`) in `directory`.
+
+    Call it on start-up, from the one process that owns the folder: a live writer's
+    temporary looks the same.
+    """
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    stale = sorted(directory.glob(f".{name_glob}.*.tmp"))
+    for path in stale:
+        path.unlink(missing_ok=True)
+    return stale
+
+
 def read_json(path: str | os.PathLike[str], what: str = "file") -> Any:
     """Parse a JSON file; a missing or malformed one is a UserError naming the file."""
     try:
-        return json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise UserError(f"{path}: {what} not found") from None
+        return json.loads(read_text(path, what))
     except json.JSONDecodeError as exc:
         raise UserError(f"{path}: {what} is not valid JSON ({exc})") from None
+
+
+def read_text(path: str | os.PathLike[str], what: str = "file") -> str:
+    """A UTF-8 text file's content; missing, a directory, unreadable or binary is a UserError."""
+    path = Path(path)
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UserError(f"{path}: {what} not found") from None
+    except IsADirectoryError:
+        raise UserError(f"{path}: {what} expected, found a directory") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: {what} is not UTF-8 text (a binary file?)") from None
+    except OSError as exc:
+        raise UserError(f"{path}: {what} cannot be read ({exc.strerror})") from None
 
 
 def write_text(path: str | os.PathLike[str], text: str) -> None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import platform
 import subprocess
+from functools import cache
 from pathlib import Path
 
 
@@ -40,3 +42,17 @@ def git_commit() -> str:
         return out.stdout.strip() or "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
+
+
+@cache
+def code_version() -> str:
+    """'<package version>+<hash of the package's Python sources>': changes with any edit of
+    the code, committed or not, so a checkpoint of other code is never resumed."""
+    from adaptiveload import __version__
+
+    package = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for path in sorted(package.rglob("*.py")):
+        digest.update(path.relative_to(package).as_posix().encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return f"{__version__}+{digest.hexdigest()[:12]}"

@@ -97,3 +97,19 @@ def test_bad_config_fails_validation_naming_the_field(tmp_path):
     assert out.returncode != 0
     text = out.stdout + out.stderr  # Snakemake prints its errors on stdout
     assert "world_size" in text and "minimum" in text
+
+
+@pytest.mark.parametrize(
+    ("text", "expect"),
+    [
+        ("name: bad\ntrain: {lr: .nan}\n", "train.lr"),  # no JSON Schema bound refuses NaN
+        ("name: bad\ntrain: {grad_clip: .inf}\n", "grad_clip"),
+        ("name: bad\ntrain: {steps: 3}\ntrain: {steps: 4}\n", "key 'train' given twice"),
+    ],
+)
+def test_dry_run_refuses_what_the_commands_refuse(tmp_path, text, expect):
+    work = copy_workflow(tmp_path)
+    (work / "experiments" / "bad.yaml").write_text(text)
+    out = snakemake(work, "-n", "--configfile", "experiments/bad.yaml", timeout=300)
+    assert out.returncode != 0
+    assert expect in out.stdout + out.stderr

@@ -161,3 +161,16 @@ def test_sort_and_chunk_minimises_the_sum_of_step_maxima():
     cost = rng.random(40)
     order = deal_balanced(cost, world_size=4, window_steps=2, rng=rng)
     assert (np.arange(40) // 8 == order // 8).all()
+
+
+def test_huge_budgets_are_refused_and_never_wrap_around():
+    """1e308 used to overflow int64 in the batch-size cast (every batch became B = 1)."""
+    from adaptiveload.planning.policies import MAX_BUDGET, _floor_within
+
+    for name in ("m_tok", "m_mem", "m_comp"):
+        with pytest.raises(UserError, match=name):
+            Budgets(**{name: 1e308})
+    b = _floor_within(1e300, np.array([1.0, 7.0]))
+    assert (b > 0).all() and (b <= MAX_BUDGET).all()
+    big = Budgets(m_mem=MAX_BUDGET, m_comp=MAX_BUDGET, p=1.0)
+    assert (batch_size("adaptiveload", [16, 4096], big) > 1).all()

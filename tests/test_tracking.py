@@ -129,3 +129,58 @@ def test_stale_spool_of_another_run_blocks_a_new_run(tmp_path):
     with pytest.raises(UserError, match="adaptiveload sync"):
         RunTracker.start(uri, "e", "r", {}, {}, spool)
     assert MlflowClient(uri).get_experiment_by_name("e") is None  # nothing created
+
+
+_CREATE = """
+import sys, time
+from pathlib import Path
+from adaptiveload.tracking.store import check_reachable
+import mlflow.store.tracking.sqlalchemy_store  # the slow imports, before the start line
+uri, ready, go = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
+ready.touch()
+while not go.exists():
+    time.sleep(0.001)
+check_reachable(uri)
+"""
+
+
+def test_two_processes_creating_a_fresh_store_at_once(tmp_path):
+    """What two trainings started together on a fresh sqlite store do first: without the
+    creation lock, one fails in MLflow's migrations (`duplicate column name`)."""
+    import subprocess
+    import sys
+    import time
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    go = tmp_path / "go"
+    ready = [tmp_path / f"ready{i}" for i in range(2)]
+    command = [sys.executable, "-c", _CREATE, uri]
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+    procs = [
+        subprocess.Popen([*command, str(r), str(go)], env=cli_env(), cwd=ROOT, **pipes)
+        for r in ready
+    ]
+    deadline = time.monotonic() + 300
+    while not all(r.exists() for r in ready) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    go.touch()  # both start creating within a millisecond
+    results = [(p.wait(timeout=300), p.stderr.read()) for p in procs]
+    for code, err in results:
+        assert code == 0, err[-1500:]
+    assert MlflowClient(uri).search_experiments()  # one store, created once, answering
+
+
+def test_sync_is_idempotent(tmp_path):
+    uri = init_store(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    spool = tmp_path / "run" / "tracking.spool.jsonl"
+    tracker = RunTracker.start(uri, "e", "r", {}, {}, spool)
+    pending = [{"kind": "step", "step": s, "ts": 0, "metrics": {"loss": float(s)}} for s in (0, 1)]
+    Spool(spool, tracker.run_id, uri, pending).rewrite()  # what an outage leaves behind
+    env = cli_env()
+    first = adaptiveload("sync", str(spool), env=env, cwd=ROOT)
+    assert first.returncode == 0, first.stderr
+    assert "2 record(s) uploaded" in first.stderr and not spool.exists()
+    again = adaptiveload("sync", str(spool), env=env, cwd=ROOT)
+    assert again.returncode == 0, again.stderr
+    assert "nothing to sync" in again.stderr and "Traceback" not in again.stderr
+    assert _steps(uri, tracker.run_id) == [0, 1]

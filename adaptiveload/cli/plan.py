@@ -15,7 +15,7 @@ from adaptiveload.costmodel import Calibration
 from adaptiveload.errors import UserError
 from adaptiveload.io import write_json, write_parquet
 from adaptiveload.planning.dealing import DEFAULT_WINDOW_STEPS
-from adaptiveload.planning.plan import TABLE_COLUMNS, build_plan
+from adaptiveload.planning.plan import build_plan, check_table
 from adaptiveload.planning.policies import AUTO, POLICIES, Budgets, get_policy
 from adaptiveload.planning.simulate import DEFAULT_ALLREDUCE_GBPS, simulate
 
@@ -27,11 +27,8 @@ def _calibration(path: Path | None, model: str | None) -> Calibration | None:
     if path is None:
         return None
     cal = Calibration.load(path)
-    if model is not None and cal.model != model:
-        raise UserError(
-            f"{path}: calibration is for model {cal.model!r}, not {model!r}; "
-            f"calibrate {model} or pass its calibration file"
-        )
+    if model is not None:
+        cal.require_model(model, path)
     return cal
 
 
@@ -149,17 +146,13 @@ def _positive(**values: float) -> None:
 
 
 def _read_plan(path: Path) -> pd.DataFrame:
+    if path.is_dir():  # pyarrow would read it as an (empty) dataset
+        raise UserError(f"{path}: a plan file (Parquet) expected, found a directory")
     try:
         table = pd.read_parquet(path)
     except FileNotFoundError:
         raise UserError(f"{path}: plan file not found") from None
     except Exception as exc:
         raise UserError(f"{path}: not a Parquet plan table ({exc})") from None
-    missing = [c for c in TABLE_COLUMNS if c not in table.columns]
-    if missing:
-        raise UserError(
-            f"{path}: column(s) {', '.join(missing)} missing; write it with `adaptiveload plan`"
-        )
-    if table.empty:
-        raise UserError(f"{path}: plan table is empty")
+    check_table(table, str(path))
     return table

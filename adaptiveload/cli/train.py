@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -14,6 +16,27 @@ tracking_app = typer.Typer(help="The MLflow tracking store.", no_args_is_help=Tr
 app.add_typer(tracking_app, name="tracking")
 
 _POLICIES = "equal-token | adaptiveload | adaptiveload-balanced"
+# set to 1 by the Snakemake rule, which `exec`s the trainer: a killed `snakemake` then takes
+# its training jobs with it instead of leaving them running (Linux; see docs/robustness.md)
+DIE_WITH_PARENT = "ADAPTIVELOAD_DIE_WITH_PARENT"
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to send SIGTERM when the parent process dies (prctl PR_SET_PDEATHSIG), and
+    turn SIGTERM into SystemExit so the run is marked FAILED in MLflow on the way out."""
+    import ctypes
+    import signal
+
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the docs say how to clean up by hand
+        return
+    if os.getppid() != parent:  # the parent died before the request took effect
+        sys.exit(128 + signal.SIGTERM)
 
 
 @app.command("train")
@@ -48,6 +71,8 @@ def train(
     Under `torchrun --nproc-per-node N -m adaptiveload train ...` each process is one rank
     (DDP; gloo on CPU, NCCL on CUDA); otherwise one process emulates the ranks in turn.
     """
+    if os.environ.get(DIE_WITH_PARENT) == "1":
+        _die_with_parent()
     from adaptiveload.tracking.session import Request
     from adaptiveload.tracking.session import train as run
     from adaptiveload.tracking.store import configure_environment
@@ -80,7 +105,10 @@ def sync(
 
     configure_environment()
     n = upload(spool, tracking_uri)
-    typer.echo(f"{spool}: {n} record(s) uploaded", err=True)
+    if n:
+        typer.echo(f"{spool}: {n} record(s) uploaded", err=True)
+    else:
+        typer.echo(f"{spool}: nothing to sync (every record is in the store)", err=True)
 
 
 @tracking_app.command("init")

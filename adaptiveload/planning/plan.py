@@ -218,6 +218,45 @@ def _rows(
     return table, row_sample
 
 
+MAX_TOKENS = (1 << 20) - 1  # bucket shapes and tokens are packed in 20 bits (_make_batches)
+
+
+def check_table(table: pd.DataFrame, origin: str) -> None:
+    """UserError unless `table` is a plan table as `build_plan` writes it: the columns,
+    integer step/rank/shape/tokens in range, each sample planned once (padding aside).
+    A plan file from elsewhere passes only if it could have been planned."""
+    missing = [c for c in TABLE_COLUMNS if c not in table.columns]
+    if missing:
+        raise UserError(
+            f"{origin}: column(s) {', '.join(missing)} missing; write it with `adaptiveload plan`"
+        )
+    if table.empty:
+        raise UserError(f"{origin}: plan table is empty")
+    fix = "write the plan with `adaptiveload plan`"
+    for col, least, most in (
+        ("step", 0, None), ("rank", 0, None), ("frames", 1, MAX_TOKENS),
+        ("height", 1, MAX_TOKENS), ("width", 1, MAX_TOKENS), ("tokens", 1, MAX_TOKENS),
+    ):  # fmt: skip
+        values = pd.to_numeric(table[col], errors="coerce").to_numpy(np.float64, na_value=np.nan)
+        bad = ~np.isfinite(values) | (values != np.round(values)) | (values < least)
+        if most is not None:
+            bad |= values > most
+        if bad.any():
+            row = int(np.argmax(bad))
+            limit = f"{least}..{most}" if most is not None else f">= {least}"
+            raise UserError(
+                f"{origin}: row {row}: column {col} is {table[col].iat[row]!r}; "
+                f"expected an integer {limit}; {fix}"
+            )
+    real = table.loc[~table["is_padding"].astype(bool), "sample_id"]
+    repeated = real[real.duplicated()]
+    if len(repeated):
+        raise UserError(
+            f"{origin}: sample {repeated.iat[0]!r} is planned more than once outside padding "
+            f"rows; {fix}"
+        )
+
+
 def _digest(*arrays: np.ndarray) -> str:
     """Short content hash of the plan's row positions, batch sizes and padding flags."""
     h = hashlib.sha256()

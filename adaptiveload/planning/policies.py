@@ -25,6 +25,10 @@ from adaptiveload.errors import UserError
 
 AUTO = "auto"
 P_RANGE = (1.0, 3.0)
+# a sanity bound on M_tok, M_mem, M_comp (the schema's budget maximum is the same): far above
+# any real budget (a 14B model's M_comp at p = 3 is ~1e14), far below where B = M / S^p
+# overflows an int64 batch size
+MAX_BUDGET = 1e18
 
 
 @dataclass(frozen=True)
@@ -37,10 +41,12 @@ class Budgets:
     p: float | None = None
 
     def __post_init__(self) -> None:
-        for name in ("m_tok", "m_mem", "m_comp"):
+        for name in ("m_mem", "m_comp", "m_tok"):  # m_tok may be m_mem's value: name m_mem
             value = getattr(self, name)
-            if value is not None and not (math.isfinite(value) and value > 0):
-                raise UserError(f"budget {name}={value}: must be a positive number")
+            if value is not None and not (math.isfinite(value) and 0 < value <= MAX_BUDGET):
+                raise UserError(
+                    f"budget {name}={value}: must be a positive number up to {MAX_BUDGET:g}"
+                )
         if self.p is not None and not (P_RANGE[0] <= self.p <= P_RANGE[1]):
             raise UserError(f"budget p={self.p}: must lie in [{P_RANGE[0]:g}, {P_RANGE[1]:g}]")
 
@@ -122,7 +128,9 @@ def _floor_within(budget: float, per_sample: np.ndarray) -> np.ndarray:
     """Largest integer b with b * per_sample <= budget, exact in float (floor then fix-up)."""
     b = np.floor(budget / per_sample)
     b -= b * per_sample > budget  # a quotient rounded up onto an integer
-    return b.astype(np.int64)
+    # no sample is < 1 token and budgets are <= MAX_BUDGET, so this never clips real batches;
+    # it keeps a huge quotient from wrapping around in the int64 cast
+    return np.minimum(b, MAX_BUDGET).astype(np.int64)
 
 
 class EqualToken(Policy):

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from adaptiveload.errors import UserError
+from adaptiveload.errors import UserError, notice
 from adaptiveload.tracking.spool import Spool
 from adaptiveload.tracking.store import (
     MAX_METRICS_PER_CALL,
@@ -29,6 +29,8 @@ from adaptiveload.tracking.store import (
 log = logging.getLogger(__name__)
 
 MAX_PARAMS_PER_CALL = 100
+RUN_DIR_TAG = "adaptiveload.run_dir"  # the output folder a run writes (resolved path)
+SUPERSEDED_TAG = "adaptiveload.superseded_by"  # the run that redid this one's work
 STEP_KEY = "loss"  # logged at every step: its history says which steps the store holds
 
 
@@ -68,8 +70,17 @@ class RunTracker:
         tags: Mapping[str, str],
         spool_path: Path,
         run_id: str | None = None,
+        run_dir: Path | None = None,
+        supersede: str | None = None,
     ) -> RunTracker:
-        """Create the run (or reopen `run_id` when resuming); the store must be reachable."""
+        """Create the run (or reopen `run_id` when resuming); the store must be reachable.
+
+        A new run tagged with `run_dir` supersedes the earlier runs of that folder (and the
+        run `supersede`, the one a stale checkpoint fed): they get the tag SUPERSEDED_TAG,
+        and those still RUNNING (killed before they could say so) are ended as KILLED.
+        A `run_id` this store does not hold (the command rerun with another
+        MLFLOW_TRACKING_URI) gets a new run here, said in one line.
+        """
         stale = Spool.load(spool_path).run_id if Path(spool_path).exists() else None
         if stale is not None and stale != run_id:
             raise UserError(
@@ -77,7 +88,15 @@ class RunTracker:
                 f"never reached the store; upload them with `adaptiveload sync {spool_path}` first"
             )
         client = _client(uri)
+        if run_id is not None and not _holds(client, run_id):
+            notice(
+                f"MLflow run {run_id} of the checkpoint is not in the store {uri}: "
+                "logging to a new run there, which lacks the steps before the checkpoint"
+            )
+            run_id = None
         if run_id is None:
+            if run_dir is not None:
+                tags = {**tags, RUN_DIR_TAG: str(Path(run_dir).resolve())}
             exp = client.get_experiment_by_name(experiment)
             if exp is None:
                 artifacts = artifact_location(uri)
@@ -90,6 +109,8 @@ class RunTracker:
             flat = [Param(k, v) for k, v in _flatten("", params)]
             for chunk in chunked(flat, MAX_PARAMS_PER_CALL):
                 client.log_batch(run_id, params=chunk, synchronous=True)
+            if run_dir is not None:
+                _supersede(client, exp_id, run_name, tags[RUN_DIR_TAG], run_id, supersede)
         else:
             client.update_run(run_id, status="RUNNING")
         return cls(uri, run_id, spool_path)
@@ -216,13 +237,50 @@ class RunTracker:
             self.client.log_batch(self.run_id, metrics=chunk, synchronous=True)
 
 
+def _holds(client: Any, run_id: str) -> bool:
+    """Whether the store holds `run_id` (and has not deleted it)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return client.get_run(run_id).info.lifecycle_stage != "deleted"
+    except MlflowException as exc:
+        if exc.error_code == "RESOURCE_DOES_NOT_EXIST":
+            return False
+        raise
+
+
+def _supersede(
+    client: Any, exp_id: str, run_name: str, run_dir: str, new_id: str, stale: str | None
+) -> None:
+    """Tag the earlier runs of `run_dir` (and `stale`) superseded by `new_id`; end RUNNING ones."""
+    earlier = client.search_runs([exp_id], filter_string=f"attributes.run_name = '{run_name}'")
+    ids = {r.info.run_id for r in earlier if r.data.tags.get(RUN_DIR_TAG) == run_dir}
+    if stale is not None and _holds(client, stale):
+        ids.add(stale)
+    for run_id in sorted(ids - {new_id}):
+        run = client.get_run(run_id)
+        if SUPERSEDED_TAG in run.data.tags:
+            continue
+        client.set_tag(run_id, SUPERSEDED_TAG, new_id)
+        if run.info.status == "RUNNING":
+            client.set_terminated(run_id, status="KILLED")
+
+
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
 def sync(spool_path: str | Path, uri: str | None = None) -> int:
-    """Upload a run's spool (`adaptiveload sync`); returns the number of records uploaded."""
+    """Upload a run's spool (`adaptiveload sync`); returns the number of records uploaded.
+
+    Idempotent: a spool that is gone (a run or an earlier sync uploaded everything and
+    removed it) or holds no records uploads nothing and returns 0.
+    """
+    if not Path(spool_path).exists():
+        return 0
     spool = Spool.load(spool_path)
+    if not spool.records:
+        return 0
     pending = len(spool.records)
     from adaptiveload.tracking.store import check_reachable
 

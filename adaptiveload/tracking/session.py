@@ -7,7 +7,9 @@ Outputs under `out` (all written atomically):
     plan_summary.json    the plan's summary (epoch 0)
     checkpoints/         ckpt-<step>.pt, the newest two
     tracking.spool.jsonl metrics waiting for an unreachable store (only while some are)
-Starting the same command again resumes from the newest checkpoint, in the same MLflow run.
+Starting the same command again resumes from the newest checkpoint, in the same MLflow run,
+if the run's identity (config, budgets, calibration, data, plan, code) is unchanged; otherwise
+it starts over in a new MLflow run and tags the old one superseded.
 """
 
 from __future__ import annotations
@@ -27,9 +29,9 @@ from adaptiveload.provenance import device_name, git_commit
 from adaptiveload.tracking.run import RunTracker
 from adaptiveload.tracking.store import check_reachable, tracking_uri
 from adaptiveload.training import checkpoint
-from adaptiveload.training.config import TrainConfig, from_experiment
+from adaptiveload.training.config import MAX_WORLD_SIZE, TrainConfig, from_experiment
 from adaptiveload.training.distributed import under_torchrun
-from adaptiveload.training.inputs import prepare_data
+from adaptiveload.training.inputs import prepare_data, run_identity
 from adaptiveload.training.loop import Trainer
 from adaptiveload.training.summary import run_summary
 
@@ -60,10 +62,12 @@ def resolve(req: Request) -> tuple[dict[str, Any], TrainConfig, Calibration | No
         raise UserError("--emulate-world-size: not with torchrun (one process per rank there)")
     if under_torchrun():
         mode, world = "distributed", int(os.environ["WORLD_SIZE"])
+    elif req.emulate_world_size is not None:
+        mode, world = "emulated", req.emulate_world_size
+        if not 1 <= world <= MAX_WORLD_SIZE:
+            raise UserError(f"--emulate-world-size {world}: must be between 1 and {MAX_WORLD_SIZE}")
     else:
-        mode, world = "emulated", req.emulate_world_size or exp["train"]["world_size"]
-    if world < 1:
-        raise UserError(f"--emulate-world-size {world}: must be >= 1")
+        mode, world = "emulated", exp["train"]["world_size"]
     cfg = from_experiment(
         exp, req.policy, req.seed, launch_mode=mode, world_size=world, steps=req.steps,
         kernel=req.kernel, device=req.device,
@@ -72,6 +76,8 @@ def resolve(req: Request) -> tuple[dict[str, Any], TrainConfig, Calibration | No
         raise UserError("--device cuda: no CUDA device visible; use --device cpu")
     cal_path = req.calibration or exp["calibration"]["file"]
     calibration = Calibration.load(cal_path) if cal_path else None
+    if calibration is not None:
+        calibration.require_model(cfg.model, cal_path)
     out = req.out or Path("results") / "runs" / cfg.experiment / cfg.run_name
     return exp, cfg, calibration, Path(out)
 
@@ -89,8 +95,14 @@ def train(req: Request) -> dict[str, Any]:
     exp, cfg, calibration, out = resolve(req)
     data = prepare_data(exp, cfg, calibration, req.manifest)
     ckpt_dir = out / "checkpoints" if req.checkpoint else None
-    resume = checkpoint.latest(ckpt_dir, cfg.fingerprint()) if ckpt_dir else None
     main = int(os.environ.get("RANK", 0)) == 0
+    identity = run_identity(cfg, data)
+    found = (
+        checkpoint.find(ckpt_dir, identity["identity"], tidy=main)
+        if ckpt_dir
+        else checkpoint.Found()
+    )
+    resume = found.state
     tracker = None
     if req.track and main:
         uri = check_reachable(tracking_uri())  # clear error before any training
@@ -102,6 +114,7 @@ def train(req: Request) -> dict[str, Any]:
                 "experiment": exp,
                 "run": cfg.to_dict(),
                 "calibration": calibration.label if calibration else "none",
+                "identity": identity,
             },
             tags={
                 "git_commit": git_commit(),
@@ -118,11 +131,16 @@ def train(req: Request) -> dict[str, Any]:
             },
             spool_path=out / "tracking.spool.jsonl",
             run_id=(resume or {}).get("tracking", {}).get("run_id"),
+            run_dir=out,
+            supersede=(found.stale or {}).get("tracking", {}).get("run_id"),
         )
         tracker.start_system_metrics()
     trainer = None
     try:
-        trainer = Trainer(cfg, data, ckpt_dir, sink=tracker, resume=resume, progress=req.progress)
+        trainer = Trainer(
+            cfg, data, ckpt_dir, sink=tracker, resume=resume, progress=req.progress,
+            identity=identity["identity"],
+        )  # fmt: skip
         result = trainer.run()
     except BaseException:
         if tracker is not None:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from adaptiveload.errors import UserError
-from adaptiveload.io import write_text
+from adaptiveload.io import read_text, write_text
 
 
 @dataclass
@@ -49,10 +49,7 @@ class Spool:
     @classmethod
     def load(cls, path: str | Path) -> Spool:
         path = Path(path)
-        try:
-            lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
-        except FileNotFoundError:
-            raise UserError(f"{path}: spool file not found") from None
+        lines = [ln for ln in read_text(path, "spool file").splitlines() if ln.strip()]
         try:
             header = json.loads(lines[0]) if lines else {}
         except json.JSONDecodeError as exc:

@@ -1,15 +1,18 @@
 """Where runs are tracked, and making sure that place exists and answers before training starts.
 
 Default store: a sqlite file under results/ (no server to run); `MLFLOW_TRACKING_URI`
-overrides it (a server, Databricks, another file). A sqlite store must be created ONCE before
-parallel jobs log to it: concurrent first creation races in MLflow's schema migrations, so the
-pipeline runs `adaptiveload tracking init` as its own job first.
+overrides it (a server, Databricks, another file). Concurrent first creation of a sqlite
+store races in MLflow's schema migrations (`duplicate column name`), so the first contact with
+a sqlite store holds an exclusive lock on `<file>.lock` beside it: two trainings started at
+once on a fresh store take turns creating it. The pipeline still runs
+`adaptiveload tracking init` as its own job first.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from adaptiveload.errors import UserError
@@ -77,7 +80,8 @@ def check_reachable(uri: str | None = None) -> str:
     """Raise UserError if the store cannot be reached; called before any training starts."""
     uri = uri or tracking_uri()
     try:
-        _client(uri).search_experiments(max_results=1)
+        with _creation_lock(uri):
+            _client(uri).search_experiments(max_results=1)
     except Exception as exc:  # MLflow raises many types (connection, OperationalError, ...)
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UserError(
@@ -85,3 +89,22 @@ def check_reachable(uri: str | None = None) -> str:
             "MLFLOW_TRACKING_URI, or unset it to use the local sqlite file results/mlflow.db"
         ) from None
     return uri
+
+
+@contextlib.contextmanager
+def _creation_lock(uri: str) -> Iterator[None]:
+    """Exclusive lock on `<db>.lock` for a sqlite URI whose folder exists (POSIX); else none."""
+    db = Path(uri.removeprefix("sqlite:///")) if uri.startswith("sqlite:///") else None
+    try:
+        import fcntl
+    except ImportError:  # Windows: no flock; create the store with `tracking init` first
+        fcntl = None
+    if db is None or fcntl is None or not db.parent.is_dir():
+        yield
+        return
+    with open(f"{db}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)

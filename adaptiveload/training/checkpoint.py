@@ -1,27 +1,33 @@
-"""Atomic training checkpoints: everything needed to continue a run as if it never stopped.
+"""Atomic, safe-to-load training checkpoints: everything needed to continue a run as if it
+never stopped, and nothing that runs code when read.
 
 A checkpoint holds the model and optimizer (full, unsharded state dicts, so DDP, FSDP2 and
 emulated runs all read each other's), every rank's sampler state, the RNG states (torch,
-CUDA, numpy, python), the number of completed steps, the per-step rows measured so far and
-the tracking state (the MLflow run id). Files are `ckpt-<step>.pt`, each written to a
-temporary name and renamed, so a SIGKILL leaves the previous checkpoint intact; the newest
-`keep` are kept.
+CUDA, numpy, python), the number of completed steps, the per-step rows measured so far, the
+tracking state (the MLflow run id) and the run's identity (`training.inputs.run_identity`).
+Everything is a tensor or a plain Python type, so files load with
+`torch.load(weights_only=True)`: a crafted pickle placed in a run folder is refused, not run.
+
+Files are `ckpt-<step>.pt`, each written to a temporary name and renamed, so a SIGKILL leaves
+the previous checkpoint intact (`find` removes the temporaries such a kill leaves); the
+newest `keep` are kept.
 """
 
 from __future__ import annotations
 
 import random
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from adaptiveload.errors import UserError
-from adaptiveload.io import atomic_path
+from adaptiveload.errors import notice
+from adaptiveload.io import atomic_path, remove_temporaries
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: weights_only-loadable (RNG states as tensors), run identity
 _NAME = re.compile(r"^ckpt-(\d{8})\.pt$")
 
 
@@ -30,10 +36,23 @@ def path_for(directory: Path, step: int) -> Path:
 
 
 def rng_state() -> dict[str, Any]:
-    state = {
+    """Every RNG's state as tensors and plain numbers (what `weights_only` loading accepts)."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    version, internal, gauss_next = random.getstate()
+    state: dict[str, Any] = {
         "torch": torch.get_rng_state(),
-        "numpy": np.random.get_state(),
-        "python": random.getstate(),
+        "numpy": {
+            "kind": str(kind),
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        },
+        "python": {
+            "version": int(version),
+            "internal": torch.tensor(internal, dtype=torch.int64),
+            "gauss_next": gauss_next,
+        },
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
@@ -42,8 +61,11 @@ def rng_state() -> dict[str, Any]:
 
 def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
+    npy = state["numpy"]
+    keys = npy["keys"].numpy().astype(np.uint32)
+    np.random.set_state((npy["kind"], keys, npy["pos"], npy["has_gauss"], npy["cached_gaussian"]))
+    py = state["python"]
+    random.setstate((py["version"], tuple(py["internal"].tolist()), py["gauss_next"]))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
 
@@ -66,25 +88,73 @@ def _existing(directory: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def latest(directory: Path, fingerprint: str | None = None) -> dict[str, Any] | None:
-    """The newest checkpoint under `directory` that loads, or None (fresh start).
+@dataclass
+class Found:
+    """What `find` decided: `state` to resume (None: start from step 0); `stale`, the newest
+    checkpoint of another run identity (its `tracking` entry names the MLflow run it fed)."""
 
-    With `fingerprint`, a checkpoint of a different configuration is a UserError: resuming
-    it would silently mix two runs.
+    state: dict[str, Any] | None = None
+    stale: dict[str, Any] | None = None
+
+
+def _load(path: Path) -> dict[str, Any]:
+    """Load one checkpoint safely; ValueError says why it cannot be used."""
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # truncated, foreign, or holding objects that would run code
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ValueError(f"unreadable or unsafe to load: {first[:120]}") from None
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT_VERSION:
+        raise ValueError(f"not a format-{FORMAT_VERSION} adaptiveload checkpoint")
+    return payload
+
+
+def find(directory: Path, identity: str, tidy: bool = True) -> Found:
+    """The newest usable checkpoint under `directory` of the run `identity`.
+
+    Unusable checkpoints (corrupt, truncated, unsafe, of another format) are skipped; one of
+    another identity means the run's inputs or code changed, so the run starts over instead
+    of resuming stale state. Either is said in one line on stderr. With `tidy` (the one
+    process that owns the folder), skipped and stale files and the temporaries of killed
+    writes are removed, so they cannot be mistaken for this run's later.
     """
-    for _, path in reversed(_existing(directory)):
+    directory = Path(directory)
+    if tidy:
+        remove_temporaries(directory, "ckpt-*")
+    skipped: list[str] = []
+    found = Found()
+    existing = _existing(directory)
+    for _, path in reversed(existing):
         try:
-            payload = torch.load(path, map_location="cpu", weights_only=False)
-        except Exception:  # a file from another torch version or otherwise unreadable
+            payload = _load(path)
+        except (ValueError, OSError) as exc:
+            skipped.append(f"{path.name} ({exc})")
+            if tidy:
+                path.unlink(missing_ok=True)
             continue
-        if payload.get("format") != FORMAT_VERSION:
-            continue
-        if fingerprint is not None and payload.get("fingerprint") != fingerprint:
-            raise UserError(
-                f"{path}: checkpoint of a different configuration (experiment, policy, seed, "
-                "launch mode, world size or hyper-parameters changed); use another --out "
-                "or delete that run directory to start over"
-            )
-        payload["path"] = str(path)
-        return payload
-    return None
+        if payload.get("identity") == identity:
+            payload["path"] = str(path)
+            found.state = payload
+        else:
+            found.stale = payload
+        break
+    if found.stale is not None:
+        if tidy:
+            for _, path in existing:
+                path.unlink(missing_ok=True)
+        skipped_note = f" (skipped unusable {', '.join(skipped)})" if skipped else ""
+        notice(
+            f"{directory}: checkpoint of step {found.stale.get('step')} belongs to another run "
+            "(configuration, budgets, calibration, data, plan or code changed): starting over "
+            f"from step 0{skipped_note}"
+        )
+    elif skipped and found.state is not None:
+        notice(
+            f"{directory}: skipped unusable checkpoint(s) {', '.join(skipped)}; resuming from "
+            f"step {found.state['step']}"
+        )
+    elif skipped:
+        notice(
+            f"{directory}: no usable checkpoint ({', '.join(skipped)}): starting over from step 0"
+        )
+    return found

@@ -1,7 +1,8 @@
 """The resolved settings of one training run, built from a validated experiment dict.
 
 Grouped like torchtitan's job config (optimizer, objective, run), frozen so that nothing
-changes them mid-run; `fingerprint()` lets a resumed run check it is the same run.
+changes them mid-run; `fingerprint()` is the config's part of a run's identity
+(`training.inputs.run_identity`), which a checkpoint must match to be resumed.
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ from adaptiveload.errors import UserError
 LAUNCH_MODES = ("emulated", "distributed")
 KERNELS = ("eager", "fused")
 DEVICES = ("cpu", "cuda")
+# ranks one process emulates in turn (each holds its micro-batch); the schema's
+# train.world_size maximum is the same number
+MAX_WORLD_SIZE = 1024
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,10 @@ class TrainConfig:
         ):
             if getattr(self, name) not in allowed:
                 raise UserError(f"{name} '{getattr(self, name)}': expected one of {allowed}")
+        if not 1 <= self.world_size <= MAX_WORLD_SIZE:
+            raise UserError(f"world_size {self.world_size}: must be between 1 and {MAX_WORLD_SIZE}")
+        if not 0 <= self.seed < 2**32:
+            raise UserError(f"--seed {self.seed}: must be between 0 and {2**32 - 1}")
         if self.fsdp and self.launch_mode != "distributed":
             raise UserError("train.fsdp: FSDP2 shards over real processes; launch with torchrun")
         if self.warmup_steps >= self.steps:

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 from typing import Any
+
+import pandas as pd
 
 from adaptiveload.costmodel import Calibration
 from adaptiveload.data.bucketing import bucketize
@@ -13,6 +17,7 @@ from adaptiveload.data.mixtures import synthesize
 from adaptiveload.model.configs import get_config
 from adaptiveload.planning.policies import Budgets
 from adaptiveload.planning.sampler import PlanBuilder
+from adaptiveload.provenance import code_version
 from adaptiveload.training.config import TrainConfig
 from adaptiveload.training.loop import TrainData
 
@@ -52,3 +57,25 @@ def prepare_data(
         seed=DATA_SEED,
     )
     return TrainData(builder=builder, dataset=dataset, calibration=calibration)
+
+
+def run_identity(cfg: TrainConfig, data: TrainData) -> dict[str, str]:
+    """Everything that determines a run's results, each part hashed; `identity` hashes them
+    all. A checkpoint is resumed only by a run of the same identity, so a changed budget,
+    calibration, manifest, plan or code version reruns from step 0 instead of re-emitting
+    the old run's numbers. (`steps` is left out: a longer run continues a shorter one.)"""
+    calibration = data.calibration.to_dict() if data.calibration else None
+    samples = pd.util.hash_pandas_object(data.builder.samples, index=False).to_numpy()
+    parts = {
+        "config": cfg.fingerprint(),
+        "budgets": _sha(json.dumps(data.builder.budgets.as_dict(), sort_keys=True)),
+        "calibration": _sha(json.dumps(calibration, sort_keys=True, default=str)),
+        "data": _sha(samples.tobytes()),
+        "plan": str(data.builder(0).summary["plan_digest"]),
+        "code": code_version(),
+    }
+    return {**parts, "identity": _sha(json.dumps(parts, sort_keys=True))}
+
+
+def _sha(data: str | bytes) -> str:
+    return hashlib.sha256(data.encode() if isinstance(data, str) else data).hexdigest()[:16]

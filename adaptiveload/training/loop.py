@@ -98,8 +98,12 @@ class Trainer:
         sink: StepSink | None = None,
         resume: dict[str, Any] | None = None,
         progress: bool = True,
+        identity: str | None = None,
     ):
         self.cfg, self.data, self.sink = cfg, data, sink
+        # what a checkpoint must match to be resumed (inputs.run_identity; the config alone
+        # when the caller has no data identity)
+        self.identity = identity or cfg.fingerprint()
         # None: no checkpoints (short measurement runs; the 1.3B's state is 16 GB per save)
         self.ckpt_dir = Path(ckpt_dir) if ckpt_dir is not None else None
         self.progress = progress
@@ -135,8 +139,8 @@ class Trainer:
 
     # -- checkpoint ---------------------------------------------------------------------------
     def _restore(self, state: dict[str, Any]) -> None:
-        if state["fingerprint"] != self.cfg.fingerprint():
-            raise UserError(f"{state['path']}: checkpoint of a different configuration")
+        if state["identity"] != self.identity:
+            raise UserError(f"{state['path']}: checkpoint of another run identity")
         dd.load_full_state(self.model, self.optimizer, state["model"], state["optimizer"])
         for r, sampler in self.samplers.items():
             sampler.load_state_dict(state["samplers"][r])
@@ -156,7 +160,7 @@ class Trainer:
                 self.ckpt_dir,
                 done,
                 {
-                    "fingerprint": self.cfg.fingerprint(),
+                    "identity": self.identity,
                     "config": self.cfg.to_dict(),
                     "model": model_sd,
                     "optimizer": optim_sd,

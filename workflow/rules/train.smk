@@ -28,7 +28,8 @@ rule train:
     conda:
         CONDA_ENV
     shell:
-        "OMP_NUM_THREADS={threads} adaptiveload train --config {input.config} "
+        "OMP_NUM_THREADS={threads} ADAPTIVELOAD_DIE_WITH_PARENT=1 exec adaptiveload train "
+        "--config {input.config} "
         "--policy {wildcards.policy} --seed {wildcards.seed} --kernel {wildcards.kernel} "
         "--emulate-world-size {params.world} --calibration {input.calibration} "
         "--manifest {input.manifest} --out {params.out} > {log} 2>&1"
