@@ -100,7 +100,8 @@ def submitted(workdir: Path, *targets: str) -> dict[str, str]:
     (fake / "sbatch").write_text('#!/bin/sh\necho "$*" >> "$SBATCH_LOG"\necho refused >&2\n'
                                  "exit 1\n")  # fmt: skip
     (fake / "sacct").write_text("#!/bin/sh\nexit 0\n")  # no account to guess
-    for tool in ("sbatch", "sacct"):
+    (fake / "sinfo").write_text("#!/bin/sh\nprintf 'PARTITION\\ncpu*\\ngpu\\n'\n")
+    for tool in ("sbatch", "sacct", "sinfo"):
         (fake / tool).chmod(0o755)
     log = workdir / "sbatch.log"
     log.unlink(missing_ok=True)
@@ -138,6 +139,36 @@ def test_slurm_profile_submits_gpu_jobs_the_plugins_way(tmp_path):
     assert set(calls) == {"calibrate", "kernel_build", "train", "kernel_bench"}
     for rule in ("calibrate", "train", "kernel_bench"):
         assert " --gpus=1" in calls[rule] and "-p gpu" in calls[rule], calls[rule]
-    assert "--gpus" not in calls["kernel_build"] and "--gres" not in calls["kernel_build"]
+    build = calls["kernel_build"]  # the cluster's default partition, no GPU
+    assert "-p cpu" in build and "--gpus" not in build and "--gres" not in build, build
     assert " -t 360 " in calls["train"] and "--mem 128000" in calls["train"]
     assert "--cpus-per-task=16" in calls["train"]
+
+
+# ------------------------------------------------------------------ what paper scale costs
+@pytest.mark.parametrize(("name", "limit"), [("paper.yaml", None), ("paper_1gpu.yaml", 2.0)])
+def test_stated_gpu_hours_are_the_computed_ones(name, limit):
+    """The cost an experiment file states is what gpu_hours computes (so it cannot drift)."""
+    from adaptiveload.planning.gpu_hours import experiment_cost
+
+    path = REPO / "experiments" / name
+    (stated,) = re.findall(r"^# Cost: ([\d.]+) GPU-hours on one H200", path.read_text(), re.M)
+    cost = experiment_cost(path)
+    decimals = len(stated.partition(".")[2])
+    assert f"{cost['gpu_hours']:.{decimals}f}" == stated, cost["gpu_hours"]
+    assert cost["source"].startswith("model from measured (cuda:NVIDIA H200)")
+    if limit is not None:
+        assert cost["gpu_hours"] <= limit
+
+
+def test_step_times_follow_the_measured_points():
+    from adaptiveload.planning.gpu_hours import H200_CALIBRATION, StepTimes
+
+    times = StepTimes.from_calibration(H200_CALIBRATION)
+    for tokens, seconds in zip(times.tokens, times.seconds, strict=True):
+        assert float(times.t1(tokens)) == pytest.approx(seconds)
+    # the unmeasured 75,600-token B = 1 step (1.5x the tokens of the last measured point):
+    # between linear (1.5x the time) and pure attention (1.5^2 = 2.25x) growth
+    assert 1.5 * times.t1(50400) < times.t1(75600) < 2.25 * times.t1(50400)
+    assert 0 < times.fixed_s < times.t1(1560)  # the batch-independent part of a step
+    assert times.micro_batch(2, 16380) == pytest.approx(2 * times.t1(16380) - times.fixed_s)
