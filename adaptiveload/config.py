@@ -65,3 +65,26 @@ def load(path: str | Path) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise UserError(f"{path}: expected a mapping of fields at the top level")
     return validate(raw, origin=str(path))
+
+
+DEFAULT_EXPERIMENT = SCHEMA_PATH.parent.parent.parent / "experiments" / "default.yaml"
+
+
+def load_layered(path: str | Path) -> dict[str, Any]:
+    """An experiment file as the pipeline sees it: layered over experiments/default.yaml the
+    way Snakemake merges `--configfile`s (nested mappings merged, anything else replaced),
+    then defaults filled and validated."""
+
+    def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+        out = dict(base)
+        for key, value in over.items():
+            both = isinstance(value, dict) and isinstance(base.get(key), dict)
+            out[key] = merge(base[key], value) if both else value
+        return out
+
+    base = yaml.safe_load(DEFAULT_EXPERIMENT.read_text())
+    try:
+        over = yaml.safe_load(Path(path).read_text())
+    except FileNotFoundError:
+        raise UserError(f"{path}: experiment file not found") from None
+    return validate(merge(base, over or {}), origin=str(path))

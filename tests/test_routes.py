@@ -14,19 +14,9 @@ import pytest
 import yaml
 from test_pipeline import REPO, copy_workflow, snakemake
 
+from adaptiveload.config import load_layered
+
 EXPERIMENTS = sorted((REPO / "experiments").glob("*.yaml"))
-
-
-def layered(path: Path) -> dict:
-    """The experiment as Snakemake sees it: the file over experiments/default.yaml."""
-    base = yaml.safe_load((REPO / "experiments" / "default.yaml").read_text())
-    over = yaml.safe_load(path.read_text())
-    for key, value in over.items():
-        if isinstance(value, dict) and isinstance(base.get(key), dict):
-            base[key] = {**base[key], **value}
-        else:
-            base[key] = value
-    return base
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +29,8 @@ def test_every_experiment_file_dry_runs(workflow_copy, experiment):
     rel = f"experiments/{experiment.name}"
     out = snakemake(workflow_copy, "-n", "--configfile", rel, timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    cfg = layered(experiment)
-    if not (cfg.get("train", {}).get("enabled", True) and "fused" in cfg["model"]["kernels"]):
+    cfg = load_layered(experiment)
+    if not (cfg["train"]["enabled"] and "fused" in cfg["model"]["kernels"]):
         return
     # every fused training job depends on the job that writes the kernel library's record
     dag = snakemake(workflow_copy, "--dag", "--configfile", rel, timeout=300)

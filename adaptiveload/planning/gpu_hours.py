@@ -32,7 +32,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 # one H200, Wan 2.1 T2V-1.3B, bf16 autocast, per-block activation checkpointing (measured)
@@ -77,22 +76,6 @@ class StepTimes:
         return self.fixed_s + np.asarray(batch) * (t1 - self.fixed_s)
 
 
-def layered_config(path: Path) -> dict:
-    """The experiment over experiments/default.yaml, as Snakemake merges them (nested dicts)."""
-
-    def merge(base: dict, over: dict) -> dict:
-        out = dict(base)
-        for key, value in over.items():
-            out[key] = merge(base[key], value) if isinstance(value, dict) and isinstance(
-                base.get(key), dict) else value
-        return out
-
-    default = yaml.safe_load((REPO / "experiments" / "default.yaml").read_text())
-    path = Path(path)
-    return default if path.name == "default.yaml" else merge(default, yaml.safe_load(
-        path.read_text()))  # fmt: skip
-
-
 def mean_step_seconds(plan: pd.DataFrame, times: StepTimes) -> float:
     """Mean emulated step time of a plan table: every rank's micro-batches run in turn."""
     real = plan[~plan["is_padding"]]
@@ -103,19 +86,20 @@ def mean_step_seconds(plan: pd.DataFrame, times: StepTimes) -> float:
 
 def experiment_cost(path: Path, calibration: Path = H200_CALIBRATION) -> dict:
     """GPU-hours of the experiment's training and calibration on one GPU (`model`)."""
+    from adaptiveload.config import load_layered
     from adaptiveload.costmodel import Calibration
     from adaptiveload.data.bucketing import bucketize
     from adaptiveload.data.mixtures import synthesize
     from adaptiveload.planning.plan import build_plan
     from adaptiveload.planning.policies import Budgets
 
-    cfg = layered_config(path)
+    cfg = load_layered(path)
     times = StepTimes.from_calibration(calibration)
     cal = Calibration.load(calibration)
     data, train = cfg["data"], cfg["train"]
     bucketed = bucketize(synthesize(data["mixture"], data["num_samples"], 0),
                          mode=data["bucketing"], grid=data["grid"],
-                         max_frames=data.get("max_frames", 81))  # fmt: skip
+                         max_frames=data["max_frames"])  # fmt: skip
     budgets = Budgets.resolve(*(str(cfg["budgets"][k]) for k in ("m_tok", "m_mem", "m_comp", "p")),
                               calibration=cal)  # fmt: skip
     runs = []
@@ -153,8 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     for r in cost["runs"]:
         print(f"{r['policy']:>22} seed {r['seed']} {r['kernel']:>5}: {r['steps']} steps x "
               f"{r['step_s']:.0f} s = {r['hours']:.2f} GPU-h")  # fmt: skip
-    print(f"{cost['experiment']}: {cost['gpu_hours']:.1f} GPU-hours on one GPU "
-          f"(training {cost['train_gpu_hours']:.1f}, calibration "
+    print(f"{cost['experiment']}: {cost['gpu_hours']:.2f} GPU-hours on one GPU "
+          f"(training {cost['train_gpu_hours']:.2f}, calibration "
           f"{cost['calibration_gpu_hours']:.2f}; {cost['source']})")  # fmt: skip
     return 0
 
