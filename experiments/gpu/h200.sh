@@ -151,7 +151,7 @@ pack
 KLIB_DIR="$WORK/kernel-lib"
 if [ "$DRY" != 1 ] && wants train; then
   ( timeout 240 "$PY" -m adaptiveload.ops.kernel_build --out "$KLIB_DIR" --arch "${ARCH:-9.0}" \
-      > "$OUTDIR/train_kernel_build.log" 2>&1 ) &
+      > "$WORK/train_kernel_build.log" 2>&1; cp "$WORK/train_kernel_build.log" "$OUTDIR/" ) &
   KBUILD_PID=$!
 fi
 
@@ -173,8 +173,6 @@ if wants kernel; then
     bash kernels/gpu_check.sh "$OUTDIR/kernel"
   pack kernel
 fi
-[ -n "${KBUILD_PID:-}" ] && wait "$KBUILD_PID"
-cp "$KLIB_DIR/build.json" "$OUTDIR/train_kernel_build.json" 2>/dev/null
 
 # --- 4. calibration: the measured (B, S) grid of the model, the fit, its validation -----------
 mkdir -p "$OUTDIR/calibration"
@@ -202,6 +200,8 @@ if wants train; then
   for kernel in $TRAIN_KERNELS; do
     KENV=()
     if [ "$kernel" = fused ] && [ "$DRY" != 1 ]; then
+      [ -n "${KBUILD_PID:-}" ] && wait "$KBUILD_PID"  # long done: it started before dist
+      cp "$KLIB_DIR/build.json" "$OUTDIR/train/kernel_build.json" 2>/dev/null
       KENV=(env "ADAPTIVELOAD_KERNEL_LIB=$KLIB_DIR/adaptiveload_kernels.so")
       if ! "${KENV[@]}" "$PY" -c 'import sys; from adaptiveload.ops import ln_modulate as lm; r = lm.fused_unavailable_reason(); print("fused kernel:", r or "available"); sys.exit(1 if r else 0)' > "$OUTDIR/train/fused_check.log" 2>&1; then
         echo "== fused training skipped: $(tail -n 1 "$OUTDIR/train/fused_check.log")"
