@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 run: $(STAMP)
-	$(VENV)/bin/snakemake --cores $(CORES)
+	$(VENV)/bin/snakemake --profile workflow/profiles/default --cores $(CORES)
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -134,3 +134,25 @@ def check_pipeline_config(config: dict[str, Any], files: list[str | Path]) -> No
     for path in files:
         read_yaml(path)
     _require_finite(config, ", ".join(str(p) for p in files) or "config")
+
+
+DEFAULT_EXPERIMENT = SCHEMA_PATH.parent.parent.parent / "experiments" / "default.yaml"
+
+
+def load_layered(path: str | Path) -> dict[str, Any]:
+    """An experiment file as the pipeline sees it: layered over experiments/default.yaml the
+    way Snakemake merges `--configfile`s (nested mappings merged, anything else replaced),
+    then defaults filled and validated."""
+
+    def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+        out = dict(base)
+        for key, value in over.items():
+            both = isinstance(value, dict) and isinstance(base.get(key), dict)
+            out[key] = merge(base[key], value) if both else value
+        return out
+
+    base = read_yaml(DEFAULT_EXPERIMENT)
+    over = read_yaml(path) or {}
+    if not isinstance(over, dict):
+        raise UserError(f"{path}: expected a mapping of fields at the top level")
+    return validate(merge(base, over), origin=str(path))

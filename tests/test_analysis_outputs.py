@@ -39,6 +39,9 @@ def test_tables_and_figures_from_synthetic_runs(tmp_path):
     assert row.imbalance_change < 0 and row.paper_throughput_change == "+27.2%"
     md = (tables / "paper_table.md").read_text()
     assert "measured (cpu)" in md and "18.9%" in md
+    # what the numbers rest on: 40 steps a run of which 2 are warm-up
+    assert (paper.timed_steps_min == 38).all() and (paper.timed_steps_max == 38).all()
+    assert "timed steps/seed" in md
     assert "not measured" in (tables / "kernel_table.md").read_text()
     figs = tmp_path / "figs"
     names = list(FIGURES)

@@ -1,9 +1,13 @@
-"""torchrun with 2 gloo processes (real DDP) trains exactly like 2 emulated ranks."""
+"""torchrun with 2 gloo processes (real DDP, FSDP2) trains exactly like 2 emulated ranks.
+
+Launched as the README launches a training stage by hand: the `torchrun` beside this Python,
+`-m adaptiveload train` with --kernel, --manifest and --out."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -11,13 +15,22 @@ import torch
 from mlflow.tracking import MlflowClient
 from training_setup import ROOT, adaptiveload, cli_env, free_port, write_experiment
 
+from adaptiveload.errors import UserError
+from adaptiveload.training import distributed as dd
+
+TORCHRUN = Path(sys.executable).parent / "torchrun"
 SAME = ["step", "rank", "samples", "tokens", "frames", "height", "width"]
 
 
 @pytest.mark.slow
 def test_torchrun_ddp_matches_emulated(tmp_path):
     exp = write_experiment(tmp_path, world_size=2, steps=3, checkpoint_every=3)
-    args = ["--config", str(exp), "--policy", "adaptiveload", "--seed", "0"]
+    manifest = tmp_path / "manifest.parquet"
+    made = adaptiveload("manifest", "synth", "--mixture", "tiny-cpu", "-n", "120", "--seed", "0",
+                        "-o", str(manifest), env=cli_env(), cwd=ROOT)  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    args = ["--config", str(exp), "--policy", "adaptiveload", "--seed", "0", "--kernel", "eager",
+            "--manifest", str(manifest)]  # fmt: skip
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     env = cli_env(uri)
     assert adaptiveload("tracking", "init", env=env, cwd=ROOT).returncode == 0
@@ -26,8 +39,8 @@ def test_torchrun_ddp_matches_emulated(tmp_path):
                        "--out", str(tmp_path / "emu"), env=env, cwd=ROOT, timeout=600)  # fmt: skip
     assert emu.returncode == 0, emu.stderr[-3000:]
     dist = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-         "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+        [TORCHRUN, "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+         "--master-port", str(free_port()),
          "-m", "adaptiveload", "train", *args, "--out", str(tmp_path / "ddp")],
         env=env, cwd=ROOT, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
@@ -65,8 +78,8 @@ def test_torchrun_fsdp2_matches_emulated(tmp_path):
                        "--out", str(tmp_path / "emu"), env=env, cwd=ROOT, timeout=600)  # fmt: skip
     assert emu.returncode == 0, emu.stderr[-3000:]
     dist = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-         "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+        [TORCHRUN, "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+         "--master-port", str(free_port()),
          "-m", "adaptiveload", "train", "--config", str(sharded), *args,
          "--out", str(tmp_path / "fsdp")],
         env=env, cwd=ROOT, capture_output=True, text=True, timeout=600,
@@ -80,3 +93,14 @@ def test_torchrun_fsdp2_matches_emulated(tmp_path):
     assert set(wa["model"]) == set(wb["model"])  # full (unsharded) state dict
     for name, tensor in wa["model"].items():
         torch.testing.assert_close(wb["model"][name], tensor, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_backend_is_nccl_on_cuda_gloo_on_cpu_unless_overridden(monkeypatch):
+    monkeypatch.delenv(dd.BACKEND_ENV, raising=False)
+    assert (dd.backend("cpu"), dd.backend("cuda")) == ("gloo", "nccl")
+    monkeypatch.setenv(dd.BACKEND_ENV, "gloo")  # processes sharing one GPU
+    assert dd.backend("cuda") == "gloo"
+    for bad, device in (("nccl", "cpu"), ("mpi", "cuda")):
+        monkeypatch.setenv(dd.BACKEND_ENV, bad)
+        with pytest.raises(UserError, match=dd.BACKEND_ENV):
+            dd.backend(device)

@@ -45,11 +45,14 @@ class Table:
 def _vram_per_run(runs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     """Mean VRAM utilization per run and where it comes from: the summary's (measured on a GPU,
     or predicted by a simulation), else the cost model's per-step peak-memory estimate over the
-    device capacity. Anything not measured is labelled `model`."""
+    device capacity. Anything not measured is labelled `model`. Also the number of timed steps
+    of each run: what its numbers rest on."""
     step_table = per_step(steps)
-    model = (step_table.groupby([*KEYS, "seed"])["vram_util_model"].mean()
-             .rename("vram_model").reset_index())
+    per_run = step_table.groupby([*KEYS, "seed"])
+    model = pd.concat([per_run["vram_util_model"].mean().rename("vram_model"),
+                       per_run.size().rename("timed_steps")], axis=1).reset_index()
     out = runs.merge(model, on=[*KEYS, "seed"], how="left")
+    out["timed_steps"] = out["timed_steps"].fillna(0).astype(int)
     summary = out["vram_utilization_mean"].notna()
     out["vram_utilization"] = np.where(summary, out["vram_utilization_mean"], out["vram_model"])
     measured = summary & (out["source"] == "measured")
@@ -85,6 +88,8 @@ def paper_table(
             "label": ", ".join(sorted(set(group["label"]))),
             "world_size": int(group["world_size"].iloc[0]),
             "seeds": len(group),
+            "timed_steps_min": int(group["timed_steps"].min()),
+            "timed_steps_max": int(group["timed_steps"].max()),
             "imbalance_rate": group["imbalance_rate"].mean(),
             "imbalance_rate_sd": group["imbalance_rate"].std(ddof=1),
             "idle_fraction": group["idle_fraction"].mean(),
@@ -147,6 +152,8 @@ def _shown(n: pd.DataFrame, baseline: str) -> pd.DataFrame:
         "policy": n["policy"],
         "source": n["label"],
         "seeds": n["seeds"],
+        "timed steps/seed": [f"{lo}" if lo == hi else f"{lo}-{hi}" for lo, hi in
+                             zip(n["timed_steps_min"], n["timed_steps_max"], strict=True)],
         "imbalance rate": n["imbalance_rate"].map(_pct),
         "idle fraction": n["idle_fraction"].map(_pct),
         "VRAM util. (mean)": [f"{_pct(v)} ({s})" if s else "" for v, s in
@@ -170,7 +177,8 @@ def _shown(n: pd.DataFrame, baseline: str) -> pd.DataFrame:
 
 
 PAPER_NOTE = (
-    "Means over seeds of timed steps (after warm-up). Δ = policy vs the equal-token baseline of "
+    "Means over seeds of timed steps (after warm-up; `timed steps/seed` says how many, each "
+    "over all ranks). Δ = policy vs the equal-token baseline of "
     "the same setup and kernel: throughput as relative change of samples/s with a bootstrap 95% "
     "CI (steps resampled within runs) and Welch's t p-value on per-step samples/s; imbalance as "
     "difference in percentage points with a bootstrap CI and Mann-Whitney U p-value on per-step "

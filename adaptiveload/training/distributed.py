@@ -3,7 +3,10 @@
 Two launch modes, one loop:
 
 - **distributed**: one process per rank under `torchrun` (or SLURM's srun with the torchrun
-  env vars). gloo on CPU, NCCL on CUDA. The model is wrapped in DDP (gradients all-reduced
+  env vars). gloo on CPU, NCCL on CUDA; each process takes the GPU of its `LOCAL_RANK`.
+  `ADAPTIVELOAD_DIST_BACKEND=gloo` keeps gloo on CUDA too, which lets several processes share
+  one GPU (NCCL refuses two ranks on one device): a check of the multi-process CUDA path on a
+  single GPU, not a measurement. The model is wrapped in DDP (gradients all-reduced
   in buckets during backward, overlapping communication with compute), or sharded with FSDP2
   `fully_shard` per block (`train.fsdp`, meant for the 14B config: parameters, gradients and
   optimizer state sharded, bf16 parameters, fp32 reduction).
@@ -27,6 +30,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from adaptiveload.errors import UserError
+
 
 @dataclass(frozen=True)
 class Ranks:
@@ -46,23 +51,39 @@ def under_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
+BACKEND_ENV = "ADAPTIVELOAD_DIST_BACKEND"
+
+
+def backend(device: str) -> str:
+    """The process-group backend: $ADAPTIVELOAD_DIST_BACKEND, else NCCL on CUDA, gloo on CPU."""
+    name = os.environ.get(BACKEND_ENV) or ("nccl" if device == "cuda" else "gloo")
+    if name not in ("nccl", "gloo") or (name == "nccl" and device != "cuda"):
+        raise UserError(f"{BACKEND_ENV}={name}: expected gloo, or nccl with device cuda")
+    return name
+
+
 def setup(launch_mode: str, world_size: int, device: str) -> tuple[Ranks, torch.device]:
     """Start the process group (distributed) and pick this process's device."""
     if launch_mode == "emulated":
         dev = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else None
         return Ranks(world_size, tuple(range(world_size)), False), dev or torch.device("cpu")
     rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    name = backend(device)
+    dev = torch.device("cpu")
     if device == "cuda":
-        local = int(os.environ.get("LOCAL_RANK", 0))
-        torch.cuda.set_device(local)
-        dev = torch.device("cuda", local)
-    else:
-        dev = torch.device("cpu")
+        local, gpus = int(os.environ.get("LOCAL_RANK", 0)), torch.cuda.device_count()
+        if gpus == 0:
+            raise UserError("device cuda: no CUDA GPU is visible to this process")
+        if local >= gpus and name == "nccl":
+            raise UserError(
+                f"LOCAL_RANK {local}: this node has {gpus} GPU(s) and NCCL needs one per "
+                f"process; start at most {gpus} processes per node, or set {BACKEND_ENV}=gloo "
+                "to share GPUs (a functional check, not a measurement)"
+            )
+        dev = torch.device("cuda", local % gpus)
+        torch.cuda.set_device(dev)
     if not dist.is_initialized():
-        dist.init_process_group(
-            backend="nccl" if device == "cuda" else "gloo",
-            device_id=dev if device == "cuda" else None,
-        )
+        dist.init_process_group(backend=name, device_id=dev if name == "nccl" else None)
     return Ranks(size, (rank,), True, rank), dev
 
 

@@ -1,34 +1,45 @@
 #!/usr/bin/env bash
-# Issue 9 in one run on an H200: the fused kernel (build, CUDA tests, bench), the measured
-# calibration of Wan 2.1 T2V-1.3B, and a short emulated 16-rank training under the three
-# policies, eager and fused. Everything lands under OUTDIR; with PACKDIR, a tarball of OUTDIR
-# plus summary.txt are refreshed in PACKDIR after every step, so a run cut short still
-# returns what it measured (the device tool brings back at most 8 files from $OUT).
+# The device check, v2: everything this repository needs measured on one H200, in ONE call of
+# at most 9 minutes of its own (TOTAL_BUDGET_S, default 530 s), each part under its own
+# `timeout`, its outputs packed into PACKDIR after every part (the device tool brings back at
+# most 8 files of 16 MiB from two folder levels, so each part is one tarball):
 #
-#   experiments/gpu/h200.sh OUTDIR [PACKDIR]          # on the GPU machine (README.md here)
-#   DRY_RUN=1 experiments/gpu/h200.sh /tmp/h200-dry   # the same plumbing on CPU, tiny
+#   dist         `torchrun --nproc-per-node 2 -m adaptiveload train`, two processes sharing
+#                the GPU over gloo (DDP; the multi-process CUDA path: LOCAL_RANK, CUDA events)
+#   kernel       kernels/gpu_check.sh (build, CUDA tests, bench of every width, eager vs fused)
+#   calibration  `adaptiveload calibrate` of Wan 2.1 T2V-1.3B with $CAL_FLAGS (grid rules,
+#                per-micro-batch validation)
+#   train        16 emulated ranks of the 1.3B on micro-batches of 12k-18k tokens (not
+#                overhead-bound), each policy eager, then fused while time is left; measured
+#                vs predicted imbalance per policy in summary.txt
 #
-# Environment:
-#   PYTHON        interpreter (default python3; the device's holds torch 2.11 cu130)
-#   WHEELS        folder of carried wheels installed first (default <repo>/.whl, if present;
-#                 experiments/gpu/fetch_wheels.sh fills it)
-#   PARTS         subset of "kernel calibrate train" (default all; for a partial rerun)
-#   TOTAL_BUDGET_S  whole-run limit the step limits are cut to (default 530)
-#   KERNEL_CAP_S, CALIBRATE_CAP_S, TRAIN_BUDGET_S, TRAIN_RUN_CAP_S  per-step limits
-#   TRAIN_STEPS, TRAIN_POLICIES, TRAIN_KERNELS, TRAIN_CONFIG  the training part
-#   CAL_TOKENS, CAL_BATCH_SIZES, CAL_MAX_BATCH_TOKENS, CAL_REPEATS  the calibration grid
-#   CALIBRATION   skip measuring: train with this calibration file instead
-#   REPO_COMMIT   the commit the tree was sent from (recorded in env.txt)
-# Outputs (OUTDIR): env.txt, env.json, steps.tsv (part, status, seconds), summary.txt,
-#   summary.json, kernel/ (kernels/gpu_check.sh), calibration/, train/<policy>-<kernel>/.
+#   experiments/gpu/h200.sh OUTDIR [PACKDIR]         # on the GPU machine (README.md here)
+#   DRY_RUN=1 experiments/gpu/h200.sh OUTDIR PACKDIR  # the same plumbing on CPU, tiny
+#
+# Environment: PYTHON (default python3), WHEELS (default <repo>/.whl; *.whl there are
+# installed first), PARTS (subset of "dist kernel calibrate train"), CALIBRATION (train with
+# this file, no calibrate), REPO_COMMIT (recorded; .git does not travel), TOTAL_BUDGET_S,
+# DIST_S, KERNEL_S, CALIBRATE_S, TRAIN_RUN_S (limits), TRAIN_STEPS, TRAIN_POLICIES,
+# TRAIN_KERNELS, TRAIN_FILL (M_mem over the longest training bucket).
+# Outputs (OUTDIR): env.txt, env.json, steps.tsv (part, status, seconds), summary.txt/.json,
+# dist/, kernel/, calibration/, train/; PACKDIR: env.tar.gz, <part>.tar.gz, summary.txt,
+# steps.tsv.
 set -uo pipefail
+
+# The calibration's flags, in one place: the grid (B = 1 at every size up to the 81-frame
+# 75,600 tokens, B = 2 up to 32,760 tokens), a warm-up step per point, two timed passes, and
+# 48 micro-batches of the policies' plans timed against the fit's prediction (only those
+# predicted under a second: paper-scale micro-batches take ~15 s each).
+CAL_FLAGS_CUDA="--batch-sizes 1,2 --tokens 1560,7200,16380,32760,75600 --max-batch-tokens 32760 \
+--warmup 1 --repeats 2 --validate 48 --validate-max-seconds 1"
+CAL_FLAGS_DRY="--batch-sizes 1,2 --tokens 64,256,1024 --max-batch-tokens 1024 --warmup 1 --repeats 2"
 
 OUTDIR=${1:?usage: experiments/gpu/h200.sh OUTDIR [PACKDIR]}
 PACKDIR=${2:-}
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 DRY=${DRY_RUN:-0}
 PY=${PYTHON:-python3}
-PARTS=${PARTS:-kernel calibrate train}
+PARTS=${PARTS:-dist kernel calibrate train}
 TOTAL=${TOTAL_BUDGET_S:-530}
 START=$(date +%s)
 mkdir -p "$OUTDIR" && OUTDIR=$(cd "$OUTDIR" && pwd)
@@ -42,28 +53,29 @@ export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
 if [ "$DRY" = 1 ]; then  # tiny, CPU, and without the packages the device lacks
   DEVICE=cpu MODEL=wan2.1-micro
   # process CPU time with one thread: the stable timer on a shared machine
-  CAL_ARGS=(--capacity-gb 0.08 --mixture tiny-cpu --num-samples 1000 --threads 1 --timer cpu)
-  CAL_TOKENS=${CAL_TOKENS:-64,256,1024} CAL_BATCH_SIZES=${CAL_BATCH_SIZES:-1,2}
-  CAL_MAX_BATCH_TOKENS=${CAL_MAX_BATCH_TOKENS:-1024} CAL_REPEATS=${CAL_REPEATS:-1}
-  TRAIN_CONFIG=${TRAIN_CONFIG:-experiments/gpu/dry_train.yaml} TRAIN_STEPS=${TRAIN_STEPS:-3}
+  CAL_ARGS=($CAL_FLAGS_DRY --capacity-gb 0.08 --mixture tiny-cpu --num-samples 1000 --threads 1
+            --timer cpu)
+  TRAIN_CONFIG=experiments/gpu/dry_train.yaml
+  TRAIN_STEPS=${TRAIN_STEPS:-2}
+  # gpu_check's nvcc build takes minutes on a small CPU: the dry run proves the part's limit
+  KERNEL_S=${KERNEL_S:-10}
+  # a shared CPU is slow at starting Python processes: wide limits, the plumbing is the point
+  TOTAL=${TOTAL_BUDGET_S:-1500} DIST_S=${DIST_S:-240} CALIBRATE_S=${CALIBRATE_S:-300}
+  TRAIN_RUN_S=${TRAIN_RUN_S:-200}
   export OMP_NUM_THREADS=1 ALLOW_NO_GPU=1 BENCH_TIMEOUT_S=30
   # the device has no mlflow/snakemake/diffusers/av/seaborn: prove nothing here needs them
-  mkdir -p "$WORK/block" && cat > "$WORK/block/sitecustomize.py" <<'EOF'
+  mkdir -p "$WORK/block" && cat > "$WORK/block/sitecustomize.py" <<'PY'
 import sys
 for name in ("mlflow", "snakemake", "diffusers", "av", "seaborn", "flash_attn"):
     sys.modules[name] = None  # `import name` now raises ImportError
-EOF
+PY
   export PYTHONPATH="$WORK/block:$PYTHONPATH"
 else
   DEVICE=cuda MODEL=wan2.1-t2v-1.3b
-  CAL_ARGS=(--mixture paper-mixed --num-samples 20000)
-  # images (1,560) .. 81 frames 720p (75,600); B=2 only up to 32,760 (B=2 x 75.6k: ~25 s/step)
-  CAL_TOKENS=${CAL_TOKENS:-1560,4680,16380,32760,75600} CAL_BATCH_SIZES=${CAL_BATCH_SIZES:-1,2}
-  # one timed pass after the probe step: a 75.6k step is ~12 s, where a pass more costs more
-  # than it tells; a run that overran its limit would leave no file at all
-  CAL_MAX_BATCH_TOKENS=${CAL_MAX_BATCH_TOKENS:-65520} CAL_REPEATS=${CAL_REPEATS:-1}
-  TRAIN_CONFIG=${TRAIN_CONFIG:-experiments/gpu/h200_train.yaml} TRAIN_STEPS=${TRAIN_STEPS:-5}
-  export BENCH_TIMEOUT_S=${BENCH_TIMEOUT_S:-100}
+  CAL_ARGS=($CAL_FLAGS_CUDA --activation-checkpointing --mixture paper-mixed --num-samples 20000)
+  TRAIN_CONFIG=experiments/gpu/h200_train.yaml
+  TRAIN_STEPS=${TRAIN_STEPS:-2}
+  export BENCH_TIMEOUT_S=${BENCH_TIMEOUT_S:-60}
 fi
 TRAIN_POLICIES=${TRAIN_POLICIES:-equal-token adaptiveload adaptiveload-balanced}
 TRAIN_KERNELS=${TRAIN_KERNELS:-eager fused}
@@ -74,11 +86,19 @@ limit() {  # limit WANT [RESERVE]: WANT seconds, cut so RESERVE seconds of the t
   local left=$((TOTAL - $(elapsed) - ${2:-0}))
   echo $((left < $1 ? left : $1))
 }
-pack() {  # refresh PACKDIR's tarball and summary (atomically: a kill mid-pack keeps the old)
+pack() {  # pack [PART]: PART's folder (and the top-level files) into PACKDIR, atomically
   [ -z "$PACKDIR" ] && return 0
-  tar czf "$PACKDIR/.h200-results.tar.gz" -C "$(dirname "$OUTDIR")" "$(basename "$OUTDIR")" \
-    && mv "$PACKDIR/.h200-results.tar.gz" "$PACKDIR/h200-results.tar.gz"
-  [ -f "$OUTDIR/summary.txt" ] && cp "$OUTDIR/summary.txt" "$PACKDIR/summary.txt"
+  local base name
+  base=$(basename "$OUTDIR")
+  if [ -n "${1:-}" ] && [ -d "$OUTDIR/$1" ]; then  # files over 12 MB stay behind (logs)
+    (cd "$(dirname "$OUTDIR")" && find "$base/$1" -type f -size -12M -print0 \
+      | tar czf "$PACKDIR/.$1.tar.gz" --null -T -) && mv "$PACKDIR/.$1.tar.gz" "$PACKDIR/$1.tar.gz"
+  fi
+  (cd "$(dirname "$OUTDIR")" && find "$base" -maxdepth 1 -type f -size -12M -print0 \
+    | tar czf "$PACKDIR/.env.tar.gz" --null -T -) && mv "$PACKDIR/.env.tar.gz" "$PACKDIR/env.tar.gz"
+  for name in summary.txt steps.tsv; do
+    [ -f "$OUTDIR/$name" ] && cp "$OUTDIR/$name" "$PACKDIR/$name"
+  done
   return 0
 }
 run_part() {  # run_part NAME LIMIT_S LOG CMD...: time-limited, status + seconds in steps.tsv
@@ -95,152 +115,113 @@ run_part() {  # run_part NAME LIMIT_S LOG CMD...: time-limited, status + seconds
   rc=$?
   printf '%s\t%s\t%s\n' "$name" "$rc" "$(($(date +%s) - t0))" >> "$OUTDIR/steps.tsv"
   tail -c 4000 "$log" | tr '\r' '\n' | grep -v '^[[:space:]]*$' | tail -n 3 | cut -c1-300
-  pack
   return $rc
 }
 wants() { [[ " $PARTS " == *" $1 "* ]]; }
+free_port() { "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
-# --- 0. carried wheels, then what this interpreter has --------------------------------------
+# --- 0. carried wheels, versions, imports ---------------------------------------------------
 WHEELS=${WHEELS:-$REPO/.whl}
 if compgen -G "$WHEELS/*.whl" > /dev/null; then
   if [ "$DRY" = 1 ]; then  # another Python here: install for the device's (cp312) to check
-    run_part wheels 120 "$OUTDIR/wheels.log" "$PY" -m pip install --no-index --no-deps \
+    run_part wheels 60 "$OUTDIR/wheels.log" "$PY" -m pip install --no-index --no-deps \
       --no-compile --only-binary=:all: --python-version 3.12 --implementation cp \
       --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
       --platform manylinux2014_x86_64 --target "$WORK/site-cp312" "$WHEELS"/*.whl
   else
-    run_part wheels 120 "$OUTDIR/wheels.log" "$PY" -m pip install --no-index --no-deps \
+    run_part wheels 60 "$OUTDIR/wheels.log" "$PY" -m pip install --no-index --no-deps \
       --no-compile --no-cache-dir --upgrade --target "$WORK/site" "$WHEELS"/*.whl \
       && export PYTHONPATH="$WORK/site:$PYTHONPATH"
   fi
 fi
 {
   echo "date: $(date -u +%FT%TZ)"
-  # .git does not travel to the device: the caller passes REPO_COMMIT
   echo "repo commit: ${REPO_COMMIT:-$(git -C "$REPO" rev-parse HEAD 2>/dev/null || echo unknown)}"
   echo "dry run: $DRY"
+  echo "calibration flags: ${CAL_ARGS[*]}"
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.memory \
     --format=csv 2>&1 | head -n 3
   "$CUDA_HOME/bin/nvcc" --version 2>&1 | tail -n 1
 } > "$OUTDIR/env.txt"
-run_part preflight 60 "$OUTDIR/preflight.log" "$PY" - "$OUTDIR/env.json" "$DEVICE" <<'EOF'
-"""Versions of everything the check imports, and the imports themselves, before any GPU work."""
-import importlib
-import importlib.metadata as md
-import json
-import platform
-import sys
+run_part preflight 60 "$OUTDIR/preflight.log" "$PY" experiments/gpu/preflight.py \
+  "$OUTDIR/env.json" "$DEVICE" || cat "$OUTDIR/preflight.log"
+pack
 
-out, device = sys.argv[1], sys.argv[2]
-dists = {"torch": "torch", "triton": "triton", "numpy": "numpy", "pandas": "pandas",
-         "pyarrow": "pyarrow", "scipy": "scipy", "typer": "typer", "click": "click",
-         "yaml": "PyYAML", "jsonschema": "jsonschema", "tqdm": "tqdm",
-         "safetensors": "safetensors", "pytest": "pytest", "flash_attn": "flash-attn"}
-versions = {"python": platform.python_version()}
-for module, dist in dists.items():
-    try:
-        importlib.import_module(module)
-        versions[module] = md.version(dist)
-    except ImportError:
-        versions[module] = None
-    except md.PackageNotFoundError:
-        versions[module] = "present"
-import torch  # noqa: E402
-
-env = {"versions": versions, "torch_cuda": torch.version.cuda, "cuda_available":
-       torch.cuda.is_available(), "device": torch.cuda.get_device_name() if
-       torch.cuda.is_available() else platform.processor() or platform.machine()}
-if torch.cuda.is_available():
-    p = torch.cuda.get_device_properties(0)
-    env.update(total_memory=p.total_memory, sm_count=p.multi_processor_count,
-               capability=f"{p.major}.{p.minor}")
-json.dump(env, open(out, "w"), indent=1)
-print(json.dumps(env))
-# the CLI and every module the parts use (a missing package fails here, not after minutes)
-for mod in ("adaptiveload.cli", "adaptiveload.config", "adaptiveload.calibration",
-            "adaptiveload.tracking.session", "adaptiveload.training.loop",
-            "adaptiveload.ops.kernel_build", "adaptiveload.ops.kernel_bench"):
-    importlib.import_module(mod)
-for stage in importlib.import_module("adaptiveload.cli").STAGES:
-    importlib.import_module(f"adaptiveload.cli.{stage}")
-# the run outputs are Parquet: the (carried) pandas must work with this pyarrow
-import os, tempfile  # noqa: E401, E402
-import pandas as pd  # noqa: E402
-from adaptiveload.io import write_parquet  # noqa: E402
-with tempfile.TemporaryDirectory() as tmp:
-    frame = pd.DataFrame({"step": [0, 1], "peak_bytes": pd.array([1.0, None], "Float64")})
-    write_parquet(os.path.join(tmp, "t.parquet"), frame)
-    assert pd.read_parquet(os.path.join(tmp, "t.parquet")).equals(frame), "parquet round trip"
-if device == "cuda" and not torch.cuda.is_available():
-    sys.exit("no CUDA device visible")
-print("imports ok")
-EOF
-[ $? -ne 0 ] && { echo "preflight failed: see $OUTDIR/preflight.log"; cat "$OUTDIR/preflight.log"; }
-
-# --- 1. kernel: build, CUDA tests, bench (kernels/gpu_check.sh), plus a kept build for training
+# --- 1. the kept kernel build for fused training (beside the parts below, before any timing)
 KLIB_DIR="$WORK/kernel-lib"
-if [ "$DRY" != 1 ] && { wants kernel || wants train; }; then
-  # a second build of the same sources, kept for the fused training runs (gpu_check deletes
-  # its own); it runs beside gpu_check's build, before anything is timed there
+if [ "$DRY" != 1 ] && wants train; then
   ( timeout 240 "$PY" -m adaptiveload.ops.kernel_build --out "$KLIB_DIR" --arch "${ARCH:-9.0}" \
-      > "$OUTDIR/train_kernel_build.log" 2>&1 ) &
+      > "$WORK/train_kernel_build.log" 2>&1; cp "$WORK/train_kernel_build.log" "$OUTDIR/" ) &
   KBUILD_PID=$!
 fi
+
+# --- 2. dist: two processes, one GPU, gloo, DDP through the README's entry point --------------
+if wants dist; then
+  mkdir -p "$OUTDIR/dist"
+  run_part dist "$(limit "${DIST_S:-45}" 420)" "$OUTDIR/dist/torchrun.log" \
+    env ADAPTIVELOAD_DIST_BACKEND=gloo "$PY" -m torch.distributed.run --nproc-per-node 2 \
+    --master-addr 127.0.0.1 --master-port "$(free_port)" -m adaptiveload train \
+    --config experiments/gpu/dist_check.yaml --policy adaptiveload --seed 0 --kernel eager \
+    --device "$DEVICE" --no-track --no-checkpoint --out "$OUTDIR/dist/ddp"
+  pack dist
+fi
+
+# --- 3. kernel: kernels/gpu_check.sh under its limit -------------------------------------------
 if wants kernel; then
   mkdir -p "$OUTDIR/kernel"
-  run_part kernel "$(limit "${KERNEL_CAP_S:-240}" 250)" "$OUTDIR/kernel.log" \
+  run_part kernel "$(limit "${KERNEL_S:-100}" 330)" "$OUTDIR/kernel.log" \
     bash kernels/gpu_check.sh "$OUTDIR/kernel"
+  pack kernel
 fi
-[ -n "${KBUILD_PID:-}" ] && wait "$KBUILD_PID"
-cp "$KLIB_DIR/build.json" "$OUTDIR/train_kernel_build.json" 2>/dev/null
 
-# --- 2. calibration: measured (B, S) grid of the 1.3B, fit, p / M_mem / M_comp -----------------
-mkdir -p "$OUTDIR/calibration" "$OUTDIR/train"
+# --- 4. calibration: the measured (B, S) grid of the model, the fit, its validation -----------
+mkdir -p "$OUTDIR/calibration"
 CAL=${CALIBRATION:-}
 [ -n "$CAL" ] && cp "$CAL" "$OUTDIR/calibration/"  # a rerun's tree names what it used
 if [ -z "$CAL" ] && wants calibrate; then
   CAL="$OUTDIR/calibration/h200-$MODEL.json"
   [ "$DRY" = 1 ] && CAL="$OUTDIR/calibration/dry-$MODEL.json"
-  run_part calibrate "$(limit "${CALIBRATE_CAP_S:-150}" 100)" "$OUTDIR/calibration/calibrate.log" \
-    "$PY" -m adaptiveload calibrate --model "$MODEL" --device "$DEVICE" \
-    --activation-checkpointing --batch-sizes "$CAL_BATCH_SIZES" --tokens "$CAL_TOKENS" \
-    --max-batch-tokens "$CAL_MAX_BATCH_TOKENS" --repeats "$CAL_REPEATS" --warmup 0 \
-    "${CAL_ARGS[@]}" -o "$CAL" || CAL=""
+  run_part calibrate "$(limit "${CALIBRATE_S:-130}" 200)" "$OUTDIR/calibration/calibrate.log" \
+    "$PY" -m adaptiveload calibrate --model "$MODEL" --device "$DEVICE" "${CAL_ARGS[@]}" \
+    -o "$CAL" || CAL=""
+  pack calibration
 fi
 
-# --- 3. training: 16 emulated ranks, policies x kernels, budgets for the short run ---------------
+# --- 5. training: 16 emulated ranks, each policy eager, then fused while time is left ----------
 if wants train; then
-  TRAIN_DEADLINE=$(($(elapsed) + ${TRAIN_BUDGET_S:-220}))
+  mkdir -p "$OUTDIR/train"
   if [ -z "$CAL" ] || [ ! -f "$CAL" ]; then  # no measurement: the shipped prior (source: model)
     CAL="experiments/calibration/h200-$MODEL.json"
-    [ "$DRY" = 1 ] && CAL="$OUTDIR/calibration/dry-$MODEL.json"
     echo "training with $CAL (no measured calibration)"
   fi
   TCAL="$OUTDIR/train/calibration-train.json"
   run_part train_budgets 60 "$OUTDIR/train/budgets.log" "$PY" experiments/gpu/train_budgets.py \
-    --calibration "$CAL" --config "$TRAIN_CONFIG" -o "$TCAL"
+    --calibration "$CAL" --config "$TRAIN_CONFIG" --fill "${TRAIN_FILL:-2.5}" -o "$TCAL"
   for kernel in $TRAIN_KERNELS; do
     KENV=()
-    if [ "$kernel" = fused ]; then
+    if [ "$kernel" = fused ] && [ "$DRY" != 1 ]; then
+      [ -n "${KBUILD_PID:-}" ] && wait "$KBUILD_PID"  # long done: it started before dist
+      cp "$KLIB_DIR/build.json" "$OUTDIR/train/kernel_build.json" 2>/dev/null
       KENV=(env "ADAPTIVELOAD_KERNEL_LIB=$KLIB_DIR/adaptiveload_kernels.so")
-      if [ "$DRY" != 1 ] && ! "${KENV[@]}" "$PY" -c 'import sys; from adaptiveload.ops import ln_modulate as lm; r = lm.fused_unavailable_reason(); print("fused kernel:", r or "available"); sys.exit(1 if r else 0)' > "$OUTDIR/train/fused_check.log" 2>&1; then
+      if ! "${KENV[@]}" "$PY" -c 'import sys; from adaptiveload.ops import ln_modulate as lm; r = lm.fused_unavailable_reason(); print("fused kernel:", r or "available"); sys.exit(1 if r else 0)' > "$OUTDIR/train/fused_check.log" 2>&1; then
         echo "== fused training skipped: $(tail -n 1 "$OUTDIR/train/fused_check.log")"
-        printf 'train-%s\tskipped\t0\n' "$kernel" >> "$OUTDIR/steps.tsv"
+        printf 'train-fused\tskipped\t0\n' >> "$OUTDIR/steps.tsv"
         continue
       fi
     fi
     for policy in $TRAIN_POLICIES; do
-      left=$((TRAIN_DEADLINE - $(elapsed)))
-      run_part "train-$policy-$kernel" "$(limit "$((left < ${TRAIN_RUN_CAP_S:-75} ? left : ${TRAIN_RUN_CAP_S:-75}))" 8)" \
+      run_part "train-$policy-$kernel" "$(limit "${TRAIN_RUN_S:-70}" 8)" \
         "$OUTDIR/train/$policy-$kernel.log" ${KENV[@]+"${KENV[@]}"} "$PY" -m adaptiveload train \
         --config "$TRAIN_CONFIG" --policy "$policy" --seed 0 --kernel "$kernel" \
         --steps "$TRAIN_STEPS" --emulate-world-size 16 --device "$DEVICE" --calibration "$TCAL" \
         --no-track --no-checkpoint --out "$OUTDIR/train/$policy-$kernel"
+      pack train
     done
   done
+  pack train
 fi
 
-# --- 4. summary -----------------------------------------------------------------------------
+# --- 6. summary ---------------------------------------------------------------------------------
 "$PY" experiments/gpu/summarize.py "$OUTDIR" > "$OUTDIR/summary.log" 2>&1
 cat "$OUTDIR/summary.txt" 2>/dev/null || cat "$OUTDIR/summary.log"
 pack

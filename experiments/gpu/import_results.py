@@ -1,19 +1,21 @@
 """Bring the outputs of one `experiments/gpu/h200.sh` run into the repository, checked.
 
-    python experiments/gpu/import_results.py /work/.device/.../h200-results.tar.gz
-    python experiments/gpu/import_results.py OUTDIR --dest results/reference/h200
+    python experiments/gpu/import_results.py PACKDIR     # the folder of the run's tarballs
+    python experiments/gpu/import_results.py OUTDIR --dest results/reference/h200/{date}
 
-Validates before writing anything: a GPU run on an H200 (device string from env.json), a
-`source: measured` calibration of the 1.3B whose fit has R^2 and measured memory, and run
-summaries that are `measured`, emulated over 16 ranks, with their per-step tables. Then
-replaces DEST with the run's files (logs over 256 KB are left out) plus:
+SOURCE is what h200.sh packed (a folder of `<part>.tar.gz`, or one tarball) or its OUTDIR.
+DEST (default results/reference/h200/<date of the run>; `-2`, `-3`, ... when that exists)
+receives the run. Validates before writing anything: a GPU run on an H200 (device string
+from env.json), a `source: measured` calibration of the 1.3B whose fit has R^2 and
+measured memory, and run summaries that are `measured`, emulated over 16 ranks, with their
+per-step tables. Then replaces DEST with the run's files (logs over 256 KB are left out) plus:
   provenance.json  date, device, driver, versions, repo commit, parts and their status,
                    the archive's sha256, when it was imported;
   run_index.json   the training runs in the analysis run-index format, so that
                    `adaptiveload analyze aggregate --index DEST/run_index.json` (or the
                    pipeline's run_index()) puts the measured rows beside the model rows.
 The kernel part (kernels/gpu_check.sh's folder) is also copied to
-results/kernels/reference/h200-<date>/, where the kernel issue keeps GPU runs
+results/kernels/reference/h200-<date>/, where the kernel's GPU runs are kept
 (`--kernel-dest`, or `--kernel-dest ''` for none).
 `--merge` lays a partial rerun (`PARTS=...`) over what DEST holds, then validates the whole.
 `--allow-dry-run` accepts a DRY_RUN=1 output (CPU, micro model) for testing this script.
@@ -132,17 +134,22 @@ def import_run(
     `kernel_dest` (may hold '{date}') also receives the kernel folder. `merge` lays the run
     over what `dest` holds (a partial rerun, `PARTS=...`) and validates the result."""
     with tempfile.TemporaryDirectory() as tmp:
-        if source.is_file():
-            extracted = Path(tmp) / "extracted"
-            with tarfile.open(source) as tar:
-                tar.extractall(extracted, filter="data")
-            root = _root(extracted)
-            digest = hashlib.sha256(source.read_bytes()).hexdigest()
-        elif source.is_dir():
+        archives = [source] if source.is_file() else sorted(source.glob("*.tar.gz"))
+        if source.is_dir() and (source / "steps.tsv").is_file() and not archives:
             root, digest = _root(source), None
+        elif archives:
+            extracted = Path(tmp) / "extracted"
+            sha = hashlib.sha256()
+            for archive in archives:  # the parts' tarballs share one top folder
+                with tarfile.open(archive) as tar:
+                    tar.extractall(extracted, filter="data")
+                sha.update(archive.read_bytes())
+            root, digest = _root(extracted), sha.hexdigest()
         else:
-            raise UserError(f"{source}: no such archive or folder")
+            raise UserError(f"{source}: no such archive, folder of archives, or run folder")
         tree, previous = Path(tmp) / "tree", None
+        if merge:
+            dest = _dated(dest, (_env_txt(root).get("date") or "unknown")[:10], merge)
         if merge and dest.is_dir():
             skip = shutil.ignore_patterns("provenance.json", "run_index.json")
             shutil.copytree(dest, tree, ignore=skip)
@@ -155,12 +162,13 @@ def import_run(
             info = validate(tree, dry)
         except UserError as exc:  # name the archive, not the scratch folder it was opened in
             raise UserError(str(exc).replace(str(tree), f"{source} (as imported)")) from None
+        env_txt = _env_txt(tree)
+        dest = _dated(dest, (env_txt.get("date") or "unknown")[:10], merge)
         dest.parent.mkdir(parents=True, exist_ok=True)
         staged = Path(tempfile.mkdtemp(prefix=".h200-import-", dir=dest.parent))
         shutil.copytree(tree, staged, dirs_exist_ok=True)
-    env_txt = _env_txt(staged)
     provenance = {
-        "what": "issue 9: measured GPU evidence (kernel, calibration, short training)",
+        "what": "measured GPU evidence: 2-process check, kernel, calibration, short training",
         "date": env_txt.get("date"),
         "device": info["device"],
         "nvidia_smi": env_txt.get("nvidia_smi"),
@@ -172,6 +180,8 @@ def import_run(
         "calibration": info["calibration"],
         "calibration_label": info["calibration_label"],
         "training_runs": info["runs"],
+        "dist_check": summarize.dist_summary(staged),
+        "dest": dest.as_posix(),
         "archive_sha256": digest,
         "imported_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "logs_left_out": skipped,
@@ -198,6 +208,18 @@ def import_run(
     return provenance
 
 
+def _dated(dest: Path, date: str, merge: bool) -> Path:
+    """`dest` with its `{date}` filled; a new import never replaces an earlier one of the same
+    date (`-2`, `-3`, ... instead), a merge goes into the folder it names."""
+    path = Path(str(dest).format(date=date))
+    if merge or not path.exists() or "{date}" not in str(dest):
+        return path
+    n = 2
+    while path.with_name(f"{path.name}-{n}").exists():
+        n += 1
+    return path.with_name(f"{path.name}-{n}")
+
+
 def _replace(staged: Path, dest: Path) -> None:
     """Move the finished `staged` folder to `dest`, replacing what was there."""
     if dest.exists():
@@ -212,8 +234,8 @@ def _replace(staged: Path, dest: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("source", type=Path, help="h200-results.tar.gz or the run's OUTDIR")
-    parser.add_argument("--dest", type=Path, default=Path("results/reference/h200"))
+    parser.add_argument("source", type=Path, help="PACKDIR, one of its tarballs, or OUTDIR")
+    parser.add_argument("--dest", type=Path, default=Path("results/reference/h200/{date}"))
     parser.add_argument(
         "--kernel-dest", default="results/kernels/reference/h200-{date}",
         help="also copy the kernel folder here ('' for no copy)",
@@ -229,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(
-        f"{args.dest}: {prov['device']} ({prov['date']}), calibration {prov['calibration']}, "
+        f"{prov['dest']}: {prov['device']} ({prov['date']}), calibration {prov['calibration']}, "
         f"{len(prov['training_runs'])} training run(s); parts "
         + ", ".join(f"{k}={v['status']}" for k, v in prov["parts"].items()),
         file=sys.stderr,

@@ -1,10 +1,12 @@
 """The headline numbers of one `experiments/gpu/h200.sh` run, as text and JSON.
 
-Reads what the run wrote under OUTDIR (steps.tsv, env.json, kernel/summary.txt, the
+Reads what the run wrote under OUTDIR (steps.tsv, env.json, dist/, kernel/summary.txt, the
 calibration JSON, train/*/summary.json) and writes OUTDIR/summary.txt and summary.json:
-the kernel's target table as gpu_check printed it, the fit (p, R^2, M_mem, M_comp), and per
-training run imbalance / idle / throughput / VRAM next to the equal-token run of the same
-kernel and the paper's 39% -> 18.9%, +22.7%, +27.2%. Missing parts are reported as missing.
+the 2-process check, the kernel's target table as gpu_check printed it, the fit (p, R^2,
+M_mem, M_comp), and per training run imbalance / idle / throughput / VRAM next to the
+equal-token run of the same kernel and the paper's 39% -> 18.9%, +22.7%, +27.2%, with the
+imbalance the cost model predicts for the very micro-batches each run timed. Missing parts
+are reported as missing.
 
     python experiments/gpu/summarize.py OUTDIR
 """
@@ -54,6 +56,36 @@ def calibration_summary(out: Path) -> dict[str, Any] | None:
     }
 
 
+def predicted_imbalance(steps_file: Path, calibration: Path, warmup: int) -> float | None:
+    """Imbalance of the run's timed steps as the calibration's cost model predicts it for the
+    same (step, rank) micro-batches (`model`), to set beside the measured one."""
+    import pandas as pd
+
+    from adaptiveload import metrics
+    from adaptiveload.costmodel import Calibration
+
+    if not (steps_file.is_file() and calibration.is_file()):
+        return None
+    steps = pd.read_parquet(steps_file)
+    steps = steps[steps["step"] >= warmup]
+    if steps.empty:
+        return None
+    cost = Calibration.load(calibration).cost
+    batch = steps["samples"].to_numpy()
+    pred = cost.step_time(batch, steps["tokens"].to_numpy() / batch)
+    table = steps.assign(pred=pred).pivot(index="step", columns="rank", values="pred")
+    return metrics.imbalance_rate(table.to_numpy())
+
+
+def dist_summary(out: Path) -> dict[str, Any] | None:
+    """The 2-process torchrun check: launch mode, ranks and device of what it wrote."""
+    s = _json(out / "dist" / "ddp" / "summary.json")
+    if s is None:
+        return None
+    return {k: s.get(k) for k in ("launch_mode", "world_size", "device", "steps_total",
+                                  "imbalance_rate", "samples_per_s")}  # fmt: skip
+
+
 def train_summaries(out: Path) -> list[dict[str, Any]]:
     rows = []
     for path in sorted((out / "train").glob("*/summary.json")):
@@ -67,6 +99,10 @@ def train_summaries(out: Path) -> list[dict[str, Any]]:
                 "calibration",
             )},
         })  # fmt: skip
+        rows[-1]["imbalance_predicted"] = predicted_imbalance(
+            path.parent / "steps.parquet", out / "train" / "calibration-train.json",
+            int(s.get("warmup_steps") or 0),
+        )  # fmt: skip
     base = {r["kernel"]: r for r in rows if r["policy"] == "equal-token"}
     eager = {r["policy"]: r for r in rows if r["kernel"] == "eager"}
     for r in rows:
@@ -93,6 +129,11 @@ def _num(v: Any, fmt: str) -> str:
 def render(summary: dict[str, Any], out: Path) -> str:
     lines = [f"H200 check: {summary['device']} | {summary['versions']}"]
     lines.append("parts: " + ", ".join(f"{k}={v}" for k, v in summary["parts"].items()))
+    dist = summary.get("dist")
+    lines.append("-- dist (torchrun --nproc-per-node 2, DDP over gloo, one device)")
+    lines.append("missing" if dist is None else
+                 f"{dist['launch_mode']} x {dist['world_size']} on {dist['device']}: "
+                 f"{dist['steps_total']} steps, imbalance {_num(dist['imbalance_rate'], '.3f')}")
     kernel = out / "kernel" / "summary.txt"
     lines.append("-- kernel (kernels/gpu_check.sh)")
     if kernel.is_file():
@@ -121,13 +162,14 @@ def render(summary: dict[str, Any], out: Path) -> str:
         )
     lines.append("-- training (16 emulated ranks; metrics over steps after warm-up)")
     lines.append(
-        "run | steps | imbalance | idle | samples/s | tokens/s | vram mean/max | "
-        "thr vs equal-token | vram vs equal-token | fused vs eager | sim err"
+        "run | timed steps | imbalance measured/predicted | idle | samples/s | tokens/s | "
+        "vram mean/max | thr vs equal-token | vram vs equal-token | fused vs eager | sim err"
     )
     for r in summary["train"]:
         measured = (r["steps_total"] or 0) - (r["warmup_steps"] or 0)
         lines.append(
-            f"{r['run']} | {measured} | {_num(r['imbalance_rate'], '.3f')} | "
+            f"{r['run']} | {measured} | {_num(r['imbalance_rate'], '.3f')}/"
+            f"{_num(r['imbalance_predicted'], '.3f')} | "
             f"{_num(r['idle_fraction'], '.3f')} | {_num(r['samples_per_s'], '.2f')} | "
             f"{_num(r['tokens_per_s'], '.0f')} | {_num(r['vram_utilization_mean'], '.3f')}/"
             f"{_num(r['vram_utilization_max'], '.3f')} | "
@@ -153,6 +195,7 @@ def main(out: Path) -> int:
         "versions": {k: v for k, v in (env.get("versions") or {}).items() if v},
         "torch_cuda": env.get("torch_cuda"),
         "parts": parts,
+        "dist": dist_summary(out),
         "calibration": calibration_summary(out),
         "train": train_summaries(out),
         "paper": PAPER,

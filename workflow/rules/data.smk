@@ -7,7 +7,9 @@ rule config_resolved:
     output:
         CONFIG,
     params:
-        text=yaml.safe_dump(config, sort_keys=False),
+        # a function: a plain string would be formatted as a pattern ("{eager, fused}" in a
+        # description is not a wildcard)
+        text=lambda w: yaml.safe_dump(config, sort_keys=False),
     log:
         f"{LOGS}/config_resolved.log",
     benchmark:

@@ -11,7 +11,7 @@ rule train:
         calibration=CALIBRATION,
         plan=f"{RES}/plans/{{policy}}/seed{{seed}}.json",
         store=STORE,
-        kernel=lambda w: f"{RES}/kernel/build.json" if w.kernel == "fused" else [],
+        kernel=lambda w: KERNEL_BUILD if w.kernel == "fused" else [],
     output:
         steps=f"{RES}/runs/{{policy}}/seed{{seed}}/{{kernel}}/steps.parquet",
         summary=f"{RES}/runs/{{policy}}/seed{{seed}}/{{kernel}}/summary.json",
