@@ -21,7 +21,7 @@ if config["calibration"]["file"]:
 else:
 
     rule calibrate:
-        """Measure this device (timings want the whole machine: threads = all cores)."""
+        """Measure this device (threads: the experiment's, else the whole machine)."""
         input:
             config=CONFIG,
             manifest=MANIFEST,
@@ -33,7 +33,7 @@ else:
                 for key in ("ref_tokens", "ref_batch")
                 if config["calibration"][key] is not None
             ),
-        threads: ALL_CORES
+        threads: config["calibration"]["threads"] or ALL_CORES
         resources:
             gpu=1 if config["calibration"]["device"] == "cuda" else 0,
         log:
