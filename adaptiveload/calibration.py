@@ -357,15 +357,18 @@ def required_terms(cfg: WanConfig, s_max: float) -> tuple[str, ...]:
 def fit_points(
     cfg: WanConfig, device: str, points: list[dict[str, Any]], mix: TokenMix, capacity: float,
     headroom: float, setup: analytic.TrainingSetup, num_params: int, memory_measured: bool,
-    max_loo: float = DEFAULT_MAX_LOO, ref_tokens: float | None = None,
+    max_loo: float | None = None, ref_tokens: float | None = None,
     ref_batch: int | None = None, extra: dict[str, Any] | None = None,
 ) -> Calibration:  # fmt: skip
     """Fit measured points (`time_s`, and `peak_bytes` if `memory_measured`), derive budgets.
 
     The fit is `costmodel.fit_measured` (floored form, leave-one-out checked, refused when
     degenerate); a derived p at a clamp bound is refused too. Without measured memory the
-    memory terms come from the analytic model (`memory_source: model`).
+    memory terms come from the analytic model (`memory_source: model`). `max_loo` None: the
+    device type's DEFAULT_MAX_LOO.
     """
+    if max_loo is None:
+        max_loo = DEFAULT_MAX_LOO["cuda" if device.startswith("cuda") else "cpu"]
     ok = [p for p in points if p["status"] == "ok" and p.get("time_s")]
     B = np.array([p["batch"] for p in ok], dtype=np.float64)
     S = np.array([p["tokens"] for p in ok], dtype=np.float64)
@@ -420,10 +423,10 @@ def calibrate(
     ref_batch: int | None = None,
     seed: int = 0,
     threads: int | None = None,
-    timer: str = "wall",
+    timer: str = "auto",
     progress: bool = True,
     max_batch_tokens: int | None = None,
-    max_loo: float = DEFAULT_MAX_LOO,
+    max_loo: float | None = None,
     validate: int = 0,
     validate_world_size: int = 16,
     validate_max_seconds: float | None = None,
@@ -433,10 +436,12 @@ def calibrate(
     The grid follows `build_grid` (B = 1 at every size, the manifest's largest bucket
     included; the `max_batch_tokens` cap drops only B > 1 points and the file lists them).
     `threads` sets torch's intra-op threads for the measurement (match the training runs);
-    None keeps the current setting. `timer` "wall" (the default) fits wall-clock seconds;
-    "cpu" fits the calling thread's CPU seconds, which on a shared CPU machine with ONE thread
-    is the work without the time spent waiting for a core (with more threads the work runs on
-    other threads too, so it is refused).
+    None keeps the current setting. `timer` "wall" fits wall-clock seconds; "cpu" fits the
+    calling thread's CPU seconds, which on a shared CPU machine with ONE thread is the work
+    without the time spent waiting for a core (with more threads the work runs on other
+    threads too, so it is refused). "auto" (the default): "cpu" with one thread on a CPU
+    (unless `threads` > 1 is asked for, then "wall"), "wall" on CUDA. `max_loo` None: the
+    device type's DEFAULT_MAX_LOO.
 
     `validate` > 0 then times that many micro-batches drawn from the plans of every policy
     at `validate_world_size` ranks (`validate_plans`); micro-batches predicted above
@@ -463,8 +468,11 @@ def calibrate(
             "keeps no B > 1 point: the fit cannot tell the per-micro-batch from the per-sample "
             "cost; add a batch size > 1 or raise --max-batch-tokens"
         )
-    if timer not in ("wall", "cpu"):
-        raise UserError(f"timer '{timer}': expected 'wall' or 'cpu'")
+    if timer not in ("auto", "wall", "cpu"):
+        raise UserError(f"timer '{timer}': expected 'auto', 'wall' or 'cpu'")
+    if timer == "auto":
+        timer = "cpu" if dev.type == "cpu" and threads in (None, 1) else "wall"
+        threads = 1 if timer == "cpu" else threads
     if timer == "cpu" and (dev.type == "cuda" or (threads or torch.get_num_threads()) != 1):
         raise UserError("timer 'cpu' needs --device cpu and --threads 1")
     if threads is not None:
@@ -609,7 +617,7 @@ def validate_plans(
 
 def refit(
     paths: Sequence[str | Path], mix: TokenMix, headroom: float = 0.1,
-    max_loo: float = DEFAULT_MAX_LOO, ref_tokens: float | None = None,
+    max_loo: float | None = None, ref_tokens: float | None = None,
     ref_batch: int | None = None,
 ) -> Calibration:  # fmt: skip
     """Refit the points of measured calibration files with today's form, checks and budgets.

@@ -56,13 +56,15 @@ def calibrate_cmd(
     warmup: Annotated[int | None, Opt(help="warm-up steps per grid point (default 1)")] = None,
     threads: Annotated[int | None, Opt(help="torch CPU threads while measuring")] = None,
     timer: Annotated[
-        str | None, Opt(help="wall (default) | cpu (process CPU seconds; --threads 1 only)")
+        str | None,
+        Opt(help="auto (default: cpu on a CPU with one thread, wall on CUDA) | wall | cpu"),
     ] = None,
     max_batch_tokens: Annotated[
         int | None, Opt(help="skip B > 1 grid points with B*S above this (large-B corners)")
     ] = None,
     max_loo_error: Annotated[
-        float | None, Opt(help="refuse a fit whose leave-one-out error exceeds this (0.25)")
+        float | None,
+        Opt(help="refuse a fit whose leave-one-out error exceeds this (cuda 0.25, cpu 0.5)"),
     ] = None,
     validate: Annotated[
         int, Opt(help="then time K micro-batches drawn from every policy's plan (0 = off)")
@@ -134,7 +136,7 @@ def calibrate_cmd(
         mix = calibration.mixture_token_mix(mixture, num_samples, seed, mode, grid_name, max_frames)
 
     head = _pick(headroom, cal_section, "headroom", 0.1)
-    max_loo = _pick(max_loo_error, cal_section, "max_loo_error", calibration.DEFAULT_MAX_LOO)
+    max_loo = _pick(max_loo_error, cal_section, "max_loo_error", None)
     if refit:
         if mix is None:
             raise UserError("--refit needs --manifest or --mixture (the budgets' token range)")
@@ -162,7 +164,7 @@ def calibrate_cmd(
             ref_batch=ref_batch,
             seed=seed,
             threads=_pick(threads, cal_section, "threads", None),
-            timer=_pick(timer, cal_section, "timer", "wall"),
+            timer=_pick(timer, cal_section, "timer", "auto"),
             progress=not quiet,
             max_batch_tokens=_pick(max_batch_tokens, cal_section, "max_batch_tokens", None),
             max_loo=max_loo,
