@@ -530,7 +530,7 @@ def calibrate(
     if validate:
         cal.extra["validation"] = validate_plans(
             model, cal, mix, dev, validate, validate_world_size, validate_max_seconds,
-            repeats=repeats, warmup=warmup, seed=seed, timer=timer, progress=progress,
+            repeats=repeats, seed=seed, timer=timer, progress=progress,
         )  # fmt: skip
     return cal
 
@@ -538,20 +538,21 @@ def calibrate(
 def draw_micro_batches(
     cal: Calibration, mix: TokenMix, k: int, world_size: int, max_seconds: float | None,
     seed: int = 0,
-) -> tuple[list[dict[str, Any]], int]:  # fmt: skip
+) -> tuple[list[dict[str, Any]], int, int]:  # fmt: skip
     """`k` micro-batches (policy, B, S) drawn from one epoch's plan of every policy.
 
     Each policy is planned with the calibration's own budgets on the mix's samples at
     `world_size` ranks (what the simulations run); its real (non-padding) micro-batches are
     the population, and k is split evenly over the policies (seeded). Micro-batches predicted
-    above `max_seconds` are left out of the population; their number is returned.
+    above `max_seconds` are left out of the population; their number is returned, and the
+    number of micro-batches in all plans.
     """
     from adaptiveload.planning.plan import build_plan
     from adaptiveload.planning.policies import POLICIES, Budgets
 
     budgets = Budgets.resolve(calibration=cal)
     rng = np.random.default_rng(seed)
-    drawn, too_slow = [], 0
+    drawn, too_slow, population = [], 0, 0
     names = list(POLICIES)
     for i, name in enumerate(names):
         table = build_plan(mix.samples, name, budgets, world_size, seed, cost_model=cal).table
@@ -560,6 +561,7 @@ def draw_micro_batches(
             batch=("sample_id", "size"), tokens=("tokens", "first")
         )
         pred = cal.cost.step_time(batches["batch"], batches["tokens"])
+        population += len(batches)
         if max_seconds is not None:
             too_slow += int((pred > max_seconds).sum())
             batches = batches[pred <= max_seconds]
@@ -570,25 +572,27 @@ def draw_micro_batches(
         for j in sorted(pick):
             row = batches.iloc[j]
             drawn.append({"policy": name, "batch": int(row["batch"]), "tokens": int(row["tokens"])})
-    return drawn, too_slow
+    return drawn, too_slow, population
 
 
 def validate_plans(
     model: WanModel, cal: Calibration, mix: TokenMix, device: torch.device, k: int,
-    world_size: int, max_seconds: float | None, repeats: int, warmup: int, seed: int,
-    timer: str, progress: bool,
+    world_size: int, max_seconds: float | None, repeats: int, seed: int, timer: str,
+    progress: bool,
 ) -> dict[str, Any]:  # fmt: skip
     """Time `k` planned micro-batches (`draw_micro_batches`) like grid points; compare.
 
     The error of each is |predicted - measured| / measured, measured as a grid point is (the
-    minimum over `repeats` passes after `warmup` steps), so that the validation checks the
-    cost model on the shapes the planner really makes, not on the grid it was fitted to.
+    minimum over `repeats` passes, after one untimed step of the shape), so that the validation
+    checks the cost model on the shapes the planner really makes, not on the grid it was
+    fitted to.
     """
-    drawn, too_slow = draw_micro_batches(cal, mix, k, world_size, max_seconds, seed)
+    drawn, too_slow, population = draw_micro_batches(cal, mix, k, world_size, max_seconds, seed)
     shapes = sorted({(d["batch"], d["tokens"]) for d in drawn}, key=lambda bs: bs[0] * bs[1])
+    # the model is warm from the grid: a new shape's untimed probe step is its warm-up
     measured = {
         (p["batch"], p["tokens"]): p
-        for p in measure_grid(model, shapes, device, repeats, warmup, seed, progress=progress,
+        for p in measure_grid(model, shapes, device, repeats, 0, seed, progress=progress,
                               timer=timer)
     }  # fmt: skip
     rows = []
@@ -607,6 +611,7 @@ def validate_plans(
         "world_size": world_size,
         "manifest": mix.origin,
         "max_seconds": max_seconds,
+        "planned_micro_batches": population,
         "excluded_over_max_seconds": too_slow,
         "num_measured": int(errors.size),
         "median_rel_err": float(np.median(errors)) if errors.size else None,

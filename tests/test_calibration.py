@@ -85,6 +85,7 @@ def test_validate_times_micro_batches_drawn_from_every_policys_plan(tmp_path):
     cal = Calibration.load(out)
     val = cal.extra["validation"]
     assert (val["k"], val["world_size"], val["num_measured"]) == (6, 4, 6)
+    assert val["planned_micro_batches"] > val["excluded_over_max_seconds"]
     rows = val["micro_batches"]
     assert [r["policy"] for r in rows].count("equal-token") == 2
     assert {r["policy"] for r in rows} == {"equal-token", "adaptiveload", "adaptiveload-balanced"}
