@@ -1,11 +1,14 @@
 """Measure how a Wan model's training step grows with B and S on this device; derive budgets.
 
-`calibrate` times forward+backward micro-batches over a (B, S) grid of bucket shapes (warm-up,
-then the median of several synchronised repeats), records peak memory where the device can
-report it (CUDA), fits the cost model and derives p, M_mem, M_comp and the equal-token
-baseline's M_tok for a manifest (`costmodel.BUDGET_RULES`). On CPU there is no measured memory:
-the memory coefficients come from the analytic model and the file says so
-(`memory_source: model`).
+`calibrate` times forward+backward micro-batches over a (B, S) grid of bucket shapes
+(`build_grid`: B = 1 at every size and at the manifest's largest bucket; a process warm-up,
+per-point warm-up, then the minimum over >= 2 passes, spread recorded), records peak memory
+where the device can report it (CUDA), fits the floored cost model with its degeneracy checks
+(`costmodel.fit_measured`) and derives p, M_mem, M_comp and the equal-token baseline's M_tok for
+a manifest (`costmodel.BUDGET_RULES`). On CPU there is no measured memory: the memory
+coefficients come from the analytic model and the file says so (`memory_source: model`).
+`validate_plans` then times micro-batches drawn from the policies' plans (`--validate K`);
+`refit` fits the points of existing measured files again. docs/calibration.md has the why.
 
 `prior` builds the same file from the analytic model and a device's rates instead of a timer
 (`source: model`): the shipped H200 priors are made this way, reproducibly.

@@ -98,3 +98,27 @@ def test_shipped_measured_calibration_is_the_refit_of_both_runs(mix):
     for name in ("p", "m_mem", "m_comp", "m_tok"):
         assert getattr(fresh, name) == pytest.approx(getattr(shipped, name), rel=1e-6), name
     assert shipped.cost.t_floor > 0 and shipped.extra["fit"]["loo_max"] <= 0.15
+
+
+def test_refit_cli_writes_the_shipped_file_and_refuses_another_model(tmp_path):
+    import subprocess
+    import sys
+
+    out = tmp_path / "cal.json"
+    refs = [a for path in RUNS.values() for a in ("--refit", str(path))]
+    proc = subprocess.run(
+        [sys.executable, "-m", "adaptiveload", "calibrate", *refs, "--mixture", "paper-mixed",
+         "--num-samples", "20000", "-o", str(out)],
+        capture_output=True, text=True, cwd=ROOT,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "floored form, leave-one-out median" in proc.stderr
+    fresh, shipped = Calibration.load(out), Calibration.load(SHIPPED)
+    assert fresh.model == "wan2.1-t2v-1.3b" and fresh.p == pytest.approx(shipped.p, rel=1e-6)
+    wrong = subprocess.run(
+        [sys.executable, "-m", "adaptiveload", "calibrate", *refs, "--model", "wan2.1-t2v-14b",
+         "--mixture", "paper-mixed", "-o", str(tmp_path / "x.json")],
+        capture_output=True, text=True, cwd=ROOT,
+    )  # fmt: skip
+    assert wrong.returncode == 2 and "calibration is for 'wan2.1-t2v-1.3b'" in wrong.stderr
+    assert not (tmp_path / "x.json").exists()

@@ -111,6 +111,11 @@ def calibrate_cmd(
         exp = load(config)
     cal_section, data = exp.get("calibration", {}), exp.get("data", {})
     model_name = model or exp.get("model", {}).get("config", "wan2.1-tiny")
+    if refit:  # the files say which model they measured
+        measured_model = Calibration.load(refit[0]).model
+        if model is not None and model != measured_model:
+            raise UserError(f"{refit[0]}: calibration is for {measured_model!r}, not {model!r}")
+        model_name = measured_model
 
     if cal_section.get("file") and prior is None:  # the experiment pins a calibration file
         cal = Calibration.load(cal_section["file"])
