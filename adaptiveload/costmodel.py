@@ -26,6 +26,7 @@ for AdaptiveLoad and M_tok for the equal-token baseline, both calibrated to one 
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -310,11 +311,12 @@ def _problems(
         )
     share_a = cost.a * s_lo / max(cost.per_sample_time(s_lo), 1e-300)
     share_b = cost.b * s_hi * s_hi / max(cost.per_sample_time(s_hi), 1e-300)
+    between = ", ".join(f"{np.sqrt(lo * hi):.0f}" for lo, hi in itertools.pairwise(sizes))
     if "a" in required and share_a < PINNED_SHARE:
         out.append(
             f"linear term a pinned at 0 ({100 * share_a:.2g}% of the per-sample cost at "
-            f"S={s_lo:.0f}): add B = 1 points between the floor and {s_hi:.0f} tokens, e.g. "
-            f"at {', '.join(f'{v:.0f}' for v in np.geomspace(s_lo, s_hi, 5)[1:-1])}"
+            f"S={s_lo:.0f}): add B = 1 points between the measured sizes ({between}) or more "
+            "passes (on a busy CPU: --timer cpu --threads 1)"
         )
     if "b" in required and share_b < PINNED_SHARE:
         out.append(
@@ -333,13 +335,11 @@ def _problems(
         near = [v for v in sizes if v != int(S[i])]
         lower = [v for v in near if v < S[i]]
         upper = [v for v in near if v > S[i]]
-        between = ", ".join(
-            f"{np.sqrt(S[i] * v):.0f}" for v in (lower[-1:] + upper[:1])
-        )  # fmt: skip
+        near_i = ", ".join(f"{np.sqrt(S[i] * v):.0f}" for v in (lower[-1:] + upper[:1]))
         out.append(
             f"leave-one-out error {100 * loo.max():.0f}% > {100 * max_loo:.0f}% at point "
             f"{_point(B, S, i)}: its neighbours do not predict it; add token sizes near it "
-            f"({between}) or more passes"
+            f"({near_i}) or more passes"
         )
     return out
 
