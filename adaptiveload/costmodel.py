@@ -3,16 +3,22 @@ the simulator and the analysis.
 
 The fitted form (per rank, one micro-batch of B samples of S tokens each, forward+backward):
 
-    t(B, S) = c0 + B * (c_seq + a*S + b*S^2)    seconds
-    m(B, S) = m_static + B * (m_tok*S + m_seq)  bytes
+    t(B, S) = max(t_floor, c0 + B * (c_seq + a*S + b*S^2))    seconds
+    m(B, S) = m_static + B * (m_tok*S + m_seq)                  bytes
 
 `a` carries the linear layers (GEMMs grow with tokens), `b` self-attention (quadratic in S),
-`c0` the per-micro-batch fixed cost (launches, Python), `c_seq` the per-sample constant (Wan's
-text embedding and cross-attention keys/values of the 512 text tokens: 2.2 TFLOP forward per
-sample on the 14B, worth ~90 tokens of linear work), `m_seq` its memory counterpart.
-`c_seq` defaults to 0, which is the issue's three-term form.
+`c0` the per-micro-batch fixed cost the device itself pays, `c_seq` the per-sample constant
+(Wan's text embedding and cross-attention keys/values of the 512 text tokens: 2.2 TFLOP forward
+per sample on the 14B, worth ~90 tokens of linear work), `m_seq` its memory counterpart.
+`t_floor` is the small-batch floor: a GPU step cannot finish before the host has issued all of
+its kernels (Python, autograd, launches), so below a few thousand tokens a micro-batch costs
+about the same whatever its size (measured on an H200: ~0.28 s up to ~6k tokens for the 1.3B).
+`c_seq` and `t_floor` default to 0 (the three-term form of the analytic priors; files written
+before the floor existed load unchanged). docs/calibration.md describes the fit.
 
-`fit` estimates the coefficients from measured (or analytic) points; `derive_budgets` turns
+`fit` estimates the linear coefficients from analytic points (the priors); `fit_measured` fits
+measured points with the floor, leave-one-out checked and refusing degenerate fits (see its
+docstring); `derive_budgets` turns
 them into the policies' budgets for a manifest (rules in BUDGET_RULES): p, M_mem and M_comp
 for AdaptiveLoad and M_tok for the equal-token baseline, both calibrated to one reference batch
 (the heaviest bucket that fits alone, at its memory-limited batch size).
@@ -20,8 +26,10 @@ for AdaptiveLoad and M_tok for the equal-token baseline, both calibrated to one 
 
 from __future__ import annotations
 
+import itertools
 import json
-from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +50,7 @@ class CostModel:
     m_tok: float = 0.0
     m_seq: float = 0.0
     c_seq: float = 0.0
+    t_floor: float = 0.0  # small-batch floor, seconds (0 = none)
 
     def per_sample_time(self, tokens: Any) -> Any:
         """c_seq + a*S + b*S^2: one sample's share of a micro-batch."""
@@ -50,7 +59,8 @@ class CostModel:
 
     def step_time(self, batch: Any, tokens: Any) -> Any:
         """Predicted forward+backward seconds of micro-batches; broadcasts over arrays."""
-        return self.c0 + np.asarray(batch, dtype=np.float64) * self.per_sample_time(tokens)
+        work = self.c0 + np.asarray(batch, dtype=np.float64) * self.per_sample_time(tokens)
+        return np.maximum(self.t_floor, work)
 
     def memory(self, batch: Any, tokens: Any) -> Any:
         """Predicted peak bytes of micro-batches; broadcasts over arrays."""
@@ -181,6 +191,11 @@ class FitStats:
     num_points: int
     mem_r2: float | None = None
     mem_max_rel_err: float | None = None
+    form: str | None = None  # fit_measured: which FORMS entry was kept
+    loo_median: float | None = None  # leave-one-out |pred - meas| / meas over the points
+    loo_max: float | None = None
+    loo_rel_err: list[float] | None = None  # per point, in the order of the points
+    checks: list[dict[str, Any]] | None = None  # every form tried and what it failed
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -231,19 +246,188 @@ def fit(
     c0, a, b, *rest = _nnls_relative(np.stack(columns, axis=1), t)
     c_seq = rest[0] if per_sample else 0.0
     r2, worst = _r2_and_worst(c0 + B * (c_seq + a * S + b * S * S), t)
-    m_static = m_tok = m_seq = 0.0
-    mem_r2 = mem_worst = None
-    if mem is not None:
-        m = np.asarray(mem, dtype=np.float64).ravel()
-        if m.size != B.size or np.any(m <= 0):
-            raise ValueError("mem must have one positive value per point")
-        m_static, m_tok, m_seq = _nnls_relative(np.stack([np.ones_like(S), B * S, B], axis=1), m)
-        mem_r2, mem_worst = _r2_and_worst(m_static + B * (m_tok * S + m_seq), m)
-    cost = CostModel(
-        c0=float(c0), a=float(a), b=float(b),
-        m_static=float(m_static), m_tok=float(m_tok), m_seq=float(m_seq), c_seq=float(c_seq),
-    )  # fmt: skip
+    mem_fit, mem_r2, mem_worst = _fit_memory(B, S, mem)
+    cost = CostModel(c0=float(c0), a=float(a), b=float(b), c_seq=float(c_seq), **mem_fit)
     return cost, FitStats(r2, worst, int(B.size), mem_r2, mem_worst)
+
+
+def _fit_memory(
+    B: np.ndarray, S: np.ndarray, mem: Any | None
+) -> tuple[dict[str, float], float | None, float | None]:
+    """m(B,S) = m_static + B(m_tok*S + m_seq) by relative NNLS (zeros without `mem`)."""
+    if mem is None:
+        return {"m_static": 0.0, "m_tok": 0.0, "m_seq": 0.0}, None, None
+    m = np.asarray(mem, dtype=np.float64).ravel()
+    if m.size != B.size or np.any(m <= 0):
+        raise ValueError("mem must have one positive value per point")
+    m_static, m_tok, m_seq = _nnls_relative(np.stack([np.ones_like(S), B * S, B], axis=1), m)
+    r2, worst = _r2_and_worst(m_static + B * (m_tok * S + m_seq), m)
+    return {"m_static": float(m_static), "m_tok": float(m_tok), "m_seq": float(m_seq)}, r2, worst
+
+
+# --- measured fits: the floored form, leave-one-out, degeneracy checks ----------------------
+
+# The forms fit_measured tries, preferred first; each is non-negative in every coefficient.
+FORMS = {
+    "floored": ("t_floor", "c0", "a", "b"),  # max(t_floor, c0 + B(aS + bS^2))
+    "three-term": ("c0", "a", "b"),  # c0 + B(aS + bS^2): no floor, linear in its coefficients
+}
+# a term whose share of the per-sample cost stays below this over the grid is "pinned at 0"
+PINNED_SHARE = 0.01
+# refuse a fit that mispredicts a left-out point by more than this, per device type: a GPU's
+# points repeat within ~1% (measured H200 leave-one-out max 6%); a shared CPU's fast points
+# (the tiny models' ~10 ms steps) vary by 10-15% between passes even in CPU time
+DEFAULT_MAX_LOO = {"cuda": 0.25, "cpu": 0.5}
+
+
+def _fit_form(form: str, B: np.ndarray, S: np.ndarray, t: np.ndarray) -> CostModel:
+    """Least relative error coefficients (all >= 0) of one of FORMS.
+
+    The three-term form is linear in its coefficients: exact NNLS. The floored form is not
+    (the max): least squares on log(pred/meas) from two starts, the three-term fit under a
+    floor at the fastest point and the same fit of only the points clearly above it; the
+    better end point wins. Deterministic for given points.
+    """
+    from scipy.optimize import least_squares
+
+    three = np.stack([np.ones_like(S), B * S, B * S * S], axis=1)
+    c0, a, b = _nnls_relative(three, t)
+    if form == "three-term":
+        return CostModel(c0=float(c0), a=float(a), b=float(b))
+    starts = [np.array([0.9 * t.min(), c0, a, b])]
+    above = t > 1.5 * t.min()
+    if above.sum() >= 3 and np.unique(S[above]).size >= 2:
+        c0_up, a_up, b_up = _nnls_relative(three[above], t[above])
+        starts.append(np.array([t.min(), c0_up, a_up, b_up]))
+    scale = np.array([t.min(), t.min(), t.max() / (B * S).max(), t.max() / (B * S * S).max()])
+
+    def residual(x: np.ndarray) -> np.ndarray:
+        floor, c0_, a_, b_ = x * scale
+        return np.log(np.maximum(floor, c0_ + B * (a_ * S + b_ * S * S)) / t)
+
+    best = None
+    for x0 in starts:
+        x0 = np.maximum(x0 / scale, 1e-12)  # least_squares wants a start inside the bounds
+        res = least_squares(residual, x0, bounds=(0.0, np.inf), method="trf", xtol=1e-12)
+        if best is None or res.cost < best.cost:
+            best = res
+    floor, c0, a, b = (float(v) for v in best.x * scale)
+    return CostModel(c0=c0, a=a, b=b, t_floor=floor)
+
+
+def leave_one_out(form: str, batch: Any, tokens: Any, times: Any) -> np.ndarray:
+    """|predicted - measured| / measured of each point, predicted by `form` fitted without it.
+
+    A fit that only explains the points it has seen (a collapsed or over-flexible form) shows
+    up here: the left-out point is predicted from its neighbours, as a planned micro-batch of
+    a shape between the grid points would be.
+    """
+    B, S, t = (np.asarray(v, dtype=np.float64).ravel() for v in (batch, tokens, times))
+    errors = np.empty(t.size)
+    for i in range(t.size):
+        keep = np.arange(t.size) != i
+        cost = _fit_form(form, B[keep], S[keep], t[keep])
+        errors[i] = abs(float(cost.step_time(B[i], S[i])) / t[i] - 1.0)
+    return errors
+
+
+def _point(B: np.ndarray, S: np.ndarray, i: int) -> str:
+    return f"(B={int(B[i])}, S={int(S[i])})"
+
+
+def _problems(
+    cost: CostModel, form: str, B: np.ndarray, S: np.ndarray, loo: np.ndarray | None,
+    required: Sequence[str], max_loo: float,
+) -> list[str]:  # fmt: skip
+    """What is wrong with a fitted form, each with the points that would fix it."""
+    out = []
+    s_lo, s_hi = float(S.min()), float(S.max())
+    sizes = sorted({int(s) for s in S})
+    if loo is None:
+        out.append(
+            f"{len(B)} points cannot cross-check {len(FORMS[form])} coefficients (leave-one-out "
+            f"needs >= {len(FORMS[form]) + 2}): add B = 1 points at more token sizes"
+        )
+    share_a = cost.a * s_lo / max(cost.per_sample_time(s_lo), 1e-300)
+    share_b = cost.b * s_hi * s_hi / max(cost.per_sample_time(s_hi), 1e-300)
+    between = ", ".join(f"{np.sqrt(lo * hi):.0f}" for lo, hi in itertools.pairwise(sizes))
+    if "a" in required and share_a < PINNED_SHARE:
+        out.append(
+            f"linear term a pinned at 0 ({100 * share_a:.2g}% of the per-sample cost at "
+            f"S={s_lo:.0f}): add B = 1 points between the measured sizes ({between}) or more "
+            "passes (on a busy CPU: --timer cpu --threads 1)"
+        )
+    if "b" in required and share_b < PINNED_SHARE:
+        out.append(
+            f"attention term b pinned at 0 ({100 * share_b:.2g}% of the per-sample cost at "
+            f"S={s_hi:.0f}): add B = 1 points above {s_hi:.0f} tokens (the largest bucket)"
+        )
+    if s_hi > s_lo:
+        p = cost.effective_exponent(s_lo, s_hi) if cost.per_sample_time(s_lo) > 0 else 0.0
+        if not 1.0 < p < 2.0:
+            out.append(
+                f"effective exponent {p:.3f} over the grid ({s_lo:.0f}..{s_hi:.0f} tokens) at or "
+                "beyond the clamp [1, 2]: add B = 1 points across the whole token range"
+            )
+    if loo is not None and loo.max() > max_loo:
+        i = int(np.argmax(loo))
+        near = [v for v in sizes if v != int(S[i])]
+        lower = [v for v in near if v < S[i]]
+        upper = [v for v in near if v > S[i]]
+        near_i = ", ".join(f"{np.sqrt(S[i] * v):.0f}" for v in (lower[-1:] + upper[:1]))
+        out.append(
+            f"leave-one-out error {100 * loo.max():.0f}% > {100 * max_loo:.0f}% at point "
+            f"{_point(B, S, i)}: its neighbours do not predict it; add token sizes near it "
+            f"({near_i}) or more passes"
+        )
+    return out
+
+
+def fit_measured(
+    batch: Any, tokens: Any, times: Any, mem: Any | None = None,
+    required: Sequence[str] = ("a", "b"), max_loo: float = DEFAULT_MAX_LOO["cuda"],
+) -> tuple[CostModel, FitStats]:  # fmt: skip
+    """Fit measured step times with the first of FORMS that passes every check; refuse if none.
+
+    Checks (each failure says which points to add): enough points for leave-one-out
+    (>= coefficients + 2); no `required` term pinned at 0 (a: GEMMs always grow with tokens;
+    b: attention, required when the model's FLOPs say it matters over the grid); the effective
+    exponent over the grid strictly inside the clamp [1, 2]; the leave-one-out error of every
+    point <= `max_loo`. The floored form is preferred (it is what a device does); the
+    three-term form is the fallback for grids without small batches. Memory, if given, is
+    fitted as in `fit`. UserError when no form passes.
+    """
+    B = np.asarray(batch, dtype=np.float64).ravel()
+    S = np.asarray(tokens, dtype=np.float64).ravel()
+    t = np.asarray(times, dtype=np.float64).ravel()
+    if not (B.size == S.size == t.size):
+        raise ValueError("batch, tokens and times must have the same length")
+    if np.any(t <= 0) or np.any(B < 1) or np.any(S < 1):
+        raise ValueError("times must be positive, batch sizes and token counts >= 1")
+    if B.size < 3 or np.unique(S).size < 2:
+        raise UserError(
+            f"{B.size} measured point(s) with {np.unique(S).size} token size(s): the fit needs "
+            ">= 3 points with >= 2 token sizes; add B = 1 points at more token sizes"
+        )
+    checks = []
+    for form, names in FORMS.items():
+        cost = _fit_form(form, B, S, t)
+        loo = leave_one_out(form, B, S, t) if B.size >= len(names) + 2 else None
+        problems = _problems(cost, form, B, S, loo, required, max_loo)
+        checks.append({"form": form, "problems": problems})
+        if not problems:
+            break
+    else:
+        lines = "; ".join(f"{c['form']}: {' / '.join(c['problems'])}" for c in checks)
+        raise UserError(f"calibration fit is degenerate, refusing it ({lines})")
+    r2, worst = _r2_and_worst(cost.step_time(B, S), t)
+    mem_fit, mem_r2, mem_worst = _fit_memory(B, S, mem)
+    cost = replace(cost, **mem_fit)
+    return cost, FitStats(
+        r2, worst, int(B.size), mem_r2, mem_worst, form=form,
+        loo_median=float(np.median(loo)), loo_max=float(loo.max()),
+        loo_rel_err=[float(v) for v in loo], checks=checks,
+    )  # fmt: skip
 
 
 # how derive_budgets chooses its numbers; written into every calibration file

@@ -28,19 +28,37 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_tiny_cpu_calibration_on_a_2x2_grid_writes_a_valid_file(tmp_path):
+# These tests check what a calibration writes, not how good this machine's timings are (a
+# loaded 2-core machine is no reference): the leave-one-out gate is opened wide
+# (--max-loo-error 10), and the CPU-robust timer (one thread, its CPU seconds) is used.
+ROBUST = ("--threads", "1", "--timer", "cpu", "--max-loo-error", "10", "--quiet")
+
+
+def test_tiny_cpu_calibration_follows_the_grid_rules_and_writes_a_valid_file(tmp_path):
     out = tmp_path / "cal.json"
     proc = run_cli(
-        "calibrate", "--model", "wan2.1-tiny", "--device", "cpu", "--batch-sizes", "1,2",
-        "--tokens", "16,1024", "--repeats", "1", "--threads", "1", "--capacity-gb", "0.5",
-        "--mixture", "tiny-cpu", "--num-samples", "300", "--quiet", "-o", str(out),
+        "calibrate", "--model", "wan2.1-tiny", "--device", "cpu", "--batch-sizes", "2,4",
+        "--tokens", "16,64,256,1024", "--repeats", "2", "--capacity-gb", "0.5",
+        "--max-batch-tokens", "2048", "--mixture", "tiny-cpu", "--num-samples", "300", *ROBUST,
+        "-o", str(out),
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     cal = Calibration.load(out)
     assert (cal.model, cal.source) == ("wan2.1-tiny", "measured")
     assert cal.device.startswith("cpu:") and cal.extra["memory_source"] == "model"
-    assert len(cal.extra["points"]) == 4
-    assert all(p["time_s"] > 0 and p["peak_bytes"] is None for p in cal.extra["points"])
+    # B = 1 at every size (though not asked for) and at the largest bucket of the manifest;
+    # the cap dropped only B > 1 points, and says which
+    largest = cal.extra["manifest"]["tokens_max"]
+    shapes = {(p["batch"], p["tokens"]) for p in cal.extra["points"]}
+    assert {(1, s) for s in (16, 64, 256, 1024, largest)} <= shapes
+    assert cal.extra["grid"]["dropped_by_max_batch_tokens"] == [[4, 1024]]
+    assert (4, 1024) not in shapes and (2, 1024) in shapes and len(shapes) == 12
+    assert cal.extra["grid"]["process_warmup_steps"] >= 1 and cal.extra["grid"]["warmup"] >= 1
+    for p in cal.extra["points"]:
+        assert p["time_s"] == min(p["cpu_s_passes"]) > 0 and len(p["cpu_s_passes"]) == 2
+        assert p["spread"] == pytest.approx(max(p["cpu_s_passes"]) / p["time_s"] - 1)
+        assert p["loo_rel_err"] >= 0
+    assert all(p["peak_bytes"] is None for p in cal.extra["points"])
     assert {"torch", "cuda", "date", "device"} <= set(cal.extra["provenance"])
     assert cal.extra["model_config"]["dim"] == 64
     assert 1.0 <= cal.p <= 2.0 and cal.m_mem > 0 and cal.m_comp > 0
@@ -49,8 +67,36 @@ def test_tiny_cpu_calibration_on_a_2x2_grid_writes_a_valid_file(tmp_path):
     assert budgets["m_comp"] == pytest.approx(budgets["ref_batch"] * budgets["ref_tokens"] ** cal.p)
     assert cal.m_tok == budgets["m_tok"] == budgets["ref_batch"] * budgets["ref_tokens"]
     assert Calibration.load(out).to_dict()["m_tok"] == cal.m_tok
-    assert "fit" in cal.extra and cal.extra["fit"]["num_points"] == 4
-    assert "R^2" in proc.stderr
+    fit = cal.extra["fit"]
+    assert fit["num_points"] == 12 and fit["form"] in ("floored", "three-term")
+    assert cal.cost.a > 0 and cal.cost.b > 0 and 1.0 < cal.p < 2.0
+    assert "R^2" in proc.stderr and "leave-one-out" in proc.stderr
+
+
+def test_validate_times_micro_batches_drawn_from_every_policys_plan(tmp_path):
+    out = tmp_path / "cal.json"
+    proc = run_cli(
+        "calibrate", "--model", "wan2.1-micro", "--batch-sizes", "1,2", "--tokens",
+        "16,64,256,1024", "--repeats", "2", "--capacity-gb", "0.05", "--mixture", "tiny-cpu",
+        "--num-samples", "200", "--validate", "6", "--validate-world-size", "4",
+        "--validate-max-seconds", "0.2", *ROBUST, "-o", str(out),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    cal = Calibration.load(out)
+    val = cal.extra["validation"]
+    assert (val["k"], val["world_size"], val["num_measured"]) == (6, 4, 6)
+    assert val["planned_micro_batches"] > val["excluded_over_max_seconds"]
+    rows = val["micro_batches"]
+    assert [r["policy"] for r in rows].count("equal-token") == 2
+    assert {r["policy"] for r in rows} == {"equal-token", "adaptiveload", "adaptiveload-balanced"}
+    for r in rows:
+        assert r["predicted_s"] == pytest.approx(float(cal.cost.step_time(r["batch"], r["tokens"])))
+        assert r["predicted_s"] <= 0.2 and r["measured_s"] > 0
+        assert r["rel_err"] == pytest.approx(abs(r["predicted_s"] / r["measured_s"] - 1))
+    errors = [r["rel_err"] for r in rows]
+    assert val["median_rel_err"] == pytest.approx(float(np.median(errors)))
+    assert val["p95_rel_err"] == pytest.approx(float(np.percentile(errors, 95)))
+    assert "validation: 6 planned micro-batches" in proc.stderr
 
 
 def test_calibrate_takes_its_settings_from_an_experiment_file(tmp_path):
@@ -58,19 +104,22 @@ def test_calibrate_takes_its_settings_from_an_experiment_file(tmp_path):
         "name": "calib-test",
         "data": {"mixture": "tiny-cpu", "num_samples": 200, "grid": "tiny"},
         "model": {"config": "wan2.1-micro"},
-        "calibration": {"batch_sizes": [1, 2], "tokens": [16, 64], "repeats": 1,
-                        "capacity_gb": 0.1},
+        "calibration": {"batch_sizes": [1, 2], "tokens": [16, 64, 256, 1024], "repeats": 2,
+                        "capacity_gb": 0.1, "threads": 1, "timer": "cpu", "warmup": 2,
+                        "max_loo_error": 10},
         # spelled out: config.load cannot fill this section's $ref defaults yet
         "budgets": {"m_tok": "auto", "m_mem": "auto", "m_comp": "auto", "p": "auto"},
     }  # fmt: skip
     path = tmp_path / "exp.yaml"
     path.write_text(yaml.safe_dump(exp))
     out = tmp_path / "cal.json"
-    proc = run_cli("calibrate", "--config", str(path), "--threads", "1", "--quiet", "-o", str(out))
+    proc = run_cli("calibrate", "--config", str(path), "--quiet", "-o", str(out))
     assert proc.returncode == 0, proc.stderr
     data = json.loads(out.read_text())
     assert data["model"] == "wan2.1-micro"
-    assert data["grid"]["tokens"] == [16, 64] and data["manifest"]["num_samples"] == 200
+    assert data["grid"]["tokens"] == [16, 64, 256, 1024]
+    assert (data["grid"]["timer"], data["grid"]["warmup"], data["fit"]["max_loo"]) == ("cpu", 2, 10)
+    assert data["provenance"]["cpu_threads"] == 1 and data["manifest"]["num_samples"] == 200
     assert data["capacity_bytes"] == pytest.approx(0.1e9)
 
 
@@ -81,6 +130,8 @@ def test_calibrate_takes_its_settings_from_an_experiment_file(tmp_path):
         (["--tokens", "64"], "at least 2 distinct token counts"),
         (["--batch-sizes", "0,1"], "batch sizes"),
         (["--tokens", "16,x"], "comma-separated integers"),
+        (["--repeats", "1"], "expected >= 2 passes"),
+        (["--validate", "4"], "--validate needs a --manifest or --mixture"),
         ([], "--capacity-gb is required on CPU"),
     ],
 )
@@ -162,9 +213,21 @@ def test_shipped_priors_are_reproducible(model):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_calibration_measures_memory():
     cal = calibration.calibrate(
-        "wan2.1-tiny", device="cuda", batch_sizes=[1, 2], tokens=[256, 4096], repeats=2,
-        progress=False,
+        "wan2.1-tiny", device="cuda", batch_sizes=[1, 2], tokens=[256, 1024, 4096, 8192],
+        repeats=2, progress=False,
     )  # fmt: skip
     assert cal.extra["memory_source"] == "measured" and cal.source == "measured"
     assert all(p["peak_bytes"] > 0 for p in cal.extra["points"])
     assert cal.cost.m_tok > 0 and cal.extra["fit"]["mem_r2"] is not None
+
+
+def test_grid_rules():
+    grid, dropped = calibration.build_grid(
+        [2, 4], [16, 256], largest_bucket=1000, max_batch_tokens=600
+    )
+    assert (1, 16) in grid and (1, 256) in grid and (1, 1000) in grid
+    assert dropped == [(4, 256)] and (2, 256) in grid and (4, 16) in grid
+    assert all(b == 1 for b, s in grid if s == 1000)  # the largest bucket: B = 1 only
+    # a cap below a B = 1 point never drops it
+    grid, dropped = calibration.build_grid([2], [16, 256], 256, max_batch_tokens=10)
+    assert grid == [(1, 16), (1, 256)] and dropped == [(2, 16), (2, 256)]

@@ -218,3 +218,53 @@ def test_reference_rules_pick_the_heaviest_most_common_or_median_fitting_bucket(
     assert reference_tokens(ties, m_mem, "most-common") == 700.0
     with pytest.raises(UserError, match="reference rule"):
         reference_tokens(tok, m_mem, "lightest")
+
+
+def test_floor_holds_small_batches_and_leaves_large_ones_alone():
+    floored = CostModel(c0=0.05, a=4e-5, b=1.4e-9, t_floor=0.28)
+    assert floored.step_time(1, 1560) == pytest.approx(0.28)
+    assert floored.step_time(2, 1560) == pytest.approx(0.28)  # no slower than B = 1 there
+    big = CostModel(c0=0.05, a=4e-5, b=1.4e-9)
+    assert floored.step_time(2, 32760) == pytest.approx(big.step_time(2, 32760))
+    # p is a property of the per-sample cost: the floor does not change it
+    assert floored.effective_exponent(1530, 75600) == big.effective_exponent(1530, 75600)
+
+
+def test_fit_measured_recovers_a_floored_model():
+    from adaptiveload.costmodel import fit_measured
+
+    true = CostModel(c0=0.06, a=4e-5, b=1.4e-9, t_floor=0.28)
+    S = np.array([1560, 3120, 7200, 16380, 32760, 50400, 75600, 1560, 3120, 7200, 16380])
+    B = np.array([1] * 7 + [2] * 4)
+    cost, stats = fit_measured(B, S, true.step_time(B, S))
+    assert stats.form == "floored" and stats.loo_max < 1e-3
+    for name in ("t_floor", "c0", "a", "b"):
+        assert getattr(cost, name) == pytest.approx(getattr(true, name), rel=1e-3), name
+
+
+def test_samples_over_the_device_capacity_are_excluded_and_counted():
+    import pandas as pd
+
+    from adaptiveload.costmodel import Calibration
+    from adaptiveload.planning.plan import build_plan
+    from adaptiveload.planning.policies import Budgets
+
+    tokens = np.array([256] * 40 + [1024] * 20 + [4096] * 6)
+    frame = pd.DataFrame(
+        {
+            "sample_id": np.arange(tokens.size),
+            "bucket_frames": 1,
+            "bucket_height": 16,
+            "bucket_width": tokens,
+            "tokens": tokens,
+        }
+    )
+    cal = Calibration(model="m", device="d", source="model", cost=TRUE, p=1.5, m_mem=8192,
+                      m_comp=8192**1.5, m_tok=8192, capacity_bytes=3e9)  # fmt: skip
+    assert TRUE.memory(1, 4096) > 3e9 > TRUE.memory(1, 1024)
+    plan = build_plan(frame, "adaptiveload", Budgets.resolve(calibration=cal), 4, 0,
+                      cost_model=cal)  # fmt: skip
+    real = plan.table[~plan.table["is_padding"]]
+    assert plan.summary["num_over_capacity"] == 6 and plan.summary["num_excluded"] == 6
+    assert plan.summary["num_samples"] == 66 and plan.summary["num_planned"] == 60
+    assert real["tokens"].max() == 1024

@@ -192,7 +192,13 @@ def vram_utilization(inp: FigureInputs) -> plt.Figure:
 
 
 def calibration_fit(inp: FigureInputs) -> plt.Figure:
-    """Measured step times against the fitted cost model, with R²."""
+    """The cost model against what it was fitted to and what it predicts.
+
+    Left: measured against fitted step time per grid point (y = x is a perfect fit). Middle:
+    the fitted curves t(B, S) against the measured points over S, one per batch size, with
+    the small-batch floor visible as the flat part. Right: the per-micro-batch validation
+    (micro-batches drawn from the policies' plans), if the calibration has one.
+    """
     cal = inp.calibration or {}
     points = pd.DataFrame(cal.get("points") or cal.get("measurements") or [])
     needed = {"batch", "tokens", "time_s"}
@@ -210,23 +216,73 @@ def calibration_fit(inp: FigureInputs) -> plt.Figure:
         resid = points["time_s"] - pred
         r2 = 1 - (resid**2).sum() / ((points["time_s"] - points["time_s"].mean()) ** 2).sum()
     worst = fit.get("max_rel_err")
-    fig, ax = plt.subplots(figsize=(6, 5))
+    fig, (ax, curve_ax, val_ax) = plt.subplots(1, 3, figsize=(16, 5))
     sns.scatterplot(x=pred, y=points["time_s"], hue=points["batch"].astype(str),
                     size=points["tokens"], ax=ax)
     lim = [min(pred.min(), points["time_s"].min()) * 0.8,
            max(pred.max(), points["time_s"].max()) * 1.2]
     ax.plot(lim, lim, "k--", lw=0.8, label="y = x")
     ax.set(xscale="log", yscale="log", xlim=lim, ylim=lim,
-           xlabel="fitted t(B,S) = c0 + B(c_seq + aS + bS²) (s)", ylabel="measured step time (s)")
+           xlabel="fitted t(B,S) = max(t_floor, c0 + B(c_seq + aS + bS²)) (s)",
+           ylabel="measured step time (s)")
     ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.legend(title="batch B / tokens S", fontsize=7)
     worst_txt = f", worst point {100 * worst:.0f}% off" if worst is not None else ""
+    loo_txt = (f"\nleave-one-out median {100 * fit['loo_median']:.1f}%, max "
+               f"{100 * fit['loo_max']:.1f}%" if fit.get("loo_max") is not None else "")
     ax.set_title(f"Calibration of {cal.get('model')} on {cal.get('device')} "
                  f"[{cal.get('source')}]\nR² = {r2:.3f}{worst_txt}; derived p = "
-                 f"{cal.get('p', float('nan')):.2f}", fontsize=9)
+                 f"{cal.get('p', float('nan')):.2f}{loo_txt}", fontsize=8)
+    _fit_curves(curve_ax, cost, points, cal)
+    _validation_panel(val_ax, cal)
     fig.tight_layout()
     return fig
+
+
+def _fit_curves(ax: plt.Axes, cost: CostModel, points: pd.DataFrame, cal: dict) -> None:
+    """Measured points over S and the fitted t(B, S) of each measured batch size."""
+    s = np.geomspace(points["tokens"].min() * 0.8, points["tokens"].max() * 1.25, 200)
+    colors = sns.color_palette("colorblind", points["batch"].nunique())
+    for color, (batch, sel) in zip(colors, points.groupby("batch"), strict=True):
+        ax.plot(s, cost.step_time(batch, s), color=color, lw=1.2, label=f"fit, B = {batch}")
+        ax.scatter(sel["tokens"], sel["time_s"], color=color, s=22, zorder=3,
+                   label=f"measured, B = {batch}")
+    if cost.t_floor > 0:
+        ax.axhline(cost.t_floor, color="grey", lw=0.8, ls=":",
+                   label=f"floor {cost.t_floor:.3g} s")
+    ax.set(xscale="log", yscale="log", xlabel="tokens per sample S",
+           ylabel="step time (s)",
+           title=f"fitted curves against the points\n[{cal.get('source')} "
+                 f"({cal.get('device')})]")  # fmt: skip
+    ax.title.set_fontsize(8)
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.legend(fontsize=7)
+
+
+def _validation_panel(ax: plt.Axes, cal: dict) -> None:
+    """Predicted against measured time of micro-batches drawn from the plans (if any)."""
+    rows = pd.DataFrame((cal.get("validation") or {}).get("micro_batches") or [])
+    if rows.empty or rows["measured_s"].isna().all():
+        ax.axis("off")
+        ax.text(0.5, 0.5, "no per-micro-batch validation in this calibration\n"
+                "(adaptiveload calibrate --validate K)", ha="center", va="center", fontsize=9)
+        return
+    rows = rows[rows["measured_s"].notna()]
+    val = cal["validation"]
+    for policy, sel in rows.groupby("policy"):
+        ax.scatter(sel["predicted_s"], sel["measured_s"], color=PALETTE.get(policy), s=22,
+                   label=policy)
+    lim = np.array([min(rows["predicted_s"].min(), rows["measured_s"].min()) * 0.8,
+                    max(rows["predicted_s"].max(), rows["measured_s"].max()) * 1.2])
+    ax.plot(lim, lim, "k--", lw=0.8, label="y = x")
+    ax.fill_between(lim, lim / 1.1, lim * 1.1, color="grey", alpha=0.15, label="±10%")
+    ax.set(xscale="log", yscale="log", xlim=lim, ylim=lim, xlabel="predicted (s)",
+           ylabel=f"measured (s) [{cal.get('source')} ({cal.get('device')})]")
+    ax.set_title(f"{val['num_measured']} micro-batches from the plans ({val['world_size']} "
+                 f"ranks)\n|pred-meas|/meas median {100 * val['median_rel_err']:.1f}%, "
+                 f"p95 {100 * val['p95_rel_err']:.1f}%", fontsize=8)
+    ax.legend(fontsize=7)
 
 
 def _sweep_figure(inp: FigureInputs, axis: str, xlabel: str, logx: bool = False) -> plt.Figure:

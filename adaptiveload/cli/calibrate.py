@@ -50,14 +50,32 @@ def calibrate_cmd(
         float | None, Opt(help="memory to budget against, GB (default on CUDA: the device's)")
     ] = None,
     headroom: Annotated[float | None, Opt(help="fraction of capacity kept free")] = None,
-    repeats: Annotated[int | None, Opt(help="timed passes over the grid (median)")] = None,
-    warmup: Annotated[int, Opt(help="warm-up steps per grid point")] = 1,
+    repeats: Annotated[
+        int | None, Opt(help="timed passes over the grid, >= 2 (a point's time: the minimum)")
+    ] = None,
+    warmup: Annotated[int | None, Opt(help="warm-up steps per grid point (default 1)")] = None,
     threads: Annotated[int | None, Opt(help="torch CPU threads while measuring")] = None,
     timer: Annotated[
-        str | None, Opt(help="wall (default) | cpu (process CPU seconds; --threads 1 only)")
+        str | None,
+        Opt(help="auto (default: cpu on a CPU with one thread, wall on CUDA) | wall | cpu"),
     ] = None,
     max_batch_tokens: Annotated[
-        int | None, Opt(help="skip grid points with B*S above this (large-B corners)")
+        int | None, Opt(help="skip B > 1 grid points with B*S above this (large-B corners)")
+    ] = None,
+    max_loo_error: Annotated[
+        float | None,
+        Opt(help="refuse a fit whose leave-one-out error exceeds this (cuda 0.25, cpu 0.5)"),
+    ] = None,
+    validate: Annotated[
+        int, Opt(help="then time K micro-batches drawn from every policy's plan (0 = off)")
+    ] = 0,
+    validate_world_size: Annotated[int, Opt(help="ranks of the plans --validate draws from")] = 16,
+    validate_max_seconds: Annotated[
+        float | None, Opt(help="--validate draws no micro-batch predicted above this")
+    ] = None,
+    refit: Annotated[
+        list[Path] | None,
+        Opt(help="no measurement: refit the points of measured calibration file(s), pooled"),
     ] = None,
     activation_checkpointing: Annotated[
         bool, Opt("--activation-checkpointing", help="checkpoint every block")
@@ -93,6 +111,11 @@ def calibrate_cmd(
         exp = load(config)
     cal_section, data = exp.get("calibration", {}), exp.get("data", {})
     model_name = model or exp.get("model", {}).get("config", "wan2.1-tiny")
+    if refit:  # the files say which model they measured
+        measured_model = Calibration.load(refit[0]).model
+        if model is not None and model != measured_model:
+            raise UserError(f"{refit[0]}: calibration is for {measured_model!r}, not {model!r}")
+        model_name = measured_model
 
     if cal_section.get("file") and prior is None:  # the experiment pins a calibration file
         cal = Calibration.load(cal_section["file"])
@@ -115,12 +138,15 @@ def calibrate_cmd(
     if manifest is not None:
         mix = calibration.manifest_token_mix(manifest, mode, grid_name, max_frames)
     elif mixture is not None:
-        mix = calibration.mixture_token_mix(
-            mixture, num_samples, seed, mode, grid_name, max_frames
-        )
+        mix = calibration.mixture_token_mix(mixture, num_samples, seed, mode, grid_name, max_frames)
 
     head = _pick(headroom, cal_section, "headroom", 0.1)
-    if prior is not None:
+    max_loo = _pick(max_loo_error, cal_section, "max_loo_error", None)
+    if refit:
+        if mix is None:
+            raise UserError("--refit needs --manifest or --mixture (the budgets' token range)")
+        cal = calibration.refit(refit, mix, head, max_loo, ref_tokens, ref_batch)
+    elif prior is not None:
         cal = calibration.prior(model_name, prior, mix, head, ref_tokens, ref_batch)
     else:
         cal = calibration.calibrate(
@@ -137,21 +163,38 @@ def calibrate_cmd(
             capacity_gb=_pick(capacity_gb, cal_section, "capacity_gb", None),
             headroom=head,
             repeats=_pick(repeats, cal_section, "repeats", 3),
-            warmup=warmup,
+            warmup=_pick(warmup, cal_section, "warmup", 1),
             activation_checkpointing=activation_checkpointing,
             ref_tokens=ref_tokens,
             ref_batch=ref_batch,
             seed=seed,
             threads=_pick(threads, cal_section, "threads", None),
-            timer=_pick(timer, cal_section, "timer", "wall"),
+            timer=_pick(timer, cal_section, "timer", "auto"),
             progress=not quiet,
-            max_batch_tokens=max_batch_tokens,
+            max_batch_tokens=_pick(max_batch_tokens, cal_section, "max_batch_tokens", None),
+            max_loo=max_loo,
+            validate=validate,
+            validate_world_size=validate_world_size,
+            validate_max_seconds=validate_max_seconds,
         )  # fmt: skip
     write_json(output, cal.to_dict())
     fit = cal.extra["fit"]
+    loo = (
+        f", {fit['form']} form, leave-one-out median {100 * fit['loo_median']:.1f}% max "
+        f"{100 * fit['loo_max']:.1f}%"
+        if fit.get("loo_max") is not None
+        else ""
+    )
     typer.echo(
         f"{output}: {cal.label} {cal.model}: p={cal.p:.3f} M_tok={cal.m_tok:.4g} "
         f"M_mem={cal.m_mem:.4g} M_comp={cal.m_comp:.4g} (fit R^2={fit['r2']:.4f}, worst point "
-        f"{100 * fit['max_rel_err']:.1f}%; memory: {cal.extra['memory_source']})",
+        f"{100 * fit['max_rel_err']:.1f}%{loo}; memory: {cal.extra['memory_source']})",
         err=True,
     )
+    val = cal.extra.get("validation")
+    if val and val["num_measured"]:
+        typer.echo(
+            f"validation: {val['num_measured']} planned micro-batches, |pred-meas|/meas median "
+            f"{100 * val['median_rel_err']:.1f}% p95 {100 * val['p95_rel_err']:.1f}%",
+            err=True,
+        )

@@ -18,7 +18,10 @@ Per epoch (everything vectorised; 1M samples at N = 1024 plan in about a second)
 5. deal: slot j -> step j // N, rank j % N (Open-Sora style); balanced policies first
    reorder the slots with ``dealing.deal_balanced`` on predicted cost.
 
-A sample over a budget on its own forms B = 1 and is counted in ``num_oversize``.
+A sample over a budget on its own forms B = 1 and is counted in ``num_oversize``. A sample
+that cannot run on one device at all (a Calibration's predicted memory of B = 1 above its
+capacity) is never planned: it is excluded and counted in ``num_over_capacity`` (and in
+``num_excluded``), since no mechanism here splits one sample over devices.
 
 Table columns: ``step, rank, sample_id``; ``frames, height, width, tokens`` of the sample's
 *bucket* shape (what the model is fed); ``batch_id`` (a padding repeat shares the id of the
@@ -91,6 +94,8 @@ def build_plan(
     B * S^p; `window_steps` (None = whole epoch) bounds how far they move a batch.
     """
     frame, excluded = _unpack(samples, num_excluded)
+    frame, over_capacity = _drop_over_capacity(frame, cost_model)
+    excluded += over_capacity
     pol = get_policy(policy)
     pol.check(budgets)
     _check_ints(world_size=(world_size, 1), seed=(seed, 0), epoch=(epoch, 0))
@@ -120,6 +125,7 @@ def build_plan(
         "num_planned": int((seen > 0).sum()),
         "num_excluded": excluded,
         "num_oversize": int(pol.oversize(tokens, budgets).sum()),
+        "num_over_capacity": over_capacity,
         "num_padding": int((~real).sum()),
         "num_padding_batches": int(slot_pad.sum()),
         "duplicates": int((seen > 1).sum()),
@@ -285,6 +291,26 @@ def _unpack(samples: Any, num_excluded: int | None) -> tuple[pd.DataFrame, int]:
     if num_excluded is None:
         num_excluded = int(getattr(samples, "num_excluded", 0))
     return frame, num_excluded
+
+
+def _drop_over_capacity(
+    frame: pd.DataFrame, cost_model: CostModel | Calibration | None
+) -> tuple[pd.DataFrame, int]:
+    """The samples one device can hold alone (a Calibration's m(1, S) <= capacity), and how
+    many it cannot; without a capacity every sample is kept."""
+    if not isinstance(cost_model, Calibration) or not cost_model.capacity_bytes:
+        return frame, 0
+    tokens = frame["tokens"].to_numpy(np.float64)
+    fits = cost_model.cost.memory(1, tokens) <= cost_model.capacity_bytes
+    if fits.all():
+        return frame, 0
+    if not fits.any():
+        raise UserError(
+            f"no sample fits on one device: the smallest ({tokens.min():.0f} tokens) needs "
+            f"{cost_model.cost.memory(1, tokens.min()) / 1e9:.1f} GB > the calibration's "
+            f"capacity {cost_model.capacity_bytes / 1e9:.1f} GB"
+        )
+    return frame[fits].reset_index(drop=True), int((~fits).sum())
 
 
 def _check_ints(**values: tuple[int, int]) -> None:

@@ -27,12 +27,15 @@
 set -uo pipefail
 
 # The calibration's flags, in one place: the grid (B = 1 at every size up to the 81-frame
-# 75,600 tokens, B = 2 up to 32,760 tokens), a warm-up step per point, two timed passes, and
-# 48 micro-batches of the policies' plans timed against the fit's prediction (only those
-# predicted under a second: paper-scale micro-batches take ~15 s each).
-CAL_FLAGS_CUDA="--batch-sizes 1,2 --tokens 1560,7200,16380,32760,75600 --max-batch-tokens 32760 \
---warmup 1 --repeats 2 --validate 48 --validate-max-seconds 1"
-CAL_FLAGS_DRY="--batch-sizes 1,2 --tokens 64,256,1024 --max-batch-tokens 1024 --warmup 1 --repeats 2"
+# 75,600 tokens, whatever the cap; B = 2 up to 65,520 tokens), one warm-up step per point, two
+# timed passes, and 24 micro-batches of the policies' 16-rank plans timed against the fit's
+# prediction (only those predicted under 2 s: paper-scale micro-batches take ~15 s each, the
+# large ones are covered by the grid).
+CAL_FLAGS_CUDA="--batch-sizes 1,2 --tokens 1560,3120,7200,16380,32760,50400,75600 \
+--max-batch-tokens 65520 --warmup 1 --repeats 2 --validate 24 --validate-world-size 16 \
+--validate-max-seconds 2"
+CAL_FLAGS_DRY="--batch-sizes 1,2 --tokens 64,256,1024 --max-batch-tokens 1024 --warmup 1 --repeats 2 \
+--validate 4 --validate-world-size 4"
 
 OUTDIR=${1:?usage: experiments/gpu/h200.sh OUTDIR [PACKDIR]}
 PACKDIR=${2:-}
@@ -169,7 +172,7 @@ fi
 # --- 3. kernel: kernels/gpu_check.sh under its limit -------------------------------------------
 if wants kernel; then
   mkdir -p "$OUTDIR/kernel"
-  run_part kernel "$(limit "${KERNEL_S:-100}" 330)" "$OUTDIR/kernel.log" \
+  run_part kernel "$(limit "${KERNEL_S:-140}" 340)" "$OUTDIR/kernel.log" \
     bash kernels/gpu_check.sh "$OUTDIR/kernel"
   pack kernel
 fi
@@ -181,7 +184,7 @@ CAL=${CALIBRATION:-}
 if [ -z "$CAL" ] && wants calibrate; then
   CAL="$OUTDIR/calibration/h200-$MODEL.json"
   [ "$DRY" = 1 ] && CAL="$OUTDIR/calibration/dry-$MODEL.json"
-  run_part calibrate "$(limit "${CALIBRATE_S:-130}" 200)" "$OUTDIR/calibration/calibrate.log" \
+  run_part calibrate "$(limit "${CALIBRATE_S:-170}" 190)" "$OUTDIR/calibration/calibrate.log" \
     "$PY" -m adaptiveload calibrate --model "$MODEL" --device "$DEVICE" "${CAL_ARGS[@]}" \
     -o "$CAL" || CAL=""
   pack calibration

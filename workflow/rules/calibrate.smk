@@ -21,7 +21,8 @@ if config["calibration"]["file"]:
 else:
 
     rule calibrate:
-        """Measure this device (timings want the whole machine: threads = all cores)."""
+        """Measure this device (threads: the experiment's, else one on a CPU, where the timer
+        counts that thread's CPU seconds, and the whole machine on a GPU)."""
         input:
             config=CONFIG,
             manifest=MANIFEST,
@@ -33,7 +34,10 @@ else:
                 for key in ("ref_tokens", "ref_batch")
                 if config["calibration"][key] is not None
             ),
-        threads: ALL_CORES
+        threads: config["calibration"]["threads"] or (
+            1 if config["calibration"]["device"] == "cpu" and config["calibration"]["timer"] != "wall"
+            else ALL_CORES
+        )
         resources:
             gpu=1 if config["calibration"]["device"] == "cuda" else 0,
         log:
