@@ -9,7 +9,7 @@ min_version("8.0")
 configfile: "experiments/default.yaml"
 
 
-validate(config, "workflow/schemas/config.schema.yaml")
+validate(config, "adaptiveload/config.schema.yaml")
 
 
 report: "workflow/report/workflow.rst"

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from adaptiveload.errors import UserError
+from adaptiveload.extras import require
 
 DEFAULT_STORE = Path("results") / "mlflow.db"
 
@@ -51,9 +52,7 @@ def tracking_uri() -> str:
 
 def _client(uri: str):
     configure_environment()
-    from mlflow.tracking import MlflowClient
-
-    return MlflowClient(tracking_uri=uri)
+    return require("mlflow.tracking").MlflowClient(tracking_uri=uri)
 
 
 def artifact_location(uri: str) -> str | None:
