@@ -16,7 +16,7 @@ from adaptiveload.errors import UserError
 from adaptiveload.io import write_json, write_parquet
 from adaptiveload.planning.dealing import DEFAULT_WINDOW_STEPS
 from adaptiveload.planning.plan import TABLE_COLUMNS, build_plan
-from adaptiveload.planning.policies import AUTO, POLICIES, Budgets, get_policy
+from adaptiveload.planning.policies import AUTO, POLICIES, Budgets, MissingBudgetError, get_policy
 from adaptiveload.planning.simulate import DEFAULT_ALLREDUCE_GBPS, simulate
 
 Opt = typer.Option
@@ -71,7 +71,14 @@ def plan_cmd(
     pol = get_policy(policy)
     cal = _calibration(calibration, model)
     budgets = Budgets.resolve(m_tok, m_mem, m_comp, p, calibration=cal)
-    pol.check(budgets)
+    try:
+        pol.check(budgets)
+    except MissingBudgetError as exc:  # the library's message names Budgets; here: the flags
+        flags = ", ".join(f"--{k.replace('_', '-')}" for k in exc.missing)
+        raise UserError(
+            f"policy {policy}: budget(s) {', '.join(exc.missing)} not set; "
+            f"give {flags} or a --calibration file"
+        ) from None
     _positive(allreduce_gbps=allreduce_gbps)
     bucketed = bucketize(load_manifest(manifest), mode=bucketing, grid=grid, max_frames=max_frames)
     plan = build_plan(
