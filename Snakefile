@@ -3,13 +3,15 @@
 # Rules live in workflow/rules/*.smk; every stage is one `adaptiveload` CLI command.
 from snakemake.utils import min_version, validate
 
+from adaptiveload.config import SCHEMA_PATH
+
 min_version("8.0")
 
 
 configfile: "experiments/default.yaml"
 
 
-validate(config, "adaptiveload/config.schema.yaml")
+validate(config, str(SCHEMA_PATH))  # adaptiveload/config.schema.yaml, shipped with the package
 
 
 report: "workflow/report/workflow.rst"
