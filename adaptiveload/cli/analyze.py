@@ -125,6 +125,9 @@ def record_cmd(
     paper_table: Annotated[Path, Opt(help="paper_table.csv")],
     stats: Stats,
     out: Annotated[Path, Opt("--out", "-o", help="JSON naming the analysis run")],
+    config: Annotated[
+        Path | None, Opt(help="the resolved experiment YAML: params and description")
+    ] = None,
     artifact: Annotated[list[Path] | None, Opt(help="file to attach (repeatable)")] = None,
 ) -> None:
     """Log the analysis to MLflow as the experiment's "analysis" run."""
@@ -132,6 +135,13 @@ def record_cmd(
     from adaptiveload.io import write_json
     from adaptiveload.tracking.store import tracking_uri
 
-    run_id = log_analysis(experiment, _read(paper_table), _read(stats), artifact or [])
+    for path in (paper_table, stats):
+        _read(path)  # the same one-line error as the other steps when a table is missing
+    exp = None
+    if config is not None:
+        from adaptiveload.config import load
+
+        exp = load(config)
+    run_id = log_analysis(experiment, paper_table, stats, artifact or [], config=exp)
     write_json(out, {"experiment": experiment, "run_id": run_id, "tracking_uri": tracking_uri()})
     typer.echo(f"analysis run {run_id} in {tracking_uri()}")

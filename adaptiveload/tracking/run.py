@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,22 +22,15 @@ from adaptiveload.tracking.spool import Spool
 from adaptiveload.tracking.store import (
     MAX_METRICS_PER_CALL,
     _client,
-    artifact_location,
     chunked,
+    experiment_id,
+    log_artifact,
+    log_params,
 )
 
 log = logging.getLogger(__name__)
 
-MAX_PARAMS_PER_CALL = 100
 STEP_KEY = "loss"  # logged at every step: its history says which steps the store holds
-
-
-def _flatten(prefix: str, value: Any) -> Iterable[tuple[str, str]]:
-    if isinstance(value, Mapping):
-        for key, sub in value.items():
-            yield from _flatten(f"{prefix}.{key}" if prefix else str(key), sub)
-    else:
-        yield prefix, str(value)[:6000]
 
 
 class RunTracker:
@@ -68,8 +61,11 @@ class RunTracker:
         tags: Mapping[str, str],
         spool_path: Path,
         run_id: str | None = None,
+        description: str | None = None,
     ) -> RunTracker:
-        """Create the run (or reopen `run_id` when resuming); the store must be reachable."""
+        """Create the run (or reopen `run_id` when resuming); the store must be reachable.
+
+        `description`: the experiment's, shown by the MLflow UI (set on every start)."""
         stale = Spool.load(spool_path).run_id if Path(spool_path).exists() else None
         if stale is not None and stale != run_id:
             raise UserError(
@@ -77,19 +73,10 @@ class RunTracker:
                 f"never reached the store; upload them with `adaptiveload sync {spool_path}` first"
             )
         client = _client(uri)
+        exp_id = experiment_id(client, uri, experiment, description)
         if run_id is None:
-            exp = client.get_experiment_by_name(experiment)
-            if exp is None:
-                artifacts = artifact_location(uri)
-                exp_id = client.create_experiment(experiment, artifact_location=artifacts)
-            else:
-                exp_id = exp.experiment_id
             run_id = client.create_run(exp_id, run_name=run_name, tags=dict(tags)).info.run_id
-            from mlflow.entities import Param
-
-            flat = [Param(k, v) for k, v in _flatten("", params)]
-            for chunk in chunked(flat, MAX_PARAMS_PER_CALL):
-                client.log_batch(run_id, params=chunk, synchronous=True)
+            log_params(client, run_id, params)
         else:
             client.update_run(run_id, status="RUNNING")
         return cls(uri, run_id, spool_path)
@@ -200,7 +187,8 @@ class RunTracker:
             if not all(k in held for k in record["metrics"]):
                 self._log_metrics(record["metrics"], 0, record["ts"])
         elif kind == "artifact":
-            self.client.log_artifact(self.run_id, record["path"], record.get("artifact_path"))
+            log_artifact(self.client, self.uri, self.run_id, Path(record["path"]),
+                         record.get("artifact_path"))  # fmt: skip
         elif kind == "status":
             self.client.set_terminated(self.run_id, status=record["status"])
         else:

@@ -25,7 +25,7 @@ from adaptiveload.errors import UserError
 from adaptiveload.io import write_json, write_parquet
 from adaptiveload.provenance import device_name, git_commit
 from adaptiveload.tracking.run import RunTracker
-from adaptiveload.tracking.store import check_reachable, tracking_uri
+from adaptiveload.tracking.store import DESCRIPTION_TAG, check_reachable, tracking_uri
 from adaptiveload.training import checkpoint
 from adaptiveload.training.config import TrainConfig, from_experiment
 from adaptiveload.training.distributed import under_torchrun
@@ -76,9 +76,18 @@ def resolve(req: Request) -> tuple[dict[str, Any], TrainConfig, Calibration | No
     return exp, cfg, calibration, Path(out)
 
 
+# Summary fields whose MLflow key says which formula they are (adaptiveload.metrics): both are
+# means over the timed steps of a per-step ratio; only the first is the mean of the per-step
+# metric `imbalance_rate`. Every other field is logged as summary/<field>.
+SUMMARY_KEYS = {
+    "imbalance_rate": "summary/imbalance_rate_mean_of_steps",  # (max - min) / max per step
+    "imbalance_rate_mean": "summary/imbalance_vs_mean_rate_mean_of_steps",  # (max - mean) / max
+}
+
+
 def _numeric(summary: dict[str, Any]) -> dict[str, float]:
     return {
-        f"summary/{k}": float(v)
+        SUMMARY_KEYS.get(k, f"summary/{k}"): float(v)
         for k, v in summary.items()
         if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in ("seed",)
     }
@@ -115,9 +124,15 @@ def train(req: Request) -> dict[str, Any]:
                 "launch_mode": cfg.launch_mode,
                 "world_size": str(cfg.world_size),
                 "source": "measured",
+                DESCRIPTION_TAG: (
+                    f"{cfg.policy}, seed {cfg.seed}, kernel {cfg.kernel}: {cfg.model} trained "
+                    f"on {cfg.world_size} {cfg.launch_mode} ranks ({device_name(cfg.device)}); "
+                    "per-step and summary metrics measured"
+                ),
             },
             spool_path=out / "tracking.spool.jsonl",
             run_id=(resume or {}).get("tracking", {}).get("run_id"),
+            description=exp.get("description"),
         )
         tracker.start_system_metrics()
     trainer = None

@@ -105,6 +105,7 @@ rule record:
     """The analysis as its own MLflow run, beside the training runs of this experiment."""
     input:
         store=STORE,
+        config=CONFIG,
         paper=f"{TABLES}/paper_table.csv",
         stats=rules.stats.output.csv,
         files=[f"{TABLES}/stats.md", *TABLE_FILES,
@@ -122,4 +123,4 @@ rule record:
         CONDA_ENV
     shell:
         "adaptiveload analyze record --experiment {params.experiment} --paper-table {input.paper} "
-        "--stats {input.stats} {params.artifacts} -o {output} > {log} 2>&1"
+        "--stats {input.stats} --config {input.config} {params.artifacts} -o {output} > {log} 2>&1"
