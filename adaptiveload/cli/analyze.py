@@ -98,6 +98,9 @@ def figures_cmd(
     describe: Annotated[Path | None, Opt(help="`manifest describe --json` out")] = None,
     calibration: Annotated[Path | None, Opt(help="calibration JSON")] = None,
     kernel_bench: KernelBench = None,
+    mixture: Annotated[
+        str | None, Opt(help="the data's name in titles (a mixture or manifest file)")
+    ] = None,
 ) -> None:
     """Draw the named figures as PNGs (names: see adaptiveload.analysis.figures.FIGURES)."""
     from tqdm import tqdm
@@ -112,7 +115,7 @@ def figures_cmd(
         runs=_read(runs), steps=_read(steps), stats=_read(stats),
         describe=read_json(describe, "manifest description") if describe else None,
         calibration=read_json(calibration, "calibration file") if calibration else None,
-        kernel_bench=kernel_bench,
+        kernel_bench=kernel_bench, mixture=mixture,
     )
     for name in tqdm(figure, desc="figures", unit="fig"):
         render(name, inputs, out_dir / f"{name}.png")

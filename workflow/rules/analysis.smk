@@ -88,6 +88,7 @@ rule figures:
         figures=" ".join(f"--figure {name}" for name in figure_names()),
         kernel=lambda w, input: f"--kernel-bench {input.kernel}" if input.kernel else "",
         out=lambda w, output: os.path.dirname(output[0]),
+        mixture=config["data"]["manifest"] or config["data"]["mixture"],
     log:
         f"{LOGS}/figures.log",
     benchmark:
@@ -97,7 +98,7 @@ rule figures:
     shell:
         "MPLBACKEND=Agg adaptiveload analyze figures --runs {input.runs} --steps {input.steps} "
         "--stats {input.stats} --describe {input.describe} --calibration {input.calibration} "
-        "{params.kernel} --out-dir {params.out} "
+        "{params.kernel} --mixture {params.mixture:q} --out-dir {params.out} "
         "{params.figures} > {log} 2>&1"
 
 
