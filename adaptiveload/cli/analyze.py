@@ -103,10 +103,9 @@ def figures_cmd(
     ] = None,
 ) -> None:
     """Draw the named figures as PNGs (names: see adaptiveload.analysis.figures.FIGURES)."""
-    from tqdm import tqdm
-
     from adaptiveload.analysis.figures import FIGURES, FigureInputs, render
     from adaptiveload.io import read_json
+    from adaptiveload.progress import progress_bar
 
     unknown = sorted(set(figure) - set(FIGURES))
     if unknown:
@@ -117,7 +116,7 @@ def figures_cmd(
         calibration=read_json(calibration, "calibration file") if calibration else None,
         kernel_bench=kernel_bench, mixture=mixture,
     )
-    for name in tqdm(figure, desc="figures", unit="fig"):
+    for name in progress_bar(iterable=figure, desc="figures", unit="fig"):
         render(name, inputs, out_dir / f"{name}.png")
     typer.echo(f"{len(figure)} figures -> {out_dir}")
 

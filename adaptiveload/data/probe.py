@@ -8,18 +8,17 @@ files with other extensions are ignored.
 
 from __future__ import annotations
 
-import sys
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from tqdm import tqdm
 
 from adaptiveload.data.manifest import COLUMNS, validate_manifest
 from adaptiveload.errors import UserError
 from adaptiveload.extras import require
+from adaptiveload.progress import progress_bar
 
 VIDEO_SUFFIXES = frozenset({".mp4", ".mov", ".mkv", ".webm", ".avi", ".m4v", ".mpg", ".mpeg"})
 IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff"})
@@ -53,7 +52,7 @@ def probe_directory(directory: str | Path, progress: bool = True) -> Probed:
         require("PIL.Image")
     rows: list[tuple[str, int, int, int, float]] = []
     skipped: list[tuple[str, str]] = []
-    for path in tqdm(files, desc="probe", unit="file", disable=not progress, file=sys.stderr):
+    for path in progress_bar(iterable=files, desc="probe", unit="file", disable=not progress):
         rel = path.relative_to(root).as_posix()
         try:
             frames, height, width, fps = (
