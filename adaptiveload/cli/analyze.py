@@ -10,11 +10,10 @@ from typing import Annotated
 
 import typer
 
-from adaptiveload.cli.app import app
+from adaptiveload.cli.app import examples, group
 from adaptiveload.errors import UserError
 
-analyze = typer.Typer(no_args_is_help=True, help="Statistics, tables, figures of an experiment.")
-app.add_typer(analyze, name="analyze")
+analyze = group("analyze", "Statistics, tables, figures of an experiment.")
 Opt = typer.Option
 # inputs shared by the commands that read `aggregate`'s and `stats`' tables
 Runs = Annotated[Path, Opt(help="runs.parquet from `analyze aggregate`")]
@@ -33,7 +32,10 @@ def _read(path: Path):
     return pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
 
 
-@analyze.command("aggregate")
+@analyze.command("aggregate", epilog=examples(
+    "adaptiveload analyze aggregate --index runs.json --runs-out runs.parquet "
+    "--steps-out steps.parquet",
+))
 def aggregate_cmd(
     index: Annotated[str, Opt(help="JSON list of {setup, variant, summary, steps} or a file")],
     runs_out: Annotated[Path, Opt(help="one row per run (Parquet)")],
@@ -49,7 +51,10 @@ def aggregate_cmd(
     typer.echo(f"{len(agg.runs)} runs, {len(agg.steps)} rank-steps -> {runs_out}, {steps_out}")
 
 
-@analyze.command("stats")
+@analyze.command("stats", epilog=examples(
+    "adaptiveload analyze stats --runs runs.parquet --steps steps.parquet --csv stats.csv "
+    "--md stats.md",
+))
 def stats_cmd(
     runs: Runs,
     steps: Steps,
@@ -69,7 +74,10 @@ def stats_cmd(
     typer.echo(f"{len(table)} tests -> {csv}, {md}")
 
 
-@analyze.command("tables")
+@analyze.command("tables", epilog=examples(
+    "adaptiveload analyze tables --runs runs.parquet --steps steps.parquet --stats stats.csv "
+    "--out-dir tables",
+))
 def tables_cmd(
     runs: Runs,
     steps: Steps,
@@ -88,7 +96,10 @@ def tables_cmd(
     typer.echo(f"tables -> {out_dir}")
 
 
-@analyze.command("figures")
+@analyze.command("figures", epilog=examples(
+    "adaptiveload analyze figures --runs runs.parquet --steps steps.parquet --stats stats.csv "
+    "--out-dir figures --figure throughput --figure imbalance_distribution",
+))
 def figures_cmd(
     runs: Runs,
     steps: Steps,
@@ -121,7 +132,10 @@ def figures_cmd(
     typer.echo(f"{len(figure)} figures -> {out_dir}")
 
 
-@analyze.command("record")
+@analyze.command("record", epilog=examples(
+    "adaptiveload analyze record --experiment default --paper-table tables/paper_table.csv "
+    "--stats tables/stats.csv --config results/default/config.yaml -o analysis.json",
+))
 def record_cmd(
     experiment: Annotated[str, Opt(help="MLflow experiment (the experiment's name)")],
     paper_table: Annotated[Path, Opt(help="paper_table.csv")],

@@ -72,7 +72,10 @@ def resolve(req: Request) -> tuple[dict[str, Any], TrainConfig, Calibration | No
         raise UserError("--device cuda: no CUDA device visible; use --device cpu")
     cal_path = req.calibration or exp["calibration"]["file"]
     calibration = Calibration.load(cal_path) if cal_path else None
-    out = req.out or Path("results") / "runs" / cfg.experiment / cfg.run_name
+    # the pipeline's layout (workflow/rules/common.smk), so a hand-run lands beside its runs
+    default_out = (Path("results") / cfg.experiment / "runs" / cfg.policy / f"seed{cfg.seed}"
+                   / cfg.kernel)  # fmt: skip
+    out = req.out or default_out
     return exp, cfg, calibration, Path(out)
 
 
