@@ -26,5 +26,9 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/snakemake --lint
 
+# what the pipeline writes (every results/<experiment>/, the default's tables and figures, the
+# MLflow store, logs, job benchmarks); the committed results/benchmarks/ and results/reference/
+# stay, and so does build/ (the kernel build: `rm -rf build` to redo it)
 clean:
-	rm -rf results/tables results/figures results/runs results/plans results/manifests logs benchmarks .snakemake
+	find results -mindepth 1 -maxdepth 1 ! -name benchmarks ! -name reference -exec rm -rf {} +
+	rm -rf logs benchmarks .snakemake
