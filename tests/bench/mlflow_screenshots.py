@@ -26,6 +26,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+WORKFLOW = "machine_learning"  # the MLflow 3 UI's "Model training" view
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -41,11 +43,12 @@ def rest(base: str, path: str, body: dict | None = None) -> dict:
         return json.loads(resp.read())
 
 
-def screenshot(chromium: str, url: str, png: Path, wait_ms: int) -> None:
+def screenshot(chromium: str, url: str, png: Path, wait_ms: int, height: int = 1000) -> None:
+    # without all compositor stages the metric charts stay spinners in a headless screenshot
     subprocess.run(
         [chromium, "--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-         "--window-size=1600,1000", f"--virtual-time-budget={wait_ms}",
-         f"--screenshot={png}", url],
+         f"--window-size=1600,{height}", "--run-all-compositor-stages-before-draw",
+         f"--virtual-time-budget={wait_ms}", f"--screenshot={png}", url],
         check=True, capture_output=True, timeout=180,
     )  # fmt: skip
     print(f"{png}: {url}")
@@ -56,7 +59,7 @@ def main() -> None:
     parser.add_argument("--results", type=Path, default=Path("results"))
     parser.add_argument("--experiment", default="default")
     parser.add_argument("--out", type=Path, default=None)
-    parser.add_argument("--wait-ms", type=int, default=20000, help="time the UI gets to render")
+    parser.add_argument("--wait-ms", type=int, default=120000, help="time the UI gets to render")
     args = parser.parse_args()
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
@@ -89,12 +92,14 @@ def main() -> None:
         train = next(r for r in runs if tags(r).get("adaptiveload.kind") != "analysis")
         analysis = next(r for r in runs if tags(r).get("adaptiveload.kind") == "analysis")
         page = f"{base}/#/experiments/{exp['experiment_id']}"
-        screenshot(chromium, f"{page}/runs", out / "runs_table.png", args.wait_ms)
-        screenshot(chromium, f"{page}/runs/{train['info']['run_id']}/model-metrics",
-                   out / "train_run_charts.png", args.wait_ms)  # fmt: skip
-        screenshot(chromium, f"{page}/runs/{analysis['info']['run_id']}/artifacts",
+        # a fresh browser profile opens MLflow 3's GenAI view; ask for the model-training one
+        view = f"?workflowType={WORKFLOW}"
+        screenshot(chromium, f"{page}/runs{view}", out / "runs_table.png", args.wait_ms)
+        screenshot(chromium, f"{page}/runs/{train['info']['run_id']}/model-metrics{view}",
+                   out / "train_run_charts.png", args.wait_ms, height=2400)  # fmt: skip
+        screenshot(chromium, f"{page}/runs/{analysis['info']['run_id']}/artifacts{view}",
                    out / "analysis_artifacts.png", args.wait_ms)  # fmt: skip
-        screenshot(chromium, f"{page}/runs/{analysis['info']['run_id']}",
+        screenshot(chromium, f"{page}/runs/{analysis['info']['run_id']}{view}",
                    out / "analysis_overview.png", args.wait_ms)  # fmt: skip
     finally:
         os.killpg(server.pid, signal.SIGTERM)  # the session this script started
