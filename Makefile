@@ -1,5 +1,6 @@
 # Two entry points (see README): `make run` reproduces, `make test` tests.
-# Both create .venv on first use with the tested route: pip + venv, Python >= 3.10.
+# Both create .venv on first use with the tested route: pip + venv, Python >= 3.10, the
+# package with every extra (`pip install adaptiveload` alone is the light core).
 PYTHON ?= python3
 VENV   := .venv
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
@@ -9,7 +10,7 @@ CORES  ?= all
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/python -m pip install -e '.[dev]'
+	$(VENV)/bin/python -m pip install -e '.[all,dev]'
 	rm -f $(VENV)/.installed-* && touch $@
 
 setup: $(STAMP)
@@ -25,5 +26,9 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/snakemake --lint
 
+# what the pipeline writes (every results/<experiment>/, the default's tables and figures, the
+# MLflow store, logs, job benchmarks); the committed results/benchmarks/ and results/reference/
+# stay, and so does build/ (the kernel build: `rm -rf build` to redo it)
 clean:
-	rm -rf results/tables results/figures results/runs results/plans results/manifests logs benchmarks .snakemake
+	find results -mindepth 1 -maxdepth 1 ! -name benchmarks ! -name reference -exec rm -rf {} +
+	rm -rf logs benchmarks .snakemake

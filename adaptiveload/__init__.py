@@ -2,7 +2,8 @@
 
 Dependency direction (no module imports "upwards"):
     data -> planning -> training -> tracking -> analysis
-with `tokens`, `metrics`, `costmodel`, `errors` and `io` as leaf helpers usable from anywhere.
+with `tokens`, `metrics`, `costmodel`, `errors`, `extras`, `progress` and `io` as leaf
+helpers usable from anywhere.
 """
 
 __version__ = "0.1.0"

@@ -29,7 +29,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
-from tqdm import tqdm
 
 from adaptiveload.costmodel import (
     DEFAULT_MAX_LOO,
@@ -43,6 +42,7 @@ from adaptiveload.errors import UserError
 from adaptiveload.model import analytic
 from adaptiveload.model.configs import WanConfig, get_config
 from adaptiveload.model.wan import WanModel, build_on_meta, count_parameters
+from adaptiveload.progress import progress_bar
 from adaptiveload.provenance import device_name
 from adaptiveload.tokens import FRAME_STEP, PIXEL_STEP
 
@@ -230,7 +230,7 @@ def measure_grid(
     inputs: dict[tuple[int, int], tuple] = {}
     iters: dict[tuple[int, int], int] = {}
     total = len(grid) * (1 + repeats)
-    with tqdm(total=total, desc="calibrate", disable=not progress) as bar:
+    with progress_bar(total=total, desc="calibrate", disable=not progress) as bar:
         for b, s in grid:  # warm-up pass, in grid order; finds what fits
             frames, height, width = bucket_shape(s)
             points[b, s] = {

@@ -1,4 +1,4 @@
-"""Experiment files: load, fill defaults and validate against workflow/schemas/config.schema.yaml.
+"""Experiment files: load, fill defaults and validate against adaptiveload/config.schema.yaml.
 
 The same schema serves Snakemake's `validate()` and every `adaptiveload ... --config` command,
 so a bad field is reported the same way everywhere: file, field, what is expected.
@@ -19,7 +19,8 @@ import yaml
 from adaptiveload.errors import UserError
 from adaptiveload.io import read_text
 
-SCHEMA_PATH = Path(__file__).resolve().parent.parent / "workflow" / "schemas" / "config.schema.yaml"
+# package data, so that an installed package validates with the same file as the checkout
+SCHEMA_PATH = Path(__file__).resolve().parent / "config.schema.yaml"
 
 
 @cache
@@ -84,7 +85,7 @@ def validate(config: dict[str, Any], origin: str) -> dict[str, Any]:
         field = ".".join(str(p) for p in err.absolute_path) or "(top level)"
         raise UserError(
             f"{origin}: field '{field}': {err.message}. "
-            f"See {SCHEMA_PATH.relative_to(SCHEMA_PATH.parent.parent.parent)} for what is allowed."
+            "See adaptiveload/config.schema.yaml for what is allowed."
         )
     return config
 

@@ -107,3 +107,47 @@ def test_calibration_fit_plots_the_cost_models_prediction():
     xy = fig.axes[0].collections[0].get_offsets()
     assert len(xy) == 9
     np.testing.assert_allclose(xy[:, 0], xy[:, 1], rtol=1e-9)
+
+
+def test_figure_layouts_name_things_and_do_not_collide(tmp_path):
+    """Each panel labelled once, panel titles apart, the legend off the bars, no "/ none"
+    for simulations (no kernel), the mixture named."""
+    from adaptiveload.analysis import figures
+    from adaptiveload.analysis.aggregate import aggregate, parse_index
+    from adaptiveload.analysis.stats import compare
+
+    index = write_experiment(tmp_path / "runs", planted=True, seeds=(0, 1))
+    for seed in (0, 1):
+        for policy in ("equal-token", "adaptiveload"):
+            index.append(write_run(tmp_path / "runs", policy, seed, setup="sim/h200-1.3b",
+                                   kernel="none", source="model", device="NVIDIA H200 (prior)",
+                                   steps=12))  # fmt: skip
+    agg = aggregate(parse_index(json.dumps(index)))
+    stats = compare(agg.runs, agg.steps, n_boot=200, seed=0)
+    describe = {"manifest": "x/manifest.parquet", "num_samples": 3, "num_excluded": 0,
+                "buckets": [{"tokens": t, "count": 1} for t in (100, 400, 1600)]}  # fmt: skip
+    inputs = figures.FigureInputs(agg.runs, agg.steps, stats, describe=describe,
+                                  mixture="paper-mixed")  # fmt: skip
+
+    def boxes(artists, fig):
+        fig.canvas.draw()
+        return [a.get_window_extent(fig.canvas.get_renderer()) for a in artists]
+
+    for name in ("imbalance_distribution", "vram_utilization"):
+        fig = figures.FIGURES[name](inputs)
+        axes = fig.axes
+        assert len(axes) == 2 and axes[0].get_ylabel() and not axes[1].get_ylabel(), name
+        left, right = boxes([axes[0].title, axes[1].title], fig)
+        assert left.x1 < right.x0, f"{name}: panel titles overlap"
+        assert boxes([axes[0].yaxis.label], fig)[0].x0 >= 0
+
+    fig = figures.throughput(inputs)
+    ax = fig.axes[0]
+    labels = [t.get_text() for t in ax.get_xticklabels()]
+    assert labels[0].startswith("train / eager") and labels[1].startswith("sim/h200-1.3b\n")
+    assert not any("/ none" in t for t in labels)
+    legend, plot = boxes([ax.get_legend(), ax], fig)
+    assert legend.x0 >= plot.x1, "the legend lies over the bars and their error bars"
+
+    assert "Mixture paper-mixed" in figures.mixture_tokens(inputs).axes[0].get_title()
+    figures.plt.close("all")

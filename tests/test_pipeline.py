@@ -58,7 +58,10 @@ def test_pipeline_produces_tables_figures_and_mlflow_runs(tiny_run):
 
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(tracking_uri=f"sqlite:///{tiny_run / 'results' / 'mlflow.db'}")
+    from adaptiveload.tracking.store import artifact_paths
+
+    uri = f"sqlite:///{tiny_run / 'results' / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri)
     exp = client.get_experiment_by_name("tiny")
     runs = client.search_runs([exp.experiment_id])
     kinds = [r.data.tags.get("adaptiveload.kind", "train") for r in runs]
@@ -66,12 +69,17 @@ def test_pipeline_produces_tables_figures_and_mlflow_runs(tiny_run):
     trained = [r for r in runs if r.data.tags.get("adaptiveload.kind") != "analysis"]
     assert len(trained) == 4  # 2 policies x 2 seeds
     for run in trained:
-        assert "summary/imbalance_rate" in run.data.metrics
+        assert "summary/imbalance_rate_mean_of_steps" in run.data.metrics
+        assert run.data.params["run.policy"] == run.data.tags["policy"]
         assert len(client.get_metric_history(run.info.run_id, "loss")) == 6
     analysis = next(r for r in runs if r.data.tags.get("adaptiveload.kind") == "analysis")
-    assert any(k.startswith("table/train/eager/adaptiveload/") for k in analysis.data.metrics)
-    arts = {a.path for a in client.list_artifacts(analysis.info.run_id, "figures")}
-    assert "figures/throughput.png" in arts
+    assert "train/eager/adaptiveload/throughput_change" in analysis.data.metrics
+    assert all(" " not in k for k in analysis.data.metrics) and len(analysis.data.metrics) < 60
+    assert analysis.data.params["experiment.name"] == "tiny" and analysis.data.tags["git_commit"]
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
+    assert exp.tags["mlflow.note.content"] == "integration test of the full pipeline"
+    arts = set(artifact_paths(client, uri, analysis.info.run_id))
+    assert {"figures/throughput.png", "tables/stats.csv", "tables/paper_table.csv"} <= arts
 
 
 @pytest.mark.slow

@@ -145,7 +145,7 @@ def test_plan_then_simulate(inputs):
         (["--policy", "equal-token", "--m-tok", "-5"], "m_tok=-5"),
         (["--policy", "equal-token", "--m-tok", "5e4", "--world-size", "0"], "world_size=0"),
         (["--policy", "fastest", "--m-tok", "5e4"], "unknown"),
-        (["--policy", "adaptiveload", "--m-mem", "5e4"], "m_comp, p not set"),
+        (["--policy", "adaptiveload", "--m-mem", "5e4"], "m_comp, p not set; give --m-comp, --p"),
         (
             ["--policy", "adaptiveload", "--calibration", "CAL", "--model", "wan2.1-t2v-14b"],
             "not 'wan2.1-t2v-14b'",

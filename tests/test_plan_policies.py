@@ -54,8 +54,10 @@ def test_budget_validation(kwargs):
 def test_unknown_policy_and_missing_budget():
     with pytest.raises(UserError, match="unknown; expected one of"):
         batch_size("fifo", [1], Budgets(m_tok=1))
-    with pytest.raises(UserError, match="m_comp, p not set"):
+    with pytest.raises(UserError, match="m_comp, p not set") as info:
         batch_size("adaptiveload", [1], Budgets(m_mem=100))
+    # a library caller is told about Budgets, not about the CLI's flags
+    assert "Budgets.resolve(calibration=" in str(info.value) and "--" not in str(info.value)
 
 
 def test_budgets_resolve_from_calibration():

@@ -165,3 +165,53 @@ def test_rank_views_reassemble_the_plan(n, world_size, policy, seed):
     assert len({len(v) for v in views}) == 1  # every rank runs the same number of steps
     rebuilt = [i for step in zip(*views, strict=True) for b in step for i in ids[b]]
     assert rebuilt == table["sample_id"].tolist()
+
+
+def test_all_ranks_view_is_step_major_and_resumes(samples):
+    builder = PlanBuilder(samples, "adaptiveload-balanced", BUDGETS, WORLD, seed=6)
+    per_rank = [list(PlanBatchSampler(builder, r)) for r in range(WORLD)]
+    every = PlanBatchSampler(builder, None)
+    assert len(every) == WORLD * len(per_rank[0])
+    assert list(every) == [b for step in zip(*per_rank, strict=True) for b in step]
+    state = every.state_dict(consumed_steps=2)
+    assert state["rank"] is None and state["step"] == 2
+    resumed = PlanBatchSampler(PlanBuilder(samples, "adaptiveload-balanced", BUDGETS, WORLD,
+                                           seed=6), None)  # fmt: skip
+    resumed.load_state_dict(state)
+    assert list(resumed) == list(every)[2 * WORLD :]
+    with pytest.raises(ValueError, match="consumed_steps"):
+        every.state_dict(consumed_steps=len(per_rank[0]) + 1)
+
+
+def test_accelerate_shards_the_all_ranks_view_into_the_rank_views(samples):
+    """Accelerate's BatchSamplerShard (what `prepare` wraps a batch sampler in) deals process i
+    every i-th batch: of the all-ranks view that is rank i's plan; of a per-rank sampler it
+    would be half of that rank's batches (the double sharding docs/sampler.md warns about)."""
+    shard = pytest.importorskip("accelerate.data_loader").BatchSamplerShard
+    builder = PlanBuilder(samples, "adaptiveload", BUDGETS, 2, seed=7)
+    for rank in range(2):
+        mine = list(PlanBatchSampler(builder, rank))
+        assert list(shard(PlanBatchSampler(builder, None), 2, rank)) == mine
+        twice = list(shard(PlanBatchSampler(builder, rank), 2, rank))
+        assert len(twice) < len(mine)
+
+
+def test_resume_with_workers_counts_consumed_steps(samples):
+    def make() -> PlanBatchSampler:
+        return PlanBatchSampler(PlanBuilder(samples, "adaptiveload", BUDGETS, WORLD, seed=8), 1)
+
+    sampler = make()
+    loader = DataLoader(Shapes(samples), batch_sampler=sampler, num_workers=2)
+    head = []
+    for step, batch in enumerate(loader):
+        head.append(batch["index"].tolist())
+        if step + 1 == 2:
+            state = sampler.state_dict(consumed_steps=2)
+            ahead = sampler.state_dict()["step"]
+            break
+    assert ahead > 2  # the workers prefetched beyond what the loop consumed
+    resumed = make()
+    resumed.load_state_dict(state)
+    rest = [b["index"].tolist() for b in DataLoader(Shapes(samples), batch_sampler=resumed,
+                                                    num_workers=2)]  # fmt: skip
+    assert head + rest == list(make())

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import shutil
+import urllib.request
 import warnings
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 from training_setup import ROOT, MlflowServer, adaptiveload, cli_env, free_port, write_experiment
 
+from adaptiveload.analysis.record import log_analysis
 from adaptiveload.errors import UserError
 from adaptiveload.tracking.run import RunTracker
 from adaptiveload.tracking.spool import Spool
@@ -184,3 +188,71 @@ def test_sync_is_idempotent(tmp_path):
     assert again.returncode == 0, again.stderr
     assert "nothing to sync" in again.stderr and "Traceback" not in again.stderr
     assert _steps(uri, tracker.run_id) == [0, 1]
+
+
+def _rest(server: MlflowServer, path: str, body: dict | None = None) -> dict:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(f"{server.uri}{path}", data=data,
+                                 headers={"Content-Type": "application/json"})  # fmt: skip
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        raw = resp.read()
+    return json.loads(raw) if path.startswith("/api/") else {"bytes": raw}
+
+
+@pytest.mark.slow
+def test_moved_results_folder_is_served_with_runs_params_and_artifacts(tmp_path):
+    """Runs logged to the sqlite store, the folder moved, then a real `mlflow server
+    --artifacts-destination <folder>/mlartifacts` serves everything over REST: experiment
+    description and kind, params and tags of both runs, short analysis keys, every table."""
+    results = tmp_path / "here" / "results"
+    uri = init_store(f"sqlite:///{results / 'mlflow.db'}")
+    tracker = RunTracker.start(
+        uri, "moved", "adaptiveload-s0", {"run": {"policy": "adaptiveload"}},
+        {"policy": "adaptiveload"}, results / "s.jsonl", description="a moved experiment",
+    )  # fmt: skip
+    tracker.log_step(0, {"loss": 1.0, "imbalance_rate": 0.5})
+    (results / "summary.json").write_text('{"imbalance_rate": 0.5}')
+    tracker.log_artifact(results / "summary.json")
+    assert tracker.finish()
+    paper = pd.DataFrame({
+        "setup": ["train", "sim/h200"], "kernel": ["eager"] * 2, "policy": ["adaptiveload"] * 2,
+        "samples_per_s": [10.0, 5.0], "throughput_change": [0.1, 0.2], "label": ["x", "y"],
+    })  # fmt: skip
+    paper.to_csv(results / "paper_table.csv", index=False)
+    stats = pd.DataFrame({"metric": ["samples_per_s"], "test": ["Welch's t"], "p_value": [0.5]})
+    stats.to_csv(results / "stats.csv", index=False)
+    analysis = log_analysis("moved", results / "paper_table.csv", results / "stats.csv", [],
+                            config={"name": "moved", "description": "a moved experiment"},
+                            uri=uri)  # fmt: skip
+    assert "file:" not in json.dumps([str(p) for p in results.rglob("*")])
+    moved = tmp_path / "elsewhere" / "results"
+    moved.parent.mkdir()
+    shutil.move(results, moved)
+
+    server = MlflowServer(moved / "mlflow.db", artifacts=moved / "mlartifacts")
+    server.start()
+    try:
+        exp = _rest(server, "/api/2.0/mlflow/experiments/get-by-name?experiment_name=moved")
+        tags = {t["key"]: t["value"] for t in exp["experiment"]["tags"]}
+        assert tags["mlflow.experimentKind"] == "custom_model_development"
+        assert tags["mlflow.note.content"] == "a moved experiment"
+        assert exp["experiment"]["artifact_location"] == "mlflow-artifacts:/moved"
+        found = _rest(server, "/api/2.0/mlflow/runs/search",
+                      {"experiment_ids": [exp["experiment"]["experiment_id"]]})  # fmt: skip
+        runs = {r["info"]["run_name"]: r for r in found["runs"]}
+        assert set(runs) == {"adaptiveload-s0", "analysis"}
+        for run in runs.values():
+            assert run["data"]["params"] and run["data"]["tags"]
+        metrics = {m["key"] for m in runs["analysis"]["data"]["metrics"]}
+        assert metrics == {f"{s}/eager/adaptiveload/{c}" for s in ("train", "sim/h200")
+                           for c in ("samples_per_s", "throughput_change")}  # fmt: skip
+        got = _rest(server, f"/get-artifact?path=tables/stats.csv&run_uuid={analysis}")
+        assert got["bytes"] == (moved / "stats.csv").read_bytes()
+        listed = _rest(server, f"/api/2.0/mlflow/artifacts/list?run_id={analysis}&path=tables")
+        assert {f["path"] for f in listed["files"]} == {"tables/paper_table.csv",
+                                                       "tables/stats.csv"}  # fmt: skip
+        train_id = runs["adaptiveload-s0"]["info"]["run_id"]
+        got = _rest(server, f"/get-artifact?path=summary.json&run_uuid={train_id}")
+        assert got["bytes"] == b'{"imbalance_rate": 0.5}'
+    finally:
+        server.stop()

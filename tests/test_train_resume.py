@@ -14,6 +14,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 from training_setup import ROOT, adaptiveload, cli_env, write_experiment
 
+from adaptiveload.tracking.store import artifact_paths
+
 STEPS, EVERY, KILL_AFTER = 12, 4, 4
 SAME = ["step", "rank", "samples", "tokens", "frames", "height", "width"]
 
@@ -70,6 +72,6 @@ def test_sigkill_and_restart_matches_uninterrupted_run(tmp_path):
         assert steps == list(range(STEPS)), key
     final = client.get_run(run.info.run_id)
     assert final.info.status == "FINISHED"
-    assert "summary/imbalance_rate" in final.data.metrics
-    artifacts = {f.path for f in client.list_artifacts(run.info.run_id)}
+    assert "summary/imbalance_rate_mean_of_steps" in final.data.metrics
+    artifacts = set(artifact_paths(client, uri, run.info.run_id))
     assert {"steps.parquet", "plan_summary.json", "summary.json"} <= artifacts

@@ -55,8 +55,9 @@ def free_port() -> int:
 class MlflowServer:
     """A real `mlflow server` on 127.0.0.1 over a sqlite file; stop() and start() again."""
 
-    def __init__(self, db: Path, port: int | None = None):
+    def __init__(self, db: Path, port: int | None = None, artifacts: Path | None = None):
         self.db, self.port = db, port or free_port()
+        self.artifacts = artifacts or db.parent / "artifacts"
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -69,7 +70,7 @@ class MlflowServer:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "mlflow", "server", "--backend-store-uri",
              f"sqlite:///{self.db}", "--host", "127.0.0.1", "--port", str(self.port),
-             "--workers", "1", "--artifacts-destination", str(self.db.parent / "artifacts")],
+             "--workers", "1", "--artifacts-destination", str(self.artifacts)],
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True,
         )  # fmt: skip

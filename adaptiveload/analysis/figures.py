@@ -8,6 +8,7 @@ is still written, saying what is missing and why, so the pipeline's outputs are 
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,7 @@ class FigureInputs:
     describe: dict | None = None
     calibration: dict | None = None
     kernel_bench: Path | None = None
+    mixture: str | None = None  # the data's name: a synthetic mixture or a manifest file
 
     def __post_init__(self) -> None:
         self.step_table = per_step(self.steps)
@@ -69,6 +71,32 @@ def _label(frame: pd.DataFrame) -> str:
     return ", ".join(sorted(set(frame["label"])))
 
 
+def _wrap(text: str, width: int = 48) -> str:
+    """Panel titles wrapped to their panel's width, so neighbours' titles never overlap."""
+    return "\n".join(textwrap.fill(line, width) for line in text.splitlines())
+
+
+def _group(setup: str, kernel: str) -> str:
+    """'setup / kernel', or just the setup where no kernel ran (simulations: 'none')."""
+    return setup if kernel in ("none", "", None) else f"{setup} / {kernel}"
+
+
+def _box_panels(table: pd.DataFrame, y: pd.Series, ylabel: str, subtitle) -> plt.Figure:
+    """One box plot of `y` by policy per setup; the y label once, on the leftmost panel."""
+    setups = _setups(table)
+    fig, axes = plt.subplots(1, len(setups), figsize=(4.8 * len(setups), 4.4), squeeze=False,
+                             layout="constrained")
+    for i, (ax, setup) in enumerate(zip(axes[0], setups, strict=True)):
+        sel = table[table["setup"] == setup]
+        sns.boxplot(data=sel, x="policy", y=y[sel.index], order=_order(sel["policy"]),
+                    hue="policy", palette=PALETTE, ax=ax, showfliers=False, legend=False)
+        ax.set_ylabel(ylabel if i == 0 else "")
+        ax.set_xlabel("")
+        ax.tick_params(axis="x", rotation=15)
+        ax.set_title(_wrap(f"{setup}\n{subtitle(sel)}"), fontsize=9)
+    return fig
+
+
 def mixture_tokens(inp: FigureInputs) -> plt.Figure:
     """Sequence-length distribution of the bucketed mixture, bucket token counts marked."""
     if not inp.describe or not inp.describe.get("buckets"):
@@ -83,8 +111,10 @@ def mixture_tokens(inp: FigureInputs) -> plt.Figure:
     ax.set_xlabel("sequence length S (tokens per sample, log scale)")
     ax.set_ylabel("samples")
     n, excl = inp.describe.get("num_samples"), inp.describe.get("num_excluded", 0)
-    ax.set_title(f"Mixture: S spans {buckets['tokens'].min():,}–{buckets['tokens'].max():,} "
-                 f"tokens ({n} samples, {excl} excluded); orange = bucket sizes")
+    name = inp.mixture or Path(inp.describe.get("manifest", "the manifest")).name
+    ax.set_title(f"Mixture {name}: S spans {buckets['tokens'].min():,}–"
+                 f"{buckets['tokens'].max():,} tokens\n({n} samples, {excl} excluded; "
+                 "orange lines = bucket sizes)", fontsize=11)
     return fig
 
 
@@ -118,19 +148,10 @@ def compute_heatmap(inp: FigureInputs) -> plt.Figure:
 def imbalance_distribution(inp: FigureInputs) -> plt.Figure:
     """Per-step imbalance rate by policy, one panel per setup."""
     table = _base(inp.step_table)
-    setups = _setups(table)
-    fig, axes = plt.subplots(1, len(setups), figsize=(4.5 * len(setups), 4), squeeze=False)
-    for ax, setup in zip(axes[0], setups, strict=True):
-        sel = table[table["setup"] == setup]
-        order = _order(sel["policy"])
-        sns.boxplot(data=sel, x="policy", y="imbalance", order=order, hue="policy",
-                    palette=PALETTE, ax=ax, showfliers=False, legend=False)
-        ax.set_ylabel("per-step imbalance rate (max−min)/max")
-        ax.set_xlabel("")
-        ax.tick_params(axis="x", rotation=20)
-        ax.set_title(f"{setup}\n[{_label(sel)}]", fontsize=9)
-    fig.suptitle("Imbalance rate per step: lower = ranks finish together")
-    fig.tight_layout()
+    fig = _box_panels(table, 100 * table["imbalance"], "per-step imbalance rate (%)",
+                      lambda sel: f"[{_label(sel)}]")
+    fig.suptitle("Imbalance rate per step, (max − min)/max of rank compute: lower = ranks "
+                 "finish together")
     return fig
 
 
@@ -140,13 +161,15 @@ def throughput(inp: FigureInputs) -> plt.Figure:
     sel = stats[(stats["metric"] == "samples_per_s ratio") & (stats["variant"] == "base")]
     if sel.empty:
         return _placeholder("Throughput vs baseline", "no baseline comparison")
-    sel = sel.assign(group=sel["setup"] + " / " + sel["kernel"],
+    sel = sel.assign(group=[_group(s, k) for s, k in zip(sel["setup"], sel["kernel"],
+                                                          strict=True)],
+                     setup_of=sel["setup"],
                      change=100 * (sel["estimate"] - 1),
                      lo=100 * (sel["estimate"] - sel["ci_low"]),
                      hi=100 * (sel["ci_high"] - sel["estimate"]))
-    groups = sorted(set(sel["group"]))
+    groups = sorted(set(sel["group"]), key=lambda g: (not g.startswith("train"), g))
     policies = _order(sel["policy"])
-    fig, ax = plt.subplots(figsize=(1.5 + 2.2 * len(groups), 4))
+    fig, ax = plt.subplots(figsize=(2.5 + 2.4 * len(groups), 4.4))
     width = 0.8 / len(policies)
     for i, policy in enumerate(policies):
         part = sel[sel["policy"] == policy].set_index("group").reindex(groups)
@@ -155,10 +178,12 @@ def throughput(inp: FigureInputs) -> plt.Figure:
                yerr=[part["lo"], part["hi"]], capsize=3)
     ax.axhline(0, color="k", lw=0.8)
     ax.set_xticks(np.arange(len(groups)) + width * (len(policies) - 1) / 2)
-    ax.set_xticklabels([f"{g}\n[{_label(inp.runs[inp.runs['setup'] == g.split(' / ')[0]])}]"
+    setup_of = sel.drop_duplicates("group").set_index("group")["setup_of"]
+    ax.set_xticklabels([f"{g}\n[{_wrap(_label(inp.runs[inp.runs['setup'] == setup_of[g]]), 40)}]"
                         for g in groups], fontsize=8)
     ax.set_ylabel("samples/s change vs equal-token (%)")
-    ax.legend(title="policy")
+    # outside the axes: inside, the legend can hide an error bar
+    ax.legend(title="policy", loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
     ax.set_title("Training throughput vs the equal-token baseline (bootstrap 95% CI)")
     fig.tight_layout()
     return fig
@@ -174,20 +199,12 @@ def vram_utilization(inp: FigureInputs) -> plt.Figure:
     if table.empty:
         return _placeholder("VRAM utilization", "neither measured peaks nor a capacity to "
                             "compare the model's estimate with")
-    setups = _setups(table)
-    fig, axes = plt.subplots(1, len(setups), figsize=(4.5 * len(setups), 4), squeeze=False)
-    for ax, setup in zip(axes[0], setups, strict=True):
-        sel = table[table["setup"] == setup]
-        order = _order(sel["policy"])
-        sns.boxplot(data=sel, x="policy", y=100 * sel["vram"], order=order, hue="policy",
-                    palette=PALETTE, ax=ax, showfliers=False, legend=False)
-        ax.set_ylabel("peak memory / device capacity (%)")
-        ax.set_xlabel("")
-        ax.tick_params(axis="x", rotation=20)
-        src = ", ".join(sorted(set(sel["vram_source"])))
-        ax.set_title(f"{setup}\n[memory: {src}; runs: {_label(sel)}]", fontsize=9)
+    fig = _box_panels(
+        table, 100 * table["vram"], "peak memory / device capacity (%)",
+        lambda sel: f"memory: {', '.join(sorted(set(sel['vram_source'])))}\n"
+                    f"runs: {_label(sel)}",
+    )  # fmt: skip
     fig.suptitle("VRAM utilization per step: higher = memory budget used, not wasted")
-    fig.tight_layout()
     return fig
 
 

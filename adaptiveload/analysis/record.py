@@ -1,76 +1,96 @@
 """Log the analysis of one experiment to MLflow as its own run ("analysis"), beside the training
-runs: the paper table's numbers and the tests as metrics, tables and figures as artifacts.
+runs: a few headline numbers per paper-table row as metrics, every table (the paper table,
+stats.csv with all tests, ...) and figure as artifacts, the resolved experiment as params.
 
-Re-running the analysis replaces the previous analysis run (it is deleted, i.e. moved to
-MLflow's trash), so the experiment shows one current analysis.
+Metric keys are short and stable, `<setup>/<kernel>/<policy>/<column>` of the paper table's
+numeric columns in `HEADLINE` (e.g. `train/eager/adaptiveload/throughput_change`); the
+statistical tests are rows of the `tables/stats.csv` artifact, not metrics. Re-running the
+analysis replaces the previous analysis run (it is deleted, i.e. moved to MLflow's trash), so
+the experiment shows one current analysis.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from adaptiveload.provenance import git_commit
 from adaptiveload.tracking.store import (
-    artifact_location,
+    DESCRIPTION_TAG,
+    _client,
     chunked,
-    configure_environment,
+    experiment_id,
+    log_artifact,
+    log_params,
     tracking_uri,
 )
 
 KIND_TAG = "adaptiveload.kind"
+# paper-table columns logged as metrics: means over seeds, changes vs the baseline (fractions)
+HEADLINE = (
+    "imbalance_rate", "idle_fraction", "vram_utilization", "samples_per_s",
+    "throughput_change", "imbalance_change",
+)  # fmt: skip
 
 
 def _key(*parts: str) -> str:
-    """An MLflow-safe metric key (alphanumerics, _ - . / and spaces)."""
-    return "/".join(re.sub(r"[^A-Za-z0-9_.\- ]+", "_", str(p)).strip("_") for p in parts)
+    """An MLflow metric key of `parts` joined by '/', each reduced to [A-Za-z0-9_.-]."""
+    return "/".join(re.sub(r"[^A-Za-z0-9_.\-]+", "_", str(p)).strip("_") for p in parts)
 
 
-def metrics_of(paper: pd.DataFrame, stats: pd.DataFrame) -> dict[str, float]:
-    """Flat metric dict: table/<setup>/<kernel>/<policy>/<column> and stats/.../{estimate,p}."""
+def metrics_of(paper: pd.DataFrame) -> dict[str, float]:
+    """Headline metrics: `<setup>/<kernel>/<policy>/<column>` for each column in HEADLINE."""
     out: dict[str, float] = {}
-    numeric = paper.select_dtypes("number").columns
+    columns = [c for c in HEADLINE if c in paper.columns]
     for _, row in paper.iterrows():
-        for col in numeric:
-            out[_key("table", row["setup"], row["kernel"], row["policy"], col)] = row[col]
-    for _, row in stats.iterrows():
-        stem = ("stats", row["setup"], row["variant"], row["kernel"], row["policy"],
-                row["metric"], row["test"])
-        out[_key(*stem, "estimate")] = row["estimate"]
-        out[_key(*stem, "p_value")] = row["p_value"]
+        for col in columns:
+            out[_key(*str(row["setup"]).split("/"), row["kernel"], row["policy"], col)] = row[col]
     return {k: float(v) for k, v in out.items() if v is not None and np.isfinite(v)}
 
 
 def log_analysis(
     experiment: str,
-    paper: pd.DataFrame,
-    stats: pd.DataFrame,
+    paper_table: Path,
+    stats: Path,
     artifacts: Sequence[Path],
+    config: Mapping[str, Any] | None = None,
     uri: str | None = None,
 ) -> str:
-    """Create the experiment's analysis run, log metrics in batches and the files; return its id."""
-    configure_environment()
+    """Create the experiment's analysis run: headline metrics, `config` as params, the paper
+    table, stats and `artifacts` as files (PNGs under figures/, the rest under tables/)."""
     from mlflow.entities import Metric
-    from mlflow.tracking import MlflowClient
 
     uri = uri or tracking_uri()
-    client = MlflowClient(tracking_uri=uri)
-    exp = client.get_experiment_by_name(experiment)
-    exp_id = (exp.experiment_id if exp is not None
-              else client.create_experiment(experiment, artifact_location=artifact_location(uri)))
+    client = _client(uri)
+    description = (config or {}).get("description")
+    exp_id = experiment_id(client, uri, experiment, description)
     for old in client.search_runs([exp_id], filter_string=f"tags.`{KIND_TAG}` = 'analysis'"):
         client.delete_run(old.info.run_id)
-    run = client.create_run(exp_id, run_name="analysis", tags={KIND_TAG: "analysis"})
-    run_id = run.info.run_id
+    tags = {
+        KIND_TAG: "analysis",
+        "git_commit": git_commit(),
+        "experiment": experiment,
+        DESCRIPTION_TAG: (
+            f"Analysis of experiment {experiment}: the paper table's headline numbers per "
+            "setup/kernel/policy as metrics (changes are fractions vs the baseline); every "
+            "test (Mann-Whitney U, Welch's t, paired tests, bootstrap CIs) in tables/stats.csv."
+        ),
+    }
+    run_id = client.create_run(exp_id, run_name="analysis", tags=tags).info.run_id
+    log_params(client, run_id, {"experiment": dict(config or {"name": experiment})})
     ts = int(pd.Timestamp.now().timestamp() * 1000)
-    metrics = [Metric(k, v, ts, 0) for k, v in sorted(metrics_of(paper, stats).items())]
+    paper = pd.read_csv(paper_table)
+    metrics = [Metric(k, v, ts, 0) for k, v in sorted(metrics_of(paper).items())]
     for chunk in chunked(metrics):
         client.log_batch(run_id, metrics=chunk, synchronous=True)
-    for path in artifacts:
+    files = dict.fromkeys([Path(paper_table), Path(stats), *map(Path, artifacts)])  # ordered set
+    for path in files:
         folder = "figures" if path.suffix == ".png" else "tables"
-        client.log_artifact(run_id, str(path), artifact_path=folder)
+        log_artifact(client, uri, run_id, path, folder)
     client.set_terminated(run_id)
     return run_id

@@ -10,6 +10,7 @@ import typer
 
 from adaptiveload.cli.app import app
 from adaptiveload.errors import UserError
+from adaptiveload.extras import missing_extra
 
 # one module per pipeline stage, in data-flow order; each registers its commands on `app`
 STAGES = ("manifest", "model", "calibrate", "plan", "train", "kernel", "analyze")
@@ -32,4 +33,10 @@ def main() -> None:
         app()
     except UserError as exc:
         typer.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+    except ModuleNotFoundError as exc:  # an optional package of an extra that is not installed
+        error = missing_extra(exc.name or "")
+        if error is None:
+            raise
+        typer.echo(f"error: {error}", err=True)
         sys.exit(2)

@@ -10,11 +10,10 @@ from typing import Annotated
 
 import typer
 
-from adaptiveload.cli.app import app
+from adaptiveload.cli.app import examples, group
 from adaptiveload.errors import UserError
 
-analyze = typer.Typer(no_args_is_help=True, help="Statistics, tables, figures of an experiment.")
-app.add_typer(analyze, name="analyze")
+analyze = group("analyze", "Statistics, tables, figures of an experiment.")
 Opt = typer.Option
 # inputs shared by the commands that read `aggregate`'s and `stats`' tables
 Runs = Annotated[Path, Opt(help="runs.parquet from `analyze aggregate`")]
@@ -33,7 +32,10 @@ def _read(path: Path):
     return pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
 
 
-@analyze.command("aggregate")
+@analyze.command("aggregate", epilog=examples(
+    "adaptiveload analyze aggregate --index runs.json --runs-out runs.parquet "
+    "--steps-out steps.parquet",
+))
 def aggregate_cmd(
     index: Annotated[str, Opt(help="JSON list of {setup, variant, summary, steps} or a file")],
     runs_out: Annotated[Path, Opt(help="one row per run (Parquet)")],
@@ -49,7 +51,10 @@ def aggregate_cmd(
     typer.echo(f"{len(agg.runs)} runs, {len(agg.steps)} rank-steps -> {runs_out}, {steps_out}")
 
 
-@analyze.command("stats")
+@analyze.command("stats", epilog=examples(
+    "adaptiveload analyze stats --runs runs.parquet --steps steps.parquet --csv stats.csv "
+    "--md stats.md",
+))
 def stats_cmd(
     runs: Runs,
     steps: Steps,
@@ -69,7 +74,10 @@ def stats_cmd(
     typer.echo(f"{len(table)} tests -> {csv}, {md}")
 
 
-@analyze.command("tables")
+@analyze.command("tables", epilog=examples(
+    "adaptiveload analyze tables --runs runs.parquet --steps steps.parquet --stats stats.csv "
+    "--out-dir tables",
+))
 def tables_cmd(
     runs: Runs,
     steps: Steps,
@@ -98,7 +106,10 @@ def tables_cmd(
     typer.echo(f"tables -> {out_dir}")
 
 
-@analyze.command("figures")
+@analyze.command("figures", epilog=examples(
+    "adaptiveload analyze figures --runs runs.parquet --steps steps.parquet --stats stats.csv "
+    "--out-dir figures --figure throughput --figure imbalance_distribution",
+))
 def figures_cmd(
     runs: Runs,
     steps: Steps,
@@ -108,12 +119,14 @@ def figures_cmd(
     describe: Annotated[Path | None, Opt(help="`manifest describe --json` out")] = None,
     calibration: Annotated[Path | None, Opt(help="calibration JSON")] = None,
     kernel_bench: KernelBench = None,
+    mixture: Annotated[
+        str | None, Opt(help="the data's name in titles (a mixture or manifest file)")
+    ] = None,
 ) -> None:
     """Draw the named figures as PNGs (names: see adaptiveload.analysis.figures.FIGURES)."""
-    from tqdm import tqdm
-
     from adaptiveload.analysis.figures import FIGURES, FigureInputs, render
     from adaptiveload.io import read_json
+    from adaptiveload.progress import progress_bar
 
     unknown = sorted(set(figure) - set(FIGURES))
     if unknown:
@@ -122,14 +135,18 @@ def figures_cmd(
         runs=_read(runs), steps=_read(steps), stats=_read(stats),
         describe=read_json(describe, "manifest description") if describe else None,
         calibration=read_json(calibration, "calibration file") if calibration else None,
-        kernel_bench=kernel_bench,
+        kernel_bench=kernel_bench, mixture=mixture,
     )
-    for name in tqdm(figure, desc="figures", unit="fig"):
+    for name in progress_bar(iterable=figure, desc="figures", unit="fig"):
         render(name, inputs, out_dir / f"{name}.png")
     typer.echo(f"{len(figure)} figures -> {out_dir}")
 
 
-@analyze.command("paper-map")
+@analyze.command("paper-map", epilog=examples(
+    "adaptiveload analyze paper-map --config experiments/paper_map.yaml "
+    "--points results/paper_map/analysis/paper_map.csv "
+    "--summary results/paper_map/analysis/paper_map.json",
+))
 def paper_map_cmd(
     config: Annotated[Path, Opt(help="experiment YAML with a `paper_map` section")],
     points: Annotated[Path, Opt(help="one row per (setting, imbalance definition), CSV")],
@@ -152,7 +169,10 @@ def paper_map_cmd(
                f"±{reg['tolerance_pp']:g} pp (model) -> {points}, {summary}")
 
 
-@analyze.command("paper-map-figure")
+@analyze.command("paper-map-figure", epilog=examples(
+    "adaptiveload analyze paper-map-figure --points results/paper_map/analysis/paper_map.csv "
+    "--summary results/paper_map/analysis/paper_map.json -o paper_map.png",
+))
 def paper_map_figure_cmd(
     points: Annotated[Path, Opt(help="`analyze paper-map` points CSV")],
     summary: Annotated[Path, Opt(help="`analyze paper-map` summary JSON")],
@@ -171,12 +191,18 @@ def paper_map_figure_cmd(
     typer.echo(f"figure -> {out}")
 
 
-@analyze.command("record")
+@analyze.command("record", epilog=examples(
+    "adaptiveload analyze record --experiment default --paper-table tables/paper_table.csv "
+    "--stats tables/stats.csv --config results/default/config.yaml -o analysis.json",
+))
 def record_cmd(
     experiment: Annotated[str, Opt(help="MLflow experiment (the experiment's name)")],
     paper_table: Annotated[Path, Opt(help="paper_table.csv")],
     stats: Stats,
     out: Annotated[Path, Opt("--out", "-o", help="JSON naming the analysis run")],
+    config: Annotated[
+        Path | None, Opt(help="the resolved experiment YAML: params and description")
+    ] = None,
     artifact: Annotated[list[Path] | None, Opt(help="file to attach (repeatable)")] = None,
 ) -> None:
     """Log the analysis to MLflow as the experiment's "analysis" run."""
@@ -184,6 +210,13 @@ def record_cmd(
     from adaptiveload.io import write_json
     from adaptiveload.tracking.store import tracking_uri
 
-    run_id = log_analysis(experiment, _read(paper_table), _read(stats), artifact or [])
+    for path in (paper_table, stats):
+        _read(path)  # the same one-line error as the other steps when a table is missing
+    exp = None
+    if config is not None:
+        from adaptiveload.config import load
+
+        exp = load(config)
+    run_id = log_analysis(experiment, paper_table, stats, artifact or [], config=exp)
     write_json(out, {"experiment": experiment, "run_id": run_id, "tracking_uri": tracking_uri()})
     typer.echo(f"analysis run {run_id} in {tracking_uri()}")

@@ -1,22 +1,63 @@
-"""The root `adaptiveload` command; each stage module under `adaptiveload.cli` adds its own."""
+"""The root `adaptiveload` command; each stage module under `adaptiveload.cli` adds its own.
+
+Help is plain click text (`rich_markup_mode=None`): paragraphs rewrap to the terminal, so
+docstrings wrapped at 100 columns in the source read well at any width and in log files.
+"""
+
+from typing import Annotated
 
 import typer
+
+from adaptiveload import __version__
+
+
+def group(name: str, help: str) -> typer.Typer:
+    """A command group (`adaptiveload <name> ...`) with the root's help settings."""
+    sub = typer.Typer(help=help, no_args_is_help=True, rich_markup_mode=None)
+    app.add_typer(sub, name=name)
+    return sub
+
+
+def examples(*lines: str) -> str:
+    """A command's epilog: example command lines, printed as they are (click's \\b block)."""
+    return "Examples:\n\n\b\n" + "\n".join(f"  $ {line}" for line in lines)
+
 
 app = typer.Typer(
     name="adaptiveload",
     help="Compute-aware data loading for video DiT training: one subcommand per pipeline stage.",
+    epilog=examples(
+        "adaptiveload manifest synth --mixture tiny-cpu -n 1000 -o manifest.csv",
+        "adaptiveload plan --help",
+    ),
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
 )
 
 
-@app.command("version")
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"adaptiveload {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_print_version, is_eager=True,
+                     help="Print the package version and exit."),
+    ] = False,
+) -> None:
+    pass
+
+
+@app.command("version", epilog=examples("adaptiveload version"))
 def version() -> None:
     """Print the versions that results are stamped with (package, torch, CUDA)."""
     import torch
-
-    from adaptiveload import __version__
 
     cuda = torch.version.cuda or "none"
     typer.echo(f"adaptiveload {__version__}  torch {torch.__version__}  cuda {cuda}")

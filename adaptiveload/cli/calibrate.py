@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from adaptiveload.cli.app import app
+from adaptiveload.cli.app import app, examples
 from adaptiveload.errors import UserError
 
 Opt = typer.Option
@@ -30,11 +30,21 @@ def _pick(flag: Any, section: dict[str, Any], key: str, default: Any) -> Any:
     return section.get(key, default)
 
 
-@app.command("calibrate")
+@app.command("calibrate", epilog=examples(
+    "adaptiveload calibrate --model wan2.1-tiny --mixture tiny-cpu --capacity-gb 0.15 "
+    "-o calibration.json",
+    "adaptiveload calibrate --config experiments/default.yaml -o calibration.json",
+    "adaptiveload calibrate --model wan2.1-t2v-1.3b --prior h200 --mixture paper-mixed "
+    "-o h200-1.3b.json",
+))
 def calibrate_cmd(
     output: Annotated[Path, Opt("-o", "--output", help="calibration JSON to write")],
-    model: Annotated[str | None, Opt(help="model config (default: wan2.1-tiny)")] = None,
-    device: Annotated[str | None, Opt(help="cpu | cuda (default: cpu)")] = None,
+    model: Annotated[
+        str | None, Opt(help="model config", show_default="--config's, else wan2.1-tiny")
+    ] = None,
+    device: Annotated[
+        str | None, Opt(help="cpu | cuda", show_default="--config's, else cpu")
+    ] = None,
     batch_sizes: Annotated[str | None, Opt(help="grid batch sizes, e.g. 1,2,4")] = None,
     tokens: Annotated[str | None, Opt(help="grid token counts, e.g. 16,64,256,1024,4096")] = None,
     manifest: Annotated[
@@ -43,11 +53,11 @@ def calibrate_cmd(
     mixture: Annotated[str | None, Opt(help="or a named synthetic mixture (e.g. tiny-cpu)")] = None,
     num_samples: Annotated[int, Opt(help="samples drawn from --mixture")] = 20000,
     grid: Annotated[
-        str | None, Opt(help="bucket grid for raw manifests: wan | tiny (default by model)")
+        str | None, Opt(help="bucket grid for raw manifests: wan | tiny", show_default="by model")
     ] = None,
     bucketing: Annotated[str | None, Opt(help="aspect | exact")] = None,
     capacity_gb: Annotated[
-        float | None, Opt(help="memory to budget against, GB (default on CUDA: the device's)")
+        float | None, Opt(help="memory to budget against, GB", show_default="on CUDA the device's")
     ] = None,
     headroom: Annotated[float | None, Opt(help="fraction of capacity kept free")] = None,
     repeats: Annotated[
@@ -57,7 +67,10 @@ def calibrate_cmd(
     threads: Annotated[int | None, Opt(help="torch CPU threads while measuring")] = None,
     timer: Annotated[
         str | None,
-        Opt(help="auto (default: cpu on a CPU with one thread, wall on CUDA) | wall | cpu"),
+        Opt(
+            help="auto (cpu on a CPU with one thread, wall on CUDA) | wall | cpu",
+            show_default="auto",
+        ),
     ] = None,
     max_batch_tokens: Annotated[
         int | None, Opt(help="skip B > 1 grid points with B*S above this (large-B corners)")
@@ -81,10 +94,10 @@ def calibrate_cmd(
         bool, Opt("--activation-checkpointing", help="checkpoint every block")
     ] = False,
     ref_tokens: Annotated[
-        float | None, Opt(help="override S_ref (default: the heaviest bucket that fits alone)")
+        float | None, Opt(help="override S_ref", show_default="the heaviest bucket that fits alone")
     ] = None,
     ref_batch: Annotated[
-        int | None, Opt(help="override B_ref (default: floor(M_mem / S_ref))")
+        int | None, Opt(help="override B_ref", show_default="floor(M_mem / S_ref)")
     ] = None,
     prior: Annotated[
         str | None, Opt(help="no measurement: analytic prior for a device's rates (h200)")

@@ -8,18 +8,21 @@ from typing import Annotated
 
 import typer
 
-from adaptiveload.cli.app import app
+from adaptiveload.cli.app import examples, group
 
 Opt = typer.Option
-kernel = typer.Typer(help="Fused LayerNorm-Modulate CUDA kernel: build, benchmark, status.")
-app.add_typer(kernel, name="kernel")
+kernel = group("kernel", "Fused LayerNorm-Modulate CUDA kernel: build, benchmark, status.")
 
 
-@kernel.command("build")
+@kernel.command("build", epilog=examples(
+    "adaptiveload kernel build", "adaptiveload kernel build --arch '9.0;8.0' --out build/k",
+))
 def build_cmd(
-    out: Annotated[Path | None, Opt(help="build directory (default build/kernels)")] = None,
+    out: Annotated[Path | None, Opt(help="build directory", show_default="build/kernels")] = None,
     arch: Annotated[
-        str | None, Opt(help="TORCH_CUDA_ARCH_LIST, e.g. '9.0;8.0' (default: env or 9.0)")
+        str | None,
+        Opt(help="TORCH_CUDA_ARCH_LIST, e.g. '9.0;8.0'",
+            show_default="$TORCH_CUDA_ARCH_LIST, else 9.0"),
     ] = None,
     verbose: Annotated[bool, Opt(help="show the compiler commands")] = False,
 ) -> None:
@@ -37,7 +40,9 @@ def build_cmd(
     typer.echo(f"kernel build {record['status']}: {detail}")
 
 
-@kernel.command("bench")
+@kernel.command("bench", epilog=examples(
+    "adaptiveload kernel bench -o results/kernels/bench.csv --skip-ok",
+))
 def bench_cmd(
     out: Annotated[Path, Opt("-o", "--out", help="CSV to write")] = Path(
         "results/kernels/bench.csv"
@@ -79,7 +84,7 @@ def bench_cmd(
     raise typer.Exit(code)
 
 
-@kernel.command("status")
+@kernel.command("status", epilog=examples("adaptiveload kernel status"))
 def status_cmd() -> None:
     """Say whether ln_modulate runs the fused kernel here, and if not, why."""
     from adaptiveload.ops import ln_modulate as lm

@@ -11,18 +11,19 @@ from typing import Annotated
 
 import typer
 
-from adaptiveload.cli.app import app
+from adaptiveload.cli.app import examples, group
 
-manifest_app = typer.Typer(
-    help="Manifests: synthesize a named mixture, probe real media, describe buckets and tokens.",
-    no_args_is_help=True,
+manifest_app = group(
+    "manifest",
+    "Manifests: synthesize a named mixture, probe real media, describe buckets and tokens.",
 )
-app.add_typer(manifest_app, name="manifest")
 Opt, Arg = typer.Option, typer.Argument
 OutFile = Annotated[Path, Opt("-o", "--out", help="output manifest: .csv or .parquet")]
 
 
-@manifest_app.command("synth")
+@manifest_app.command("synth", epilog=examples(
+    "adaptiveload manifest synth --mixture paper-mixed -n 20000 -o manifest.parquet",
+))
 def synth(
     mixture: Annotated[str, Opt(help="paper-mixed | opensora2-stage1 | images-only | ...")],
     n: Annotated[int, Opt("-n", "--num-samples", help="number of rows")],
@@ -39,7 +40,9 @@ def synth(
     typer.echo(f"{out}: {len(frame)} samples of mixture {mixture} (seed {seed})", err=True)
 
 
-@manifest_app.command("probe")
+@manifest_app.command("probe", epilog=examples(
+    "adaptiveload manifest probe data/clips -o data/manifest.csv",
+))
 def probe(
     directory: Annotated[Path, Arg(help="folder of videos and images (searched recursively)")],
     out: OutFile,
@@ -64,7 +67,10 @@ def probe(
     )
 
 
-@manifest_app.command("describe")
+@manifest_app.command("describe", epilog=examples(
+    "adaptiveload manifest describe data/manifest.csv",
+    "adaptiveload manifest describe manifest.parquet --grid tiny --json -o describe.json",
+))
 def describe(
     manifest: Annotated[Path, Arg(help="a .csv or .parquet manifest")],
     bucketing: Annotated[str, Opt(help="aspect | exact")] = "aspect",

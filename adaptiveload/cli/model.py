@@ -7,16 +7,15 @@ from typing import Annotated
 
 import typer
 
-from adaptiveload.cli.app import app
+from adaptiveload.cli.app import examples, group
 
-model_app = typer.Typer(
-    help="Wan 2.1 model configs: shapes, parameters, FLOPs.", no_args_is_help=True
-)
-app.add_typer(model_app, name="model")
+model_app = group("model", "Wan 2.1 model configs: shapes, parameters, FLOPs.")
 Opt = typer.Option
 
 
-@model_app.command("info")
+@model_app.command("info", epilog=examples(
+    "adaptiveload model info --config wan2.1-t2v-1.3b --frames 81 --height 480 --width 832",
+))
 def info(
     config: Annotated[str, Opt(help="wan2.1-t2v-1.3b | wan2.1-t2v-14b | wan2.1-tiny | ...")],
     frames: Annotated[int, Opt(help="sample frames (4k+1; 1 = image)")] = 81,

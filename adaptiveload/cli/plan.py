@@ -10,13 +10,13 @@ from typing import Annotated
 import pandas as pd
 import typer
 
-from adaptiveload.cli.app import app
+from adaptiveload.cli.app import app, examples
 from adaptiveload.costmodel import Calibration
 from adaptiveload.errors import UserError
 from adaptiveload.io import write_json, write_parquet
 from adaptiveload.planning.dealing import DEFAULT_WINDOW_STEPS
 from adaptiveload.planning.plan import build_plan, check_table
-from adaptiveload.planning.policies import AUTO, POLICIES, Budgets, get_policy
+from adaptiveload.planning.policies import AUTO, POLICIES, Budgets, MissingBudgetError, get_policy
 from adaptiveload.planning.simulate import DEFAULT_ALLREDUCE_GBPS, simulate
 
 Opt = typer.Option
@@ -32,7 +32,13 @@ def _calibration(path: Path | None, model: str | None) -> Calibration | None:
     return cal
 
 
-@app.command("plan")
+@app.command("plan", epilog=examples(
+    "adaptiveload plan --manifest manifest.csv --policy adaptiveload --world-size 16 --seed 0 "
+    "--calibration experiments/calibration/h200-wan2.1-t2v-1.3b.json -o plan.parquet "
+    "--summary plan.json",
+    "adaptiveload plan --manifest manifest.csv --policy equal-token --world-size 4 --seed 0 "
+    "--m-tok 50000 -o plan.parquet --summary plan.json",
+))
 def plan_cmd(
     manifest: Annotated[Path, Opt(help="manifest CSV/Parquet (adaptiveload manifest ...)")],
     policy: Annotated[str, Opt(help=f"one of: {', '.join(POLICIES)}")],
@@ -68,7 +74,14 @@ def plan_cmd(
     pol = get_policy(policy)
     cal = _calibration(calibration, model)
     budgets = Budgets.resolve(m_tok, m_mem, m_comp, p, calibration=cal)
-    pol.check(budgets)
+    try:
+        pol.check(budgets)
+    except MissingBudgetError as exc:  # the library's message names Budgets; here: the flags
+        flags = ", ".join(f"--{k.replace('_', '-')}" for k in exc.missing)
+        raise UserError(
+            f"policy {policy}: budget(s) {', '.join(exc.missing)} not set; "
+            f"give {flags} or a --calibration file"
+        ) from None
     _positive(allreduce_gbps=allreduce_gbps)
     bucketed = bucketize(load_manifest(manifest), mode=bucketing, grid=grid, max_frames=max_frames)
     plan = build_plan(
@@ -90,7 +103,10 @@ def plan_cmd(
     typer.echo(line)
 
 
-@app.command("simulate")
+@app.command("simulate", epilog=examples(
+    "adaptiveload simulate --plan plan.parquet "
+    "--calibration experiments/calibration/h200-wan2.1-t2v-1.3b.json --json",
+))
 def simulate_cmd(
     plan: Annotated[Path, Opt(help="plan table written by `adaptiveload plan`")],
     calibration: Annotated[Path, Opt(help="calibration JSON (cost model, capacity, grads)")],
@@ -98,7 +114,7 @@ def simulate_cmd(
         float, Opt(help="ring all-reduce bandwidth, Gbit/s")
     ] = DEFAULT_ALLREDUCE_GBPS,
     grad_bytes: Annotated[
-        float | None, Opt(help="gradient bytes (default: the calibration's, else 0)")
+        float | None, Opt(help="gradient bytes", show_default="the calibration's, else 0")
     ] = None,
     warmup_steps: Annotated[int, Opt(help="steps left out of the summary metrics")] = 0,
     model: Annotated[str | None, Opt(help="refuse a calibration made for another model")] = None,

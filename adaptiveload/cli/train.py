@@ -10,10 +10,9 @@ from typing import Annotated
 
 import typer
 
-from adaptiveload.cli.app import app
+from adaptiveload.cli.app import app, examples, group
 
-tracking_app = typer.Typer(help="The MLflow tracking store.", no_args_is_help=True)
-app.add_typer(tracking_app, name="tracking")
+tracking_app = group("tracking", "The MLflow tracking store.")
 
 _POLICIES = "equal-token | adaptiveload | adaptiveload-balanced"
 # set to 1 by the Snakemake rule, which `exec`s the trainer: a killed `snakemake` then takes
@@ -39,7 +38,11 @@ def _die_with_parent() -> None:
         sys.exit(128 + signal.SIGTERM)
 
 
-@app.command("train")
+@app.command("train", epilog=examples(
+    "adaptiveload train --config experiments/default.yaml --policy adaptiveload --seed 0",
+    "torchrun --nproc-per-node 8 -m adaptiveload train --config results/paper/config.yaml "
+    "--policy adaptiveload --seed 0 --kernel fused",
+))
 def train(
     config: Annotated[Path, typer.Option("--config", help="experiment YAML")],
     policy: Annotated[str, typer.Option("--policy", help=_POLICIES)],
@@ -57,7 +60,10 @@ def train(
         Path | None, typer.Option("--manifest", help="manifest instead of the mixture")
     ] = None,
     out: Annotated[
-        Path | None, typer.Option("--out", help="run dir (default results/runs/<exp>/<run>)")
+        Path | None, typer.Option(
+            "--out", help="run directory",
+            show_default="results/<experiment>/runs/<policy>/seed<seed>/<kernel>",
+        )
     ] = None,
     device: Annotated[str | None, typer.Option("--device", help="cpu | cuda")] = None,
     no_track: Annotated[bool, typer.Option("--no-track", help="no MLflow run")] = False,
@@ -92,7 +98,9 @@ def train(
         typer.echo(json.dumps({k: summary[k] for k in keys}))
 
 
-@app.command("sync")
+@app.command("sync", epilog=examples(
+    "adaptiveload sync results/default/runs/adaptiveload/seed0/eager/tracking.spool.jsonl",
+))
 def sync(
     spool: Annotated[Path, typer.Argument(help="a run's tracking.spool.jsonl")],
     tracking_uri: Annotated[
@@ -111,10 +119,16 @@ def sync(
         typer.echo(f"{spool}: nothing to sync (every record is in the store)", err=True)
 
 
-@tracking_app.command("init")
+@tracking_app.command("init", epilog=examples(
+    "adaptiveload tracking init", "adaptiveload tracking init --uri http://127.0.0.1:5000",
+))
 def init(
     uri: Annotated[
-        str | None, typer.Option("--uri", help="default: $MLFLOW_TRACKING_URI or sqlite file")
+        str | None,
+        typer.Option(
+            "--uri", help="tracking store",
+            show_default="$MLFLOW_TRACKING_URI, else sqlite:///results/mlflow.db",
+        ),
     ] = None,
 ) -> None:
     """Create the tracking store once, before parallel jobs log to it."""

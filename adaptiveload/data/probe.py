@@ -8,17 +8,17 @@ files with other extensions are ignored.
 
 from __future__ import annotations
 
-import sys
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from tqdm import tqdm
 
 from adaptiveload.data.manifest import COLUMNS, validate_manifest
 from adaptiveload.errors import UserError
+from adaptiveload.extras import require
+from adaptiveload.progress import progress_bar
 
 VIDEO_SUFFIXES = frozenset({".mp4", ".mov", ".mkv", ".webm", ".avi", ".m4v", ".mpg", ".mpeg"})
 IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff"})
@@ -45,9 +45,14 @@ def probe_directory(directory: str | Path, progress: bool = True) -> Probed:
         raise UserError(f"{root}: not a directory; expected a folder of videos and images")
     media = VIDEO_SUFFIXES | IMAGE_SUFFIXES
     files = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in media)
+    # checked once here: inside the loop a missing package would skip every file as unreadable
+    if any(p.suffix.lower() in VIDEO_SUFFIXES for p in files):
+        require("av")
+    if any(p.suffix.lower() in IMAGE_SUFFIXES for p in files):
+        require("PIL.Image")
     rows: list[tuple[str, int, int, int, float]] = []
     skipped: list[tuple[str, str]] = []
-    for path in tqdm(files, desc="probe", unit="file", disable=not progress, file=sys.stderr):
+    for path in progress_bar(iterable=files, desc="probe", unit="file", disable=not progress):
         rel = path.relative_to(root).as_posix()
         try:
             frames, height, width, fps = (

@@ -7,14 +7,19 @@
 - ``sampler``: ``PlanBatchSampler``, a ``torch.utils.data`` batch sampler over a plan;
 - ``simulate``: the plan through a cost model -> per-step table and metrics (``model``).
 
-In your own trainer::
+In your own trainer (docs/sampler.md has runnable examples for PyTorch, DDP and Accelerate)::
 
+    from torch.utils.data import DataLoader
+
+    from adaptiveload.costmodel import Calibration
+    from adaptiveload.data.dataset import LatentDataset
+    from adaptiveload.data.manifest import load_manifest
     from adaptiveload.planning.policies import Budgets
     from adaptiveload.planning.sampler import PlanBatchSampler
 
     budgets = Budgets.resolve(calibration=Calibration.load("h200-wan2.1-t2v-1.3b.json"))
-    sampler = PlanBatchSampler.from_manifest(manifest_df, "adaptiveload", budgets,
-                                             world_size, rank, seed)
+    sampler = PlanBatchSampler.from_manifest(load_manifest("manifest.csv"), "adaptiveload",
+                                             budgets, world_size, rank, seed)
     loader = DataLoader(LatentDataset(sampler.samples), batch_sampler=sampler)
 
 (Submodules are imported explicitly so that planning without torch stays torch-free.)

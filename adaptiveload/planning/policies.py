@@ -91,6 +91,14 @@ class Budgets:
         )
 
 
+class MissingBudgetError(UserError):
+    """A policy needs a budget that is not set; `missing` names them (m_tok, m_mem, ...)."""
+
+    def __init__(self, message: str, missing: list[str]) -> None:
+        super().__init__(message)
+        self.missing = missing
+
+
 class Policy:
     """A batch-size rule plus a dealing mode. Subclasses set `name`, `requires`, `balanced`."""
 
@@ -102,10 +110,11 @@ class Policy:
         """UserError naming the budget(s) this policy needs but `budgets` lacks."""
         missing = [k for k in self.requires if getattr(budgets, k) is None]
         if missing:
-            flags = ", ".join(f"--{k.replace('_', '-')}" for k in missing)
-            raise UserError(
-                f"policy {self.name}: budget(s) {', '.join(missing)} not set; "
-                f"give {flags} or a --calibration file"
+            raise MissingBudgetError(
+                f"policy {self.name}: budget(s) {', '.join(missing)} not set; give them to "
+                "Budgets(...) or take them from a calibration file with "
+                "Budgets.resolve(calibration=Calibration.load(path))",
+                missing,
             )
 
     def batch_size(self, tokens: np.ndarray, budgets: Budgets) -> np.ndarray:

@@ -1,21 +1,15 @@
-"""A ``torch.utils.data.Sampler`` over a plan: this rank's micro-batches, step by step.
+"""A ``torch.utils.data`` batch sampler over a plan: this rank's micro-batches, step by step.
 
 Use it as ``DataLoader(dataset, batch_sampler=sampler)``. Every rank builds the same plan
 locally (no communication) and yields only its own batches; all ranks yield the same number
-of batches per epoch (the plan pads the last step), as DDP requires.
+of batches per epoch (the plan pads the last step), as DDP requires. With ``rank=None`` it
+yields every rank's batches, step-major (step 0 rank 0, step 0 rank 1, ...): the form for a
+loader that shards batches across processes itself, as HF Accelerate's ``prepare`` does.
 
-The shortest path for a user with their own trainer::
-
-    sampler = PlanBatchSampler.from_manifest(manifest_df, "adaptiveload", budgets,
-                                             world_size, rank, seed)
-    loader = DataLoader(LatentDataset(sampler.samples), batch_sampler=sampler)
-    for epoch in range(epochs):
-        sampler.set_epoch(epoch)
-        for batch in loader: ...
-
-Resuming: ``state_dict()`` records the epoch and how many batches this sampler has handed
-out. With ``num_workers > 0`` the DataLoader fetches a few batches ahead, so save the count
-of batches your loop actually consumed instead: ``{**sampler.state_dict(), "step": done}``.
+Resuming: ``state_dict(consumed_steps=k)`` records the epoch and the k steps your loop has
+finished; ``load_state_dict`` makes the next pass start after them. Without ``consumed_steps``
+it records the batches the sampler has handed out, which with ``num_workers > 0`` runs ahead of
+the loop by the DataLoader's prefetch. docs/sampler.md has runnable examples.
 """
 
 from __future__ import annotations
@@ -69,14 +63,16 @@ class PlanBatchSampler(Sampler[list[int]]):
     """Yields this rank's batches (lists of dataset indices) of the current epoch's plan.
 
     `plan`: a plan table or Plan (one fixed epoch) or a builder ``epoch -> Plan`` (a new plan
-    per ``set_epoch``). `sample_index`: the dataset's sample_ids in dataset order (or a
-    mapping sample_id -> position); defaults to a PlanBuilder's ``samples`` order.
+    per ``set_epoch``). `rank`: this process's rank, or None for every rank's batches in
+    step-major order (for loaders that shard batches themselves). `sample_index`: the
+    dataset's sample_ids in dataset order (or a mapping sample_id -> position); defaults to a
+    PlanBuilder's ``samples`` order.
     """
 
     def __init__(
         self,
         plan: PlanSource,
-        rank: int,
+        rank: int | None,
         sample_index: Sequence[str] | pd.Index | Mapping[str, int] | None = None,
         epoch: int = 0,
     ) -> None:
@@ -98,7 +94,7 @@ class PlanBatchSampler(Sampler[list[int]]):
         policy: str | Policy,
         budgets: Budgets,
         world_size: int,
-        rank: int,
+        rank: int | None,
         seed: int,
         *,
         bucketing: str = "aspect",
@@ -124,6 +120,11 @@ class PlanBatchSampler(Sampler[list[int]]):
             raise AttributeError("samples is known only when the plan comes from a PlanBuilder")
         return self._builder.samples
 
+    @property
+    def batches_per_step(self) -> int:
+        """Batches handed out per plan step: 1 for one rank, world_size for ``rank=None``."""
+        return self.world_size if self.rank is None else 1
+
     def set_epoch(self, epoch: int) -> None:
         """Switch to `epoch`'s plan (rebuilt deterministically) and start it from step 0."""
         if self._builder is None and epoch != self.epoch:
@@ -133,22 +134,33 @@ class PlanBatchSampler(Sampler[list[int]]):
         self._load(epoch)
 
     def __len__(self) -> int:
-        return self.num_steps
+        return self.num_steps * self.batches_per_step
 
     def __iter__(self) -> Iterator[list[int]]:
+        self._pos = self._start
+        return self._batches()
+
+    def _batches(self) -> Iterator[list[int]]:
+        # The resume offset is taken when the pass yields its first batch, not in __iter__: a
+        # DataLoader with workers calls iter() twice and discards the first iterator unstarted.
         start, self._start = self._start, 0  # a later pass replays the epoch from step 0
-        self._pos = start
-        return self._batches(start)
+        for slot in range(start, len(self)):
+            self._pos = slot + 1
+            yield self._flat[self._bounds[slot] : self._bounds[slot + 1]].tolist()
 
-    def _batches(self, start: int) -> Iterator[list[int]]:
-        for step in range(start, self.num_steps):
-            self._pos = step + 1
-            yield self._flat[self._bounds[step] : self._bounds[step + 1]].tolist()
+    def state_dict(self, consumed_steps: int | None = None) -> dict[str, Any]:
+        """Where to resume: the epoch and the steps done in it.
 
-    def state_dict(self) -> dict[str, Any]:
+        `consumed_steps`: the steps of this epoch your loop has finished (counting those before
+        a resume). Pass it whenever ``num_workers > 0``: otherwise the count is what this
+        sampler has handed out, which includes the batches the DataLoader prefetched.
+        """
+        step = self._pos // self.batches_per_step if consumed_steps is None else consumed_steps
+        if not 0 <= step <= self.num_steps:
+            raise ValueError(f"consumed_steps {step}: outside 0..{self.num_steps}")
         return {
             "epoch": self.epoch,
-            "step": self._pos,
+            "step": int(step),
             "rank": self.rank,
             "world_size": self.world_size,
             "num_steps": self.num_steps,
@@ -164,7 +176,7 @@ class PlanBatchSampler(Sampler[list[int]]):
         self.set_epoch(int(state["epoch"]))
         if state["num_steps"] != self.num_steps or not 0 <= state["step"] <= self.num_steps:
             raise ValueError("state does not match this plan (different data, policy or seed?)")
-        self._start = self._pos = int(state["step"])
+        self._start = self._pos = int(state["step"]) * self.batches_per_step
 
     def _load(self, epoch: int) -> None:
         table = self._fixed if self._builder is None else _table(self._builder(epoch))
@@ -173,24 +185,31 @@ class PlanBatchSampler(Sampler[list[int]]):
         step = table["step"].to_numpy(np.int64)
         rank = table["rank"].to_numpy(np.int64)
         self.world_size = int(meta.get("world_size") or rank.max() + 1)
-        if not 0 <= self.rank < self.world_size:
+        if self.rank is not None and not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank {self.rank} outside 0..{self.world_size - 1}")
         self.num_steps = int(step.max()) + 1
         # samples in the whole step, all ranks: what a rank's loss share is computed against
         self.samples_per_step = np.bincount(step, minlength=self.num_steps)
-        mine = rank == self.rank
-        my_step = step[mine]
-        if np.any(np.diff(my_step) < 0):
-            raise ValueError("plan table must be ordered by step")
-        positions = self._index.get_indexer(table["sample_id"].to_numpy()[mine])
+        # one slot per batch this sampler hands out: (step) for one rank, (step, rank) for all
+        if self.rank is None:
+            rows, slot = np.arange(len(table)), step * self.world_size + rank
+        else:
+            rows = np.flatnonzero(rank == self.rank)
+            slot = step[rows]
+        order = np.argsort(slot, kind="stable")  # keeps each batch's sample order
+        rows, slot = rows[order], slot[order]
+        ids = table["sample_id"].to_numpy()[rows]
+        positions = self._index.get_indexer(ids)
         if np.any(positions < 0):
-            bad = table["sample_id"].to_numpy()[mine][positions < 0][0]
+            bad = ids[positions < 0][0]
             raise UserError(f"plan: sample_id {bad!r} is not in the dataset's sample index")
         self._flat = self._positions[positions]
-        self._bounds = np.searchsorted(my_step, np.arange(self.num_steps + 1))
+        self._bounds = np.searchsorted(slot, np.arange(len(self) + 1))
         empty = np.flatnonzero(np.diff(self._bounds) == 0)
         if empty.size:
-            raise ValueError(f"rank {self.rank} has no batch at step {empty[0]}; pad the plan")
+            at_step, at_rank = divmod(int(empty[0]), self.batches_per_step)
+            who = self.rank if self.rank is not None else at_rank
+            raise ValueError(f"rank {who} has no batch at step {at_step}; pad the plan")
         self._start = self._pos = 0
 
 

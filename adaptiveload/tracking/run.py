@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,24 +22,17 @@ from adaptiveload.tracking.spool import Spool
 from adaptiveload.tracking.store import (
     MAX_METRICS_PER_CALL,
     _client,
-    artifact_location,
     chunked,
+    experiment_id,
+    log_artifact,
+    log_params,
 )
 
 log = logging.getLogger(__name__)
 
-MAX_PARAMS_PER_CALL = 100
 RUN_DIR_TAG = "adaptiveload.run_dir"  # the output folder a run writes (resolved path)
 SUPERSEDED_TAG = "adaptiveload.superseded_by"  # the run that redid this one's work
 STEP_KEY = "loss"  # logged at every step: its history says which steps the store holds
-
-
-def _flatten(prefix: str, value: Any) -> Iterable[tuple[str, str]]:
-    if isinstance(value, Mapping):
-        for key, sub in value.items():
-            yield from _flatten(f"{prefix}.{key}" if prefix else str(key), sub)
-    else:
-        yield prefix, str(value)[:6000]
 
 
 class RunTracker:
@@ -72,6 +65,7 @@ class RunTracker:
         run_id: str | None = None,
         run_dir: Path | None = None,
         supersede: str | None = None,
+        description: str | None = None,
     ) -> RunTracker:
         """Create the run (or reopen `run_id` when resuming); the store must be reachable.
 
@@ -79,7 +73,8 @@ class RunTracker:
         run `supersede`, the one a stale checkpoint fed): they get the tag SUPERSEDED_TAG,
         and those still RUNNING (killed before they could say so) are ended as KILLED.
         A `run_id` this store does not hold (the command rerun with another
-        MLFLOW_TRACKING_URI) gets a new run here, said in one line.
+        MLFLOW_TRACKING_URI) gets a new run here, said in one line. `description`: the
+        experiment's, shown by the MLflow UI (set on every start).
         """
         stale = Spool.load(spool_path).run_id if Path(spool_path).exists() else None
         if stale is not None and stale != run_id:
@@ -94,21 +89,12 @@ class RunTracker:
                 "logging to a new run there, which lacks the steps before the checkpoint"
             )
             run_id = None
+        exp_id = experiment_id(client, uri, experiment, description)
         if run_id is None:
             if run_dir is not None:
                 tags = {**tags, RUN_DIR_TAG: str(Path(run_dir).resolve())}
-            exp = client.get_experiment_by_name(experiment)
-            if exp is None:
-                artifacts = artifact_location(uri)
-                exp_id = client.create_experiment(experiment, artifact_location=artifacts)
-            else:
-                exp_id = exp.experiment_id
             run_id = client.create_run(exp_id, run_name=run_name, tags=dict(tags)).info.run_id
-            from mlflow.entities import Param
-
-            flat = [Param(k, v) for k, v in _flatten("", params)]
-            for chunk in chunked(flat, MAX_PARAMS_PER_CALL):
-                client.log_batch(run_id, params=chunk, synchronous=True)
+            log_params(client, run_id, params)
             if run_dir is not None:
                 _supersede(client, exp_id, run_name, tags[RUN_DIR_TAG], run_id, supersede)
         else:
@@ -221,7 +207,8 @@ class RunTracker:
             if not all(k in held for k in record["metrics"]):
                 self._log_metrics(record["metrics"], 0, record["ts"])
         elif kind == "artifact":
-            self.client.log_artifact(self.run_id, record["path"], record.get("artifact_path"))
+            log_artifact(self.client, self.uri, self.run_id, Path(record["path"]),
+                         record.get("artifact_path"))  # fmt: skip
         elif kind == "status":
             self.client.set_terminated(self.run_id, status=record["status"])
         else:

@@ -27,7 +27,7 @@ from adaptiveload.errors import UserError
 from adaptiveload.io import write_json, write_parquet
 from adaptiveload.provenance import device_name, git_commit
 from adaptiveload.tracking.run import RunTracker
-from adaptiveload.tracking.store import check_reachable, tracking_uri
+from adaptiveload.tracking.store import DESCRIPTION_TAG, check_reachable, tracking_uri
 from adaptiveload.training import checkpoint
 from adaptiveload.training.config import MAX_WORLD_SIZE, TrainConfig, from_experiment
 from adaptiveload.training.distributed import under_torchrun
@@ -78,13 +78,25 @@ def resolve(req: Request) -> tuple[dict[str, Any], TrainConfig, Calibration | No
     calibration = Calibration.load(cal_path) if cal_path else None
     if calibration is not None:
         calibration.require_model(cfg.model, cal_path)
-    out = req.out or Path("results") / "runs" / cfg.experiment / cfg.run_name
+    # the pipeline's layout (workflow/rules/common.smk), so a hand-run lands beside its runs
+    default_out = (Path("results") / cfg.experiment / "runs" / cfg.policy / f"seed{cfg.seed}"
+                   / cfg.kernel)  # fmt: skip
+    out = req.out or default_out
     return exp, cfg, calibration, Path(out)
+
+
+# Summary fields whose MLflow key says which formula they are (adaptiveload.metrics): both are
+# means over the timed steps of a per-step ratio; only the first is the mean of the per-step
+# metric `imbalance_rate`. Every other field is logged as summary/<field>.
+SUMMARY_KEYS = {
+    "imbalance_rate": "summary/imbalance_rate_mean_of_steps",  # (max - min) / max per step
+    "imbalance_rate_mean": "summary/imbalance_vs_mean_rate_mean_of_steps",  # (max - mean) / max
+}
 
 
 def _numeric(summary: dict[str, Any]) -> dict[str, float]:
     return {
-        f"summary/{k}": float(v)
+        SUMMARY_KEYS.get(k, f"summary/{k}"): float(v)
         for k, v in summary.items()
         if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in ("seed",)
     }
@@ -128,11 +140,17 @@ def train(req: Request) -> dict[str, Any]:
                 "launch_mode": cfg.launch_mode,
                 "world_size": str(cfg.world_size),
                 "source": "measured",
+                DESCRIPTION_TAG: (
+                    f"{cfg.policy}, seed {cfg.seed}, kernel {cfg.kernel}: {cfg.model} trained "
+                    f"on {cfg.world_size} {cfg.launch_mode} ranks ({device_name(cfg.device)}); "
+                    "per-step and summary metrics measured"
+                ),
             },
             spool_path=out / "tracking.spool.jsonl",
             run_id=(resume or {}).get("tracking", {}).get("run_id"),
             run_dir=out,
             supersede=(found.stale or {}).get("tracking", {}).get("run_id"),
+            description=exp.get("description"),
         )
         tracker.start_system_metrics()
     trainer = None

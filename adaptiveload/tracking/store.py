@@ -12,10 +12,14 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterable, Iterator
+import shutil
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
 
 from adaptiveload.errors import UserError
+from adaptiveload.extras import require
 
 DEFAULT_STORE = Path("results") / "mlflow.db"
 
@@ -38,6 +42,26 @@ def chunked(items: list, size: int = MAX_METRICS_PER_CALL) -> Iterable[list]:
         yield items[i : i + size]
 
 
+MAX_PARAMS_PER_CALL = 100  # MLflow's log_batch limit for params
+
+
+def _flatten(prefix: str, value: Any) -> Iterable[tuple[str, str]]:
+    if isinstance(value, Mapping):
+        for key, sub in value.items():
+            yield from _flatten(f"{prefix}.{key}" if prefix else str(key), sub)
+    else:
+        yield prefix, str(value)[:6000]
+
+
+def log_params(client, run_id: str, params: Mapping[str, Any]) -> None:
+    """Nested params as dotted keys (`run.policy`, `experiment.train.steps`), in batches."""
+    from mlflow.entities import Param
+
+    flat = [Param(k, v) for k, v in _flatten("", params)]
+    for chunk in chunked(flat, MAX_PARAMS_PER_CALL):
+        client.log_batch(run_id, params=chunk, synchronous=True)
+
+
 def configure_environment() -> None:
     """Telemetry off and short HTTP timeouts, unless the user set them explicitly."""
     for key, value in _FAST_HTTP.items():
@@ -54,17 +78,87 @@ def tracking_uri() -> str:
 
 def _client(uri: str):
     configure_environment()
-    from mlflow.tracking import MlflowClient
-
-    return MlflowClient(tracking_uri=uri)
+    return require("mlflow.tracking").MlflowClient(tracking_uri=uri)
 
 
-def artifact_location(uri: str) -> str | None:
-    """Where a new experiment keeps artifacts: beside a sqlite db file, not in the working
-    directory; None lets a server decide (proxied artifacts)."""
+# MLflow 3's UI files experiments by this tag; without it, it may infer GenAI views for them
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+TRAINING_KIND = "custom_model_development"
+DESCRIPTION_TAG = "mlflow.note.content"  # the description the UI shows for experiments and runs
+# beside a sqlite file: the folder `mlflow server --artifacts-destination` serves
+ARTIFACTS_DIR = "mlartifacts"
+
+
+def artifacts_root(uri: str) -> Path | None:
+    """The folder a sqlite store's artifacts live in (beside the db file); None for servers."""
     if uri.startswith("sqlite:///"):
-        return (Path(uri.removeprefix("sqlite:///")).parent / "mlartifacts").resolve().as_uri()
+        return Path(uri.removeprefix("sqlite:///")).parent / ARTIFACTS_DIR
     return None
+
+
+def artifact_location(uri: str, experiment: str) -> str | None:
+    """Where a new experiment keeps artifacts.
+
+    With a sqlite store: the portable `mlflow-artifacts:/<experiment>`, resolved by whichever
+    `mlflow server --artifacts-destination <db folder>/mlartifacts` serves the store, so the
+    results folder can move or be shared (an absolute file: URI would pin it to this path).
+    With a server: None, the server decides.
+    """
+    return f"mlflow-artifacts:/{experiment}" if artifacts_root(uri) is not None else None
+
+
+def run_artifact_dir(uri: str, artifact_uri: str) -> Path | None:
+    """The local folder of a run's `mlflow-artifacts:` files in a sqlite store, else None."""
+    root = artifacts_root(uri)
+    if root is None or not artifact_uri.startswith("mlflow-artifacts:"):
+        return None
+    return root / urlparse(artifact_uri).path.lstrip("/")
+
+
+def log_artifact(client, uri: str, run_id: str, path: Path, artifact_path: str | None = None):
+    """Attach a file to a run: written into the store's artifact folder for sqlite stores (the
+    client cannot upload `mlflow-artifacts:` without a server), uploaded otherwise."""
+    local = run_artifact_dir(uri, client.get_run(run_id).info.artifact_uri)
+    if local is None:
+        client.log_artifact(run_id, str(path), artifact_path)
+        return
+    folder = local / artifact_path if artifact_path else local
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".{Path(path).name}.tmp"
+    shutil.copyfile(path, tmp)
+    os.replace(tmp, folder / Path(path).name)
+
+
+def artifact_paths(client, uri: str, run_id: str) -> list[str]:
+    """Every file of a run, as paths relative to its artifact root ('figures/x.png'), sorted.
+    Reads a sqlite store's folder directly (no server needed), else asks the server."""
+    local = run_artifact_dir(uri, client.get_run(run_id).info.artifact_uri)
+    if local is not None:
+        return sorted(p.relative_to(local).as_posix() for p in local.rglob("*") if p.is_file())
+    found, folders = [], [None]
+    while folders:
+        for info in client.list_artifacts(run_id, folders.pop()):
+            (folders if info.is_dir else found).append(info.path)
+    return sorted(found)
+
+
+def experiment_id(client, uri: str, name: str, description: str | None = None) -> str:
+    """The id of experiment `name`, created if missing, with its description and kind set."""
+    exp = client.get_experiment_by_name(name)
+    if exp is None:
+        try:
+            exp_id = client.create_experiment(name, artifact_location=artifact_location(uri, name))
+        except Exception:  # a parallel job created it first
+            exp = client.get_experiment_by_name(name)
+            if exp is None:
+                raise
+            exp_id = exp.experiment_id
+    else:
+        exp_id = exp.experiment_id
+    client.set_experiment_tag(exp_id, EXPERIMENT_KIND_TAG, TRAINING_KIND)
+    text = description or f"AdaptiveLoad experiment {name}"
+    client.set_experiment_tag(exp_id, DESCRIPTION_TAG, text)
+    return exp_id
 
 
 def init_store(uri: str | None = None) -> str:

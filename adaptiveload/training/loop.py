@@ -19,7 +19,6 @@ Distributed step time is the measured wall of the step, the slowest process's.
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -29,7 +28,6 @@ from typing import Any, Protocol
 import numpy as np
 import pandas as pd
 import torch
-from tqdm import tqdm
 
 from adaptiveload import metrics
 from adaptiveload.costmodel import Calibration
@@ -39,6 +37,7 @@ from adaptiveload.model.configs import get_config
 from adaptiveload.model.wan import WanModel
 from adaptiveload.planning.sampler import PlanBatchSampler, PlanBuilder
 from adaptiveload.planning.simulate import STEP_COLUMNS
+from adaptiveload.progress import progress_bar
 from adaptiveload.training import checkpoint
 from adaptiveload.training import distributed as dd
 from adaptiveload.training.config import TrainConfig
@@ -309,13 +308,11 @@ class Trainer:
     # -- the run -------------------------------------------------------------------------------
     def run(self) -> TrainResult:
         cfg = self.cfg
-        bar = tqdm(
+        bar = progress_bar(
             total=cfg.steps,
             initial=self.start_step,
             desc=f"train {cfg.run_name}",
-            file=sys.stderr,
             disable=not (self.progress and self.ranks.is_main),
-            dynamic_ncols=True,
         )
         try:
             for step in range(self.start_step, cfg.steps):

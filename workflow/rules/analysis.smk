@@ -90,6 +90,7 @@ rule figures:
         figures=" ".join(f"--figure {name}" for name in figure_names()),
         kernel=lambda w, input: f"--kernel-bench {input.kernel}" if input.kernel else "",
         out=lambda w, output: os.path.dirname(output[0]),
+        mixture=config["data"]["manifest"] or config["data"]["mixture"],
     log:
         f"{LOGS}/figures.log",
     benchmark:
@@ -99,7 +100,7 @@ rule figures:
     shell:
         "MPLBACKEND=Agg adaptiveload analyze figures --runs {input.runs} --steps {input.steps} "
         "--stats {input.stats} --describe {input.describe} --calibration {input.calibration} "
-        "{params.kernel} --out-dir {params.out} "
+        "{params.kernel} --mixture {params.mixture:q} --out-dir {params.out} "
         "{params.figures} > {log} 2>&1"
 
 
@@ -107,6 +108,7 @@ rule record:
     """The analysis as its own MLflow run, beside the training runs of this experiment."""
     input:
         store=STORE,
+        config=CONFIG,
         paper=f"{TABLES}/paper_table.csv",
         stats=rules.stats.output.csv,
         files=[f"{TABLES}/stats.md", *TABLE_FILES,
@@ -124,4 +126,4 @@ rule record:
         CONDA_ENV
     shell:
         "adaptiveload analyze record --experiment {params.experiment} --paper-table {input.paper} "
-        "--stats {input.stats} {params.artifacts} -o {output} > {log} 2>&1"
+        "--stats {input.stats} --config {input.config} {params.artifacts} -o {output} > {log} 2>&1"
