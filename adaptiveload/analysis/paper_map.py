@@ -194,9 +194,9 @@ def sweep(spec: dict[str, Any], progress: bool = False) -> pd.DataFrame:
     cache = _Cache(spec["num_samples"])
     items = points.items()
     if progress:
-        from tqdm import tqdm
+        from adaptiveload.progress import progress_bar
 
-        items = tqdm(items, desc="paper map", unit="point", mininterval=30)
+        items = progress_bar(iterable=items, total=len(points), desc="paper map", unit="point")
     rows = []
     for point, designs in items:
         row = evaluate(point, spec["seeds"], cache, spec["allreduce_gbps"])
