@@ -32,6 +32,7 @@ import torch
 
 from adaptiveload.costmodel import (
     DEFAULT_MAX_LOO,
+    FORMS,
     Calibration,
     CostModel,
     derive_budgets,
@@ -378,8 +379,8 @@ def fit_points(
     T = np.array([p["time_s"] for p in ok], dtype=np.float64)
     if len(ok) < 4:
         raise UserError(
-            f"only {len(ok)} of {len(points)} grid points ran on {device} (the rest ran out of "
-            "memory); use smaller batch sizes or token counts"
+            f"only {len(ok)} of {len(points)} grid points ran on {device} ({len(points) - len(ok)}"
+            " ran out of memory); use smaller batch sizes or token counts"
         )
     mem = np.array([p["peak_bytes"] for p in ok]) if memory_measured else None
     required = required_terms(cfg, float(S.max()))
@@ -465,6 +466,13 @@ def calibrate(
     largest = int(mix.tokens.max())
     latent_grid(largest)
     grid, dropped = build_grid(batch_sizes, tokens, largest, max_batch_tokens)
+    least = len(FORMS["three-term"]) + 2  # the smallest grid whose fit leave-one-out can check
+    if len(grid) < least:
+        raise UserError(
+            f"grid {sorted(set(batch_sizes))} x {sorted(set(tokens))} (cap {max_batch_tokens}) "
+            f"leaves {len(grid)} grid point(s); a checked fit needs >= {least}: add token sizes "
+            "or batch sizes, or raise --max-batch-tokens"
+        )
     if len({b for b, _ in grid}) < 2:
         raise UserError(
             f"grid {sorted(set(batch_sizes))} x {sorted(set(tokens))} (cap {max_batch_tokens}) "

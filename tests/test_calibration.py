@@ -137,7 +137,7 @@ def test_calibrate_takes_its_settings_from_an_experiment_file(tmp_path):
 )
 def test_bad_input_exits_2_and_writes_nothing(tmp_path, args, message):
     out = tmp_path / "cal.json"
-    base = ["--model", "wan2.1-micro", "--batch-sizes", "1,2", "--tokens", "16,64"]
+    base = ["--model", "wan2.1-micro", "--batch-sizes", "1,2", "--tokens", "16,64,256"]
     if "--capacity-gb is required" not in message:
         base += ["--capacity-gb", "0.1"]
     proc = run_cli("calibrate", *base, *args, "--quiet", "-o", str(out))

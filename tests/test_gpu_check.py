@@ -31,16 +31,6 @@ def _env() -> dict[str, str]:
     return dict(os.environ, OMP_NUM_THREADS="1", MLFLOW_ENABLE_TELEMETRY="false")
 
 
-def test_max_batch_tokens_drops_the_large_batch_corners():
-    cal = calibration.calibrate(
-        "wan2.1-micro", batch_sizes=[1, 2], tokens=[16, 64, 256], capacity_gb=0.1, repeats=1,
-        warmup=0, threads=1, progress=False, max_batch_tokens=256,
-    )  # fmt: skip
-    measured = {(p["batch"], p["tokens"]) for p in cal.extra["points"]}
-    assert measured == {(1, 16), (2, 16), (1, 64), (2, 64), (1, 256)}
-    assert cal.extra["grid"]["max_batch_tokens"] == 256
-
-
 def test_max_batch_tokens_that_leaves_too_few_points_is_refused():
     with pytest.raises(UserError, match="leaves 3 grid point"):
         calibration.calibrate(
