@@ -137,13 +137,13 @@ def check_pipeline_config(config: dict[str, Any], files: list[str | Path]) -> No
     _require_finite(config, ", ".join(str(p) for p in files) or "config")
 
 
-DEFAULT_EXPERIMENT = SCHEMA_PATH.parent.parent.parent / "experiments" / "default.yaml"
+DEFAULT_EXPERIMENT = "default.yaml"  # what the Snakefile's `configfile:` names, in experiments/
 
 
 def load_layered(path: str | Path) -> dict[str, Any]:
-    """An experiment file as the pipeline sees it: layered over experiments/default.yaml the
-    way Snakemake merges `--configfile`s (nested mappings merged, anything else replaced),
-    then defaults filled and validated."""
+    """An experiment file as the pipeline sees it: layered over the default.yaml beside it
+    (experiments/), the way Snakemake merges `--configfile`s (nested mappings merged,
+    anything else replaced), then defaults filled and validated."""
 
     def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
         out = dict(base)
@@ -152,7 +152,7 @@ def load_layered(path: str | Path) -> dict[str, Any]:
             out[key] = merge(base[key], value) if both else value
         return out
 
-    base = read_yaml(DEFAULT_EXPERIMENT)
+    base = read_yaml(Path(path).parent / DEFAULT_EXPERIMENT)
     over = read_yaml(path) or {}
     if not isinstance(over, dict):
         raise UserError(f"{path}: expected a mapping of fields at the top level")

@@ -18,7 +18,7 @@ from adaptiveload.data.mixtures import synthesize
 from adaptiveload.errors import UserError
 
 PRIOR = "experiments/calibration/h200-wan2.1-t2v-1.3b.json"
-MEASURED = "results/reference/h200/2026-11-30/grid7/calibration-grid7-run2.json"
+MEASURED = "experiments/calibration/h200-wan2.1-t2v-1.3b-measured.json"
 CENTRE = {"mixture": "paper-mixed", "reference": "heaviest", "m_comp_scale": 1.0,
           "calibration": PRIOR, "world_size": 4, "dealing": "open-sora"}  # fmt: skip
 DEALS = ["open-sora", "sorted", "balanced"]
@@ -132,7 +132,8 @@ def test_tiny_sweep_through_the_cli_into_figure_and_paper_table(tmp_path):
                 "throughput_change", "p", "m_comp", "ref_tokens", "source", "designs"):
         assert table[col].notna().all(), col
     assert table["source"].str.startswith("model (").all()
-    assert "model (calibration-grid7-run2: measured on cuda:NVIDIA H200)" in set(table["source"])
+    measured = "model (h200-wan2.1-t2v-1.3b-measured: measured on cuda:NVIDIA H200)"
+    assert measured in set(table["source"])
     assert "model (h200-wan2.1-t2v-1.3b: NVIDIA H200 (analytic prior))" in set(table["source"])
     rng = table[table["definition"] == "range"].set_index("dealing")
     centre = rng[rng["designs"].str.contains("centre")].iloc[0]

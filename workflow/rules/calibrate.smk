@@ -34,10 +34,7 @@ else:
                 for key in ("ref_tokens", "ref_batch")
                 if config["calibration"][key] is not None
             ),
-        threads: config["calibration"]["threads"] or (
-            1 if config["calibration"]["device"] == "cpu" and config["calibration"]["timer"] != "wall"
-            else ALL_CORES
-        )
+        threads: calibration_threads()
         resources:
             gpu=1 if config["calibration"]["device"] == "cuda" else 0,
         log:

@@ -37,6 +37,16 @@ SWEEPS = config["sweeps"]
 # timing jobs (calibrate, train) take the whole machine; Snakemake caps this at --cores
 ALL_CORES = os.cpu_count() or 1
 
+
+def calibration_threads():
+    """The experiment's calibration threads, else one on a CPU (where the timer counts that
+    thread's CPU seconds) and the whole machine on a GPU or with the wall-clock timer."""
+    cal = config["calibration"]
+    if cal["threads"]:
+        return cal["threads"]
+    return 1 if cal["device"] == "cpu" and cal["timer"] != "wall" else ALL_CORES
+
+
 STORE = f"{RES}/tracking/store.ready"
 CONFIG = f"{RES}/config.yaml"
 CALIBRATION = f"{RES}/calibration/calibration.json"
