@@ -28,7 +28,7 @@ from adaptiveload.tracking.run import RunTracker
 from adaptiveload.tracking.store import check_reachable, tracking_uri
 from adaptiveload.training import checkpoint
 from adaptiveload.training.config import TrainConfig, from_experiment
-from adaptiveload.training.distributed import under_torchrun
+from adaptiveload.training.distributed import timer_of, under_torchrun
 from adaptiveload.training.inputs import prepare_data
 from adaptiveload.training.loop import Trainer
 from adaptiveload.training.summary import run_summary
@@ -115,6 +115,7 @@ def train(req: Request) -> dict[str, Any]:
                 "launch_mode": cfg.launch_mode,
                 "world_size": str(cfg.world_size),
                 "source": "measured",
+                "timer": timer_of(cfg.launch_mode, cfg.device),
             },
             spool_path=out / "tracking.spool.jsonl",
             run_id=(resume or {}).get("tracking", {}).get("run_id"),
