@@ -21,7 +21,9 @@ if config["calibration"]["file"]:
 else:
 
     rule calibrate:
-        """Measure this device (timings want the whole machine: threads = all cores)."""
+        """Measure this device. CUDA: the whole machine. CPU: one thread timed by its CPU
+        time, the clock and thread count of the CPU training runs, so that the cost model
+        predicts what they measure and a busy machine does not bend the fit."""
         input:
             config=CONFIG,
             manifest=MANIFEST,
@@ -33,7 +35,8 @@ else:
                 for key in ("ref_tokens", "ref_batch")
                 if config["calibration"][key] is not None
             ),
-        threads: ALL_CORES
+            timer="--timer cpu" if config["calibration"]["device"] == "cpu" else "",
+        threads: ALL_CORES if config["calibration"]["device"] == "cuda" else 1
         resources:
             gpu=1 if config["calibration"]["device"] == "cuda" else 0,
         log:
@@ -44,4 +47,4 @@ else:
             CONDA_ENV
         shell:
             "OMP_NUM_THREADS={threads} adaptiveload calibrate --config {input.config} --threads {threads} "
-            "--manifest {input.manifest} {params.ref} -o {output} > {log} 2>&1"
+            "{params.timer} --manifest {input.manifest} {params.ref} -o {output} > {log} 2>&1"
