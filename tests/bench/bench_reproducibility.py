@@ -1,7 +1,8 @@
 """Benchmark: do the measured CPU rows reproduce when the machine is busy?
 
 Run: .venv/bin/python tests/bench/bench_reproducibility.py [--config experiments/default.yaml]
-     [--calibration FILE] [--seed 0] [--load-procs 2] [-o results/benchmarks/reproducibility.json]
+     [--calibration FILE] [--seed 0] [--steps N] [--load-procs 2]
+     [-o results/benchmarks/reproducibility.json]
 
 The default experiment's training pair (equal-token and adaptiveload-balanced, one seed, the
 exact `adaptiveload train` command of the pipeline's `train` rule, without MLflow and
@@ -16,7 +17,9 @@ and by the wall clock. Then, per clock:
     imbalance_change_pp        = balanced imbalance, loaded - alone             target +- 3 pp
 
 The machine is shared: "alone" means without our busy loops, not without other people's jobs;
-the load averages around every run are recorded so that a reader can judge.
+the load averages around every run are recorded so that a reader can judge. `--steps` shortens
+the runs (default: the experiment's): both conditions run the same plan, so the same batches,
+and only the clocks' response to the load is compared.
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ def run_train(args: argparse.Namespace, policy: str, out: Path, world: int) -> d
     subprocess.run([sys.executable, "-m", "adaptiveload", "train", "--config", args.config,
                     "--policy", policy, "--seed", str(args.seed), "--emulate-world-size",
                     str(world), "--calibration", args.calibration, "--out", str(out),
-                    "--no-track", "--no-checkpoint"],
+                    "--steps", str(args.steps), "--no-track", "--no-checkpoint"],
                    env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                    text=True)  # fmt: skip
     duration = time.perf_counter() - t0
@@ -121,6 +124,7 @@ def main() -> None:
     parser.add_argument("--calibration", default=None,
                         help="default: the default pipeline's, else one measured here")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--steps", type=int, default=None, help="default: train.steps")
     parser.add_argument("--load-procs", type=int, default=2)
     parser.add_argument("-o", "--out", default="results/benchmarks/reproducibility.json")
     args = parser.parse_args()
@@ -134,6 +138,7 @@ def main() -> None:
             subprocess.run([sys.executable, "-m", "adaptiveload", "calibrate", "--config",
                             args.config, "-o", args.calibration, "--quiet"], check=True)
     world = exp["train"]["world_size"]
+    args.steps = args.steps or exp["train"]["steps"]
     conditions = {}
     for condition in ("alone", "loaded"):
         conditions[condition] = run_pair(args, work, condition, world)
@@ -152,7 +157,7 @@ def main() -> None:
         "config": args.config,
         "calibration": args.calibration,
         "seed": args.seed,
-        "steps": exp["train"]["steps"],
+        "steps": args.steps,
         "warmup_steps": exp["train"]["warmup_steps"],
         "world_size": world,
         "targets": {"throughput_ratio_of_ratios": f"1 +- {RATIO_TARGET:.0%}",
