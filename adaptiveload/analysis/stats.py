@@ -234,8 +234,10 @@ def compare(
 
 
 def _p_two_sided(replicates: np.ndarray, null: float) -> float:
-    """Two-sided bootstrap p-value for "statistic = null": twice the smaller tail share."""
-    return min(1.0, 2 * min(np.mean(replicates <= null), np.mean(replicates >= null)))
+    """Two-sided bootstrap p-value for "statistic = null": twice the smaller tail share,
+    counted as (1 + k) / (1 + n) so that it is never 0 (its floor is 2 / (1 + n_boot))."""
+    tail = min(np.sum(replicates <= null), np.sum(replicates >= null))
+    return min(1.0, 2 * (1 + tail) / (1 + len(replicates)))
 
 
 def _bootstrap(
