@@ -39,11 +39,12 @@ def write_run(
     samples = rng.integers(2, 6, size=(steps, ranks))
     tokens = samples * 256
     step_time = compute.max(axis=1) + 0.01
+    step_wall = step_time * rng.uniform(1.0, 1.1, size=steps)  # a wall clock, a little slower
     rows = [
         dict(step=s, rank=r, compute_s=compute[s, r], wait_s=step_time[s] - compute[s, r],
              samples=int(samples[s, r]), tokens=int(tokens[s, r]), frames=5, height=64,
              width=64, peak_bytes=None, peak_bytes_model=1e8 * samples[s, r], loss=0.5,
-             step_time_s=step_time[s])
+             step_time_s=step_time[s], step_wall_s=step_wall[s])
         for s in range(steps) for r in range(ranks)
     ]
     out = root / setup.replace("/", "_") / variant / policy / f"seed{seed}"

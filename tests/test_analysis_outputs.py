@@ -25,6 +25,9 @@ def test_tables_and_figures_from_synthetic_runs(tmp_path):
             index.append(write_run(tmp_path / "runs", policy, 0, setup="sim/h200",
                                    variant=f"p={p}", speedup=speed, source="model",
                                    device="H200", steps=12))
+    for policy, speed in (("equal-token", 1.0), ("adaptiveload", 1.2)):  # one seed, base
+        index.append(write_run(tmp_path / "runs", policy, 0, setup="sim/h200", speedup=speed,
+                               source="model", device="H200", steps=12))
     runs, steps = tmp_path / "runs.parquet", tmp_path / "steps.parquet"
     _cli("aggregate", "--index", json.dumps(index), "--runs-out", runs, "--steps-out", steps)
     stats_csv, stats_md = tmp_path / "stats.csv", tmp_path / "stats.md"
@@ -34,7 +37,7 @@ def test_tables_and_figures_from_synthetic_runs(tmp_path):
     _cli("tables", "--runs", runs, "--steps", steps, "--stats", stats_csv, "--out-dir", tables)
     paper = pd.read_csv(tables / "paper_table.csv")
     assert set(paper.policy) == {"equal-token", "adaptiveload"}
-    row = paper[paper.policy == "adaptiveload"].iloc[0]
+    row = paper[(paper.policy == "adaptiveload") & (paper.setup == "train")].iloc[0]
     assert row.throughput_change > 0 and row.throughput_change_ci_low > 0
     assert row.imbalance_change < 0 and row.paper_throughput_change == "+27.2%"
     md = (tables / "paper_table.md").read_text()
@@ -42,6 +45,14 @@ def test_tables_and_figures_from_synthetic_runs(tmp_path):
     # what the numbers rest on: 40 steps a run of which 2 are warm-up
     assert (paper.timed_steps_min == 38).all() and (paper.timed_steps_max == 38).all()
     assert "timed steps/seed" in md
+    # the baseline leads every setup; each Δ names the resampling its CI and p come from:
+    # seeds, then steps for the 2-seed measured runs; steps within the run for 1-seed sims
+    assert paper.groupby("setup").policy.first().eq("equal-token").all()
+    kinds = paper[paper.policy == "adaptiveload"].set_index("setup").ci_kind
+    assert kinds["train"] == "bootstrap: seeds, then steps within runs"
+    assert kinds["sim/h200"] == "bootstrap: steps within runs"
+    assert row.wall_throughput_change_ci_low > 0 and row.throughput_change_p < 0.05
+    assert "CI and p from" in md and "samples/s (wall clock)" in md
     assert "not measured" in (tables / "kernel_table.md").read_text()
     figs = tmp_path / "figs"
     names = list(FIGURES)
@@ -84,8 +95,8 @@ def test_kernel_table_and_figure_from_a_benchmark_csv(tmp_path):
 
 def _empty_steps():
     cols = ["setup", "variant", "policy", "kernel", "seed", "source", "label", "step", "rank",
-            "compute_s", "samples", "tokens", "step_time_s", "peak_bytes", "peak_bytes_model",
-            "capacity_bytes", "timed"]
+            "compute_s", "samples", "tokens", "step_time_s", "step_wall_s", "peak_bytes",
+            "peak_bytes_model", "capacity_bytes", "timed"]
     return pd.DataFrame(columns=cols).astype({"timed": bool})
 
 

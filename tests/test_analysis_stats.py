@@ -4,10 +4,18 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from analysis_synth import write_experiment
+from analysis_synth import write_experiment, write_run
 
 from adaptiveload.analysis.aggregate import aggregate, parse_index
-from adaptiveload.analysis.stats import cliffs_delta, cohens_d, compare, to_markdown
+from adaptiveload.analysis.stats import (
+    HIERARCHICAL,
+    WITHIN_RUNS,
+    cliffs_delta,
+    cohens_d,
+    compare,
+    headline,
+    to_markdown,
+)
 from adaptiveload.errors import UserError
 
 
@@ -37,6 +45,13 @@ def test_planted_difference_is_detected(tmp_path):
     assert _get(table, "imbalance", "Mann-Whitney U").effect_size < -0.8  # Cliff's delta
     paired = _get(table, "samples_per_s", "paired t")
     assert paired.n_policy == 3 and paired.estimate > 0
+    # resampling seeds too: n counts seeds, and the consistent effect still excludes no change
+    ratio_h = _get(table, "samples_per_s ratio", HIERARCHICAL)
+    assert ratio_h.n_policy == ratio_h.n_baseline == 3
+    assert ratio_h.estimate == ratio.estimate and ratio_h.ci_low > 1.05
+    assert _get(table, "imbalance_rate difference", HIERARCHICAL).ci_high < 0
+    wall = _get(table, "samples_per_s_wall ratio", HIERARCHICAL)
+    assert wall.ci_low > 1.05 and wall.p_value < 0.01
 
 
 def test_no_difference_is_not_detected(tmp_path):
@@ -47,6 +62,37 @@ def test_no_difference_is_not_detected(tmp_path):
     assert ratio.ci_low < 1.0 < ratio.ci_high
     diff = _get(table, "imbalance_rate difference", "bootstrap 95% CI")
     assert diff.ci_low < 0 < diff.ci_high
+
+
+def test_hierarchical_ci_counts_the_seeds_that_disagree(tmp_path):
+    """Faster by 1.3x in two seeds, slower by 1.3x in the third: each run's steps pin its own
+    mean (the within-run CI excludes 1), but a third of the seeds say the opposite, so the
+    CI over seeds, then steps, spans 1. Every bootstrap row's CI and p-value agree."""
+    import json
+
+    index = []
+    for seed, speedup in ((0, 1.3), (1, 1.3), (2, 1 / 1.3)):
+        index.append(write_run(tmp_path, "equal-token", seed))
+        index.append(write_run(tmp_path, "adaptiveload", seed, speedup=speedup))
+    agg = aggregate(parse_index(json.dumps(index)))
+    table = compare(agg.runs, agg.steps, n_boot=1000, seed=0)
+    within = _get(table, "samples_per_s ratio", WITHIN_RUNS)
+    hier = _get(table, "samples_per_s ratio", HIERARCHICAL)
+    assert within.estimate == pytest.approx(hier.estimate)
+    assert within.n_policy == 3 * (40 - 2) and hier.n_policy == 3
+    assert within.ci_low > 1.0 and within.p_value < 0.01
+    assert hier.ci_low < 1.0 < hier.ci_high and hier.p_value > 0.2
+    assert hier.ci_high - hier.ci_low > 2 * (within.ci_high - within.ci_low)
+    boot = table[table.test.isin([WITHIN_RUNS, HIERARCHICAL])]
+    for row in boot.itertuples():
+        null = 0.0 if row.metric == "imbalance_rate difference" else 1.0
+        excludes = row.ci_low > null or row.ci_high < null
+        if not 0.04 < row.p_value < 0.06:  # percentile ends and tail shares meet at 0.05
+            assert excludes == (row.p_value < 0.05), row
+    # the table and figures show the hierarchical rows, one per metric
+    shown = headline(table)
+    assert set(shown.test) == {HIERARCHICAL}
+    assert not shown.duplicated(["policy", "metric"]).any()
 
 
 def test_bootstrap_is_seeded(tmp_path):

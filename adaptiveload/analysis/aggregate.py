@@ -30,11 +30,13 @@ SUMMARY_KEYS = (
 # summary metrics copied when present (NaN otherwise: e.g. no measured VRAM on CPU)
 SUMMARY_METRICS = (
     "imbalance_rate", "imbalance_rate_mean", "idle_fraction", "max_over_mean", "samples_per_s",
-    "tokens_per_s", "vram_utilization_mean", "vram_utilization_max", "capacity_bytes",
+    "tokens_per_s", "samples_per_s_wall", "tokens_per_s_wall", "vram_utilization_mean",
+    "vram_utilization_max", "capacity_bytes",
 )
 STEP_COLUMNS = ("step", "rank", "compute_s", "samples", "tokens", "step_time_s")
 OPTIONAL_STEP_COLUMNS = (
-    "wait_s", "frames", "height", "width", "peak_bytes", "peak_bytes_model", "loss",
+    "compute_wall_s", "step_wall_s", "wait_s", "frames", "height", "width", "peak_bytes",
+    "peak_bytes_model", "loss",
 )
 RUN_KEYS = ("setup", "variant", "policy", "kernel", "seed")
 
@@ -153,9 +155,12 @@ def aggregate(refs: Sequence[RunRef]) -> Aggregate:
             "world_size": int(summary["world_size"]),
             "device": str(summary["device"]),
             "source": str(summary["source"]),
+            # the clock of compute_s and step_time_s (measured runs; a simulation has none)
+            "timer": str(summary.get("timer") or ""),
             "warmup_steps": int(summary["warmup_steps"]),
         }
-        labels["label"] = f"{labels['source']} ({labels['device']})"
+        clock = f"{labels['timer']}, " if labels["timer"] else ""
+        labels["label"] = f"{labels['source']} ({clock}{labels['device']})"
         run_rows.append(
             {**labels, **{m: _float(summary.get(m)) for m in SUMMARY_METRICS}}
         )
@@ -183,7 +188,8 @@ def _float(value: object) -> float:
 
 def per_step(steps: pd.DataFrame, timed_only: bool = True) -> pd.DataFrame:
     """One row per (run, step): the step's balance and throughput, DESIGN.md's definitions
-    applied to one step (the run-level numbers are their means / ratios of sums)."""
+    applied to one step (the run-level numbers are their means / ratios of sums). Times are by
+    the run's timer; `samples_per_s_wall` by the wall clock (NaN where there is none)."""
     frame = steps[steps["timed"]] if timed_only else steps
     util_measured = frame["peak_bytes"] / frame["capacity_bytes"]
     util_model = frame["peak_bytes_model"] / frame["capacity_bytes"]
@@ -198,6 +204,7 @@ def per_step(steps: pd.DataFrame, timed_only: bool = True) -> pd.DataFrame:
         samples=("samples", "sum"),
         tokens=("tokens", "sum"),
         step_time_s=("step_time_s", "max"),
+        step_wall_s=("step_wall_s", "max"),
         vram_util_measured=("util_measured", "mean"),
         vram_util_model=("util_model", "mean"),
     ).reset_index()
@@ -207,4 +214,5 @@ def per_step(steps: pd.DataFrame, timed_only: bool = True) -> pd.DataFrame:
     step_time = out["step_time_s"].replace(0.0, np.nan)
     out["samples_per_s"] = out["samples"] / step_time
     out["tokens_per_s"] = out["tokens"] / step_time
+    out["samples_per_s_wall"] = out["samples"] / out["step_wall_s"].replace(0.0, np.nan)
     return out

@@ -24,6 +24,7 @@ import pandas as pd
 import seaborn as sns
 
 from adaptiveload.analysis.aggregate import per_step
+from adaptiveload.analysis.stats import headline
 from adaptiveload.analysis.tables import kernel_measurements
 from adaptiveload.costmodel import CostModel
 
@@ -157,7 +158,7 @@ def imbalance_distribution(inp: FigureInputs) -> plt.Figure:
 
 def throughput(inp: FigureInputs) -> plt.Figure:
     """Throughput change vs the baseline with bootstrap 95% CIs, per setup and kernel."""
-    stats = inp.stats
+    stats = headline(inp.stats)
     sel = stats[(stats["metric"] == "samples_per_s ratio") & (stats["variant"] == "base")]
     if sel.empty:
         return _placeholder("Throughput vs baseline", "no baseline comparison")
@@ -309,8 +310,9 @@ def _sweep_figure(inp: FigureInputs, axis: str, xlabel: str, logx: bool = False)
         return _placeholder(title, f"this experiment has no `{axis}` sweep")
     numeric = axis != "mixture"
     runs = runs.assign(x=runs["sweep_value"].astype(float) if numeric else runs["sweep_value"])
-    ratio = inp.stats[(inp.stats["metric"] == "samples_per_s ratio")
-                      & (inp.stats["variant"].str.startswith(f"{axis}="))]
+    stats = headline(inp.stats)
+    ratio = stats[(stats["metric"] == "samples_per_s ratio")
+                  & (stats["variant"].str.startswith(f"{axis}="))]
     ratio = ratio.assign(x=ratio["variant"].str.split("=").str[1])
     if numeric:
         ratio = ratio.assign(x=ratio["x"].astype(float))

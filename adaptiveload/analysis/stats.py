@@ -7,9 +7,15 @@ baseline (equal-token by default) three ways, each with its n stated:
   Welch's t with Cohen's d, on step time, step imbalance and step throughput;
 - per-run throughput paired by seed: paired t (Cohen's d of the differences) and Wilcoxon
   signed-rank — honest about how few seeds there are (n = 3 cannot reach p < 0.05 by Wilcoxon);
-- bootstrap 95% CIs (seeded; steps resampled within each run) of the throughput ratio
-  policy / baseline and of the imbalance-rate difference policy - baseline, both of means
-  over runs (each seed weighs the same, as in the table's per-policy means).
+- bootstrap 95% CIs and two-sided bootstrap p-values (seeded) of the throughput ratios
+  policy / baseline (samples/s and tokens/s by the runs' timer, samples/s by the wall clock)
+  and of the imbalance-rate difference policy - baseline, all of means over runs (each seed
+  weighs the same, as in the table's per-policy means), resampled two ways:
+  `bootstrap 95% CI` resamples steps within each run (the runs are fixed: it answers "how
+  sure are we of THESE runs' means"); `hierarchical bootstrap 95% CI` resamples the seeds
+  (paired: one draw of seeds for both policies when they ran the same seeds), then the steps
+  within each drawn run, so that run-to-run variation counts too. The second is the one that
+  matches an experiment whose replicates are seeds; it needs >= 2 seeds per policy.
 """
 
 from __future__ import annotations
@@ -26,6 +32,14 @@ from adaptiveload.analysis.aggregate import per_step
 GROUP = ("setup", "variant", "kernel")
 STEP_METRICS = ("step_time_s", "imbalance", "samples_per_s", "tokens_per_s")
 RUN_METRICS = ("samples_per_s", "tokens_per_s", "imbalance_rate")
+# the two resampling schemes, as named in the `test` column (and in the paper table)
+WITHIN_RUNS = "bootstrap 95% CI"
+HIERARCHICAL = "hierarchical bootstrap 95% CI"
+LEVELS = {WITHIN_RUNS: "bootstrap: steps within runs",
+          HIERARCHICAL: "bootstrap: seeds, then steps within runs"}
+# throughput ratios (metric name -> per-run statistic) and the imbalance difference
+RATIOS = {"samples_per_s ratio": "samples", "tokens_per_s ratio": "tokens",
+          "samples_per_s_wall ratio": "samples_wall"}
 
 
 @dataclass(frozen=True)
@@ -90,26 +104,68 @@ def _row(head: tuple, metric: str, level: str, test: str, n_b: int, n_p: int,
                float(ci[1]), float(statistic), float(p), float(effect), effect_name)
 
 
+def _run_stats(run: pd.DataFrame, draws: np.ndarray) -> dict[str, np.ndarray]:
+    """One run's throughputs (sum of samples or tokens / sum of step times; by the timer, and
+    samples by the wall clock) and mean step imbalance, for each row of step indices `draws`
+    (the last axis indexes steps)."""
+    v = {c: run[c].to_numpy(float)[draws]
+         for c in ("samples", "tokens", "step_time_s", "step_wall_s", "imbalance")}
+    timed = v["step_time_s"].sum(axis=-1)
+    samples = v["samples"].sum(axis=-1)
+    return {"samples": samples / timed, "tokens": v["tokens"].sum(axis=-1) / timed,
+            "samples_wall": samples / v["step_wall_s"].sum(axis=-1),
+            "imbalance": v["imbalance"].mean(axis=-1)}
+
+
+def _by_seed(frame: pd.DataFrame) -> tuple[list[int], list[pd.DataFrame]]:
+    seeds, runs = zip(*frame.groupby("seed", sort=True), strict=True)
+    return [int(s) for s in seeds], list(runs)
+
+
 def _run_means(
     frame: pd.DataFrame, n_boot: int, rng: np.random.Generator
 ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
-    """Per-run throughput (sum samples or tokens / sum step time) and mean step imbalance,
-    averaged over runs (seeds): the point estimate, and [n_boot] bootstrap replicates with
-    steps resampled with replacement within each run, so every run keeps its weight (a run
-    slowed by a noisy neighbour does not dominate a pooled sum)."""
-    runs = [g for _, g in frame.groupby("seed", sort=True)]
-    boot = {k: np.zeros(n_boot) for k in ("samples", "tokens", "imbalance")}
-    point = dict.fromkeys(boot, 0.0)
+    """Per-run statistics averaged over runs (seeds): the point estimate, and [n_boot]
+    bootstrap replicates with steps resampled with replacement within each run, so every run
+    keeps its weight (a run slowed by a noisy neighbour does not dominate a pooled sum)."""
+    _, runs = _by_seed(frame)
+    boot: dict[str, np.ndarray] = {}
+    point: dict[str, float] = {}
     for run in runs:
-        v = {c: run[c].to_numpy(float) for c in ("samples", "tokens", "step_time_s", "imbalance")}
         draws = rng.integers(0, len(run), size=(n_boot, len(run)))
-        time_b = v["step_time_s"][draws].sum(axis=1)
-        for unit in ("samples", "tokens"):
-            boot[unit] += v[unit][draws].sum(axis=1) / time_b / len(runs)
-            point[unit] += v[unit].sum() / v["step_time_s"].sum() / len(runs)
-        boot["imbalance"] += v["imbalance"][draws].mean(axis=1) / len(runs)
-        point["imbalance"] += v["imbalance"].mean() / len(runs)
+        for key, values in _run_stats(run, draws).items():
+            boot[key] = boot.get(key, 0.0) + values / len(runs)
+        for key, value in _run_stats(run, np.arange(len(run))).items():
+            point[key] = point.get(key, 0.0) + float(value) / len(runs)
     return boot, point
+
+
+def _seed_draws(
+    pol: pd.DataFrame, base: pd.DataFrame, n_boot: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """[n_boot, seeds] indices of resampled runs: one draw for both policies when they ran
+    the same seeds (paired, as the seed fixes the data and the initial weights), else two."""
+    seeds_p, seeds_b = _by_seed(pol)[0], _by_seed(base)[0]
+    idx_p = rng.integers(0, len(seeds_p), size=(n_boot, len(seeds_p)))
+    if seeds_p == seeds_b:
+        return idx_p, idx_p
+    return idx_p, rng.integers(0, len(seeds_b), size=(n_boot, len(seeds_b)))
+
+
+def _hierarchical_means(
+    frame: pd.DataFrame, idx: np.ndarray, rng: np.random.Generator
+) -> dict[str, np.ndarray]:
+    """[n_boot] replicates of the mean over runs: run j of replicate b is run idx[b, j], with
+    its steps resampled afresh for every (b, j) (a run drawn twice gets two step resamples)."""
+    _, runs = _by_seed(frame)
+    n_boot, k = idx.shape
+    out: dict[str, np.ndarray] = {}
+    for r, run in enumerate(runs):
+        draws = rng.integers(0, len(run), size=(n_boot, k, len(run)))
+        chosen = idx == r
+        for key, values in _run_stats(run, draws).items():
+            out[key] = out.get(key, 0.0) + np.where(chosen, values, 0.0).sum(axis=1) / k
+    return out
 
 
 def compare(
@@ -177,38 +233,70 @@ def compare(
     return frame
 
 
+def _p_two_sided(replicates: np.ndarray, null: float) -> float:
+    """Two-sided bootstrap p-value for "statistic = null": twice the smaller tail share,
+    counted as (1 + k) / (1 + n) so that it is never 0 (its floor is 2 / (1 + n_boot))."""
+    tail = min(np.sum(replicates <= null), np.sum(replicates >= null))
+    return min(1.0, 2 * (1 + tail) / (1 + len(replicates)))
+
+
 def _bootstrap(
     pol: pd.DataFrame, base: pd.DataFrame, n_boot: int, seed: int, head: tuple
 ) -> list[Row]:
-    """Throughput ratios policy / baseline and the imbalance-rate difference, of run means."""
+    """Throughput ratios policy / baseline and the imbalance-rate difference, of run means,
+    each with its CI and p-value from the same replicates; both resampling schemes."""
     if len(pol) < 2 or len(base) < 2:
         return []
     rng = np.random.default_rng(seed)
     pb, pp = _run_means(pol, n_boot, rng)
     bb, bp = _run_means(base, n_boot, rng)
-    n_p, n_b = len(pol), len(base)
+    schemes = {WITHIN_RUNS: (pb, bb)}
+    n_p, n_b = pol["seed"].nunique(), base["seed"].nunique()
+    if n_p >= 2 and n_b >= 2:
+        idx_p, idx_b = _seed_draws(pol, base, n_boot, rng)
+        schemes[HIERARCHICAL] = (_hierarchical_means(pol, idx_p, rng),
+                                 _hierarchical_means(base, idx_b, rng))
     out = []
-    for unit in ("samples", "tokens"):
-        ratio = pb[unit] / bb[unit]
-        lo, hi = np.percentile(ratio, [2.5, 97.5])
-        # two-sided bootstrap p-value for "ratio = 1"
-        p = min(1.0, 2 * min(np.mean(ratio <= 1.0), np.mean(ratio >= 1.0)))
-        out.append(_row(head, f"{unit}_per_s ratio", "bootstrap", "bootstrap 95% CI", n_b, n_p,
-                        pp[unit] / bp[unit], ci=(lo, hi), p=p))
-    diff = pb["imbalance"] - bb["imbalance"]
-    lo, hi = np.percentile(diff, [2.5, 97.5])
-    p = min(1.0, 2 * min(np.mean(diff <= 0.0), np.mean(diff >= 0.0)))
-    out.append(_row(head, "imbalance_rate difference", "bootstrap", "bootstrap 95% CI", n_b, n_p,
-                    pp["imbalance"] - bp["imbalance"], ci=(lo, hi), p=p))
+    for test, (p_boot, b_boot) in schemes.items():
+        # n = timed steps for the within-run scheme, seeds for the hierarchical one
+        ns = (len(base), len(pol)) if test == WITHIN_RUNS else (n_b, n_p)
+        for metric, key in RATIOS.items():
+            estimate = pp[key] / bp[key]
+            if not np.isfinite(estimate):  # e.g. no wall clock in a simulation
+                continue
+            ratio = p_boot[key] / b_boot[key]
+            lo, hi = np.percentile(ratio, [2.5, 97.5])
+            out.append(_row(head, metric, LEVELS[test], test, *ns, estimate, ci=(lo, hi),
+                            p=_p_two_sided(ratio, 1.0)))
+        diff = p_boot["imbalance"] - b_boot["imbalance"]
+        lo, hi = np.percentile(diff, [2.5, 97.5])
+        out.append(_row(head, "imbalance_rate difference", LEVELS[test], test, *ns,
+                        pp["imbalance"] - bp["imbalance"], ci=(lo, hi),
+                        p=_p_two_sided(diff, 0.0)))
     return out
+
+
+def headline(stats: pd.DataFrame) -> pd.DataFrame:
+    """The bootstrap rows the paper table and figures show: per comparison and metric, the
+    hierarchical one (seeds, then steps) where there is one, else steps within runs."""
+    boot = stats[stats["test"].isin([HIERARCHICAL, WITHIN_RUNS])]
+    keys = [*GROUP, "policy", "metric"]
+    has = boot[boot["test"] == HIERARCHICAL][keys].drop_duplicates().assign(_h=True)
+    boot = boot.merge(has, on=keys, how="left")
+    keep = (boot["test"] == HIERARCHICAL) | boot["_h"].isna()
+    return boot[keep].drop(columns="_h").reset_index(drop=True)
 
 
 def to_markdown(table: pd.DataFrame) -> str:
     """A readable stats.md: one section per comparison group, n and test named on every row."""
     lines = ["# Baseline vs policy: statistical tests", "",
              "Per-step tests pool the timed steps of all seeds; paired tests pair runs by "
-             "seed; bootstrap CIs resample steps within each run (seeded). `estimate` is "
-             "policy - baseline (a ratio for `... ratio`).", ""]
+             "seed. Bootstrap rows (seeded) give a 95% CI and a two-sided p-value from the "
+             "same replicates: `bootstrap 95% CI` resamples steps within each run (n = timed "
+             "steps), `hierarchical bootstrap 95% CI` resamples seeds, then steps within each "
+             "drawn run (n = seeds). `estimate` is policy - baseline (a ratio for "
+             "`... ratio`). Times are by each run's timer (see the source label); "
+             "`samples_per_s_wall` by the wall clock.", ""]
     if table.empty:
         return "\n".join([*lines, "No comparison possible: the baseline policy has no runs.", ""])
     for (setup, variant, kernel), group in table.groupby(list(GROUP), sort=True):

@@ -30,9 +30,11 @@ from adaptiveload.costmodel import Calibration, CostModel
 DEFAULT_ALLREDUCE_GBPS = 100.0
 FP32_BYTES = 4
 
+# compute_s / step_time_s: by the run's timer (a prediction here); compute_wall_s /
+# step_wall_s: by the wall clock beside it (measured runs only, empty in a simulation)
 STEP_COLUMNS = (
-    "step", "rank", "compute_s", "wait_s", "samples", "tokens", "frames", "height", "width",
-    "peak_bytes", "peak_bytes_model", "loss", "step_time_s",
+    "step", "rank", "compute_s", "compute_wall_s", "wait_s", "samples", "tokens", "frames",
+    "height", "width", "peak_bytes", "peak_bytes_model", "loss", "step_time_s", "step_wall_s",
 )  # fmt: skip
 
 
@@ -114,6 +116,7 @@ def simulate(
             "step": np.repeat(np.arange(steps), n),
             "rank": np.tile(np.arange(n), steps),
             "compute_s": compute.ravel(),
+            "compute_wall_s": pd.array([pd.NA] * cells, dtype="Float64"),
             "wait_s": (t_step[:, None] - compute).ravel(),
             "samples": batch,
             "tokens": batch * s_tok,
@@ -124,6 +127,7 @@ def simulate(
             "peak_bytes_model": peak_model,
             "loss": pd.array([pd.NA] * cells, dtype="Float64"),
             "step_time_s": np.repeat(step_time, n),
+            "step_wall_s": pd.array([pd.NA] * cells, dtype="Float64"),
         },
         columns=list(STEP_COLUMNS),
     )

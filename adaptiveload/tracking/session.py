@@ -30,7 +30,7 @@ from adaptiveload.tracking.run import RunTracker
 from adaptiveload.tracking.store import DESCRIPTION_TAG, check_reachable, tracking_uri
 from adaptiveload.training import checkpoint
 from adaptiveload.training.config import MAX_WORLD_SIZE, TrainConfig, from_experiment
-from adaptiveload.training.distributed import under_torchrun
+from adaptiveload.training.distributed import timer_of, under_torchrun
 from adaptiveload.training.inputs import prepare_data, run_identity
 from adaptiveload.training.loop import Trainer
 from adaptiveload.training.summary import run_summary
@@ -145,6 +145,7 @@ def train(req: Request) -> dict[str, Any]:
                     f"on {cfg.world_size} {cfg.launch_mode} ranks ({device_name(cfg.device)}); "
                     "per-step and summary metrics measured"
                 ),
+                "timer": timer_of(cfg.launch_mode, cfg.device),
             },
             spool_path=out / "tracking.spool.jsonl",
             run_id=(resume or {}).get("tracking", {}).get("run_id"),

@@ -158,16 +158,40 @@ def barrier(ranks: Ranks) -> None:
         dist.barrier()
 
 
-class Clock:
-    """Device-synchronised wall clock: CUDA work is finished before a time is read."""
+WALL, THREAD_TIME, CUDA_EVENTS = "wall", "cpu thread time", "cuda events"
 
-    def __init__(self, device: torch.device):
+
+def timer_of(launch_mode: str, device: str) -> str:
+    """The clock that times a run's per-rank compute, named as labels and MLflow show it.
+
+    CUDA: events on the compute stream. Emulated ranks on a CPU: the CPU time of the one
+    thread that computes (`time.thread_time`, torch limited to one intra-op thread), which
+    counts the work and not the time spent waiting for a core, so other processes on the
+    machine do not land in some ranks' times and not others'. Distributed ranks on a CPU keep
+    the wall clock: their waiting for each other is part of what is measured.
+    """
+    if device == "cuda":
+        return CUDA_EVENTS
+    return THREAD_TIME if launch_mode == "emulated" else WALL
+
+
+class Clock:
+    """Device-synchronised wall clock (CUDA work is finished before a time is read), and the
+    calling thread's CPU time when the run's timer is THREAD_TIME."""
+
+    def __init__(self, device: torch.device, timer: str = WALL):
         self.cuda = device.type == "cuda"
+        self.thread_time = timer == THREAD_TIME
 
     def now(self) -> float:
         if self.cuda:
             torch.cuda.synchronize()
         return time.perf_counter()
+
+    def both(self) -> tuple[float, float]:
+        """(wall, timer) seconds now; the timer reads the wall clock unless it is thread time."""
+        wall = self.now()
+        return wall, (time.thread_time() if self.thread_time else wall)
 
 
 class GradReadyClock:

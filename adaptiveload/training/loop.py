@@ -8,12 +8,20 @@ the step's gradient is the mean over ALL samples of the step (DESIGN.md, loss we
 
 k = N under DDP/FSDP (which average over ranks) and k = 1 when emulated (gradients of the N
 micro-batches accumulate). Then one clipped AdamW step. Each micro-batch is timed on its own
-(CUDA events on GPU, wall clock on CPU) and the rows of the per-step table are produced.
+by the run's timer (`distributed.timer_of`: CUDA events on GPU; on CPU the computing thread's
+CPU time when ranks are emulated, the wall clock under torchrun) and, beside it, by the wall
+clock; the rows of the per-step table are produced.
 
-Emulated step time (what the N ranks would take in parallel, minus communication):
+Emulated step time (what the N ranks would take in parallel, minus communication), once per
+clock (`step_time_s` by the timer, `step_wall_s` by the wall clock):
     step_time_s = max_r (load_r + compute_r) + optimizer_s
     wait_r      = max_r' compute_r' - compute_r
+Communication is left out on both clocks: one process has no all-reduce to time.
 Distributed step time is the measured wall of the step, the slowest process's.
+
+Emulated on a CPU, torch runs ONE intra-op thread for the whole run (restored by `close`):
+every timed span is then one thread's work, which its thread CPU time counts exactly, and two
+runs side by side on a 2-core machine do not fight over cores.
 """
 
 from __future__ import annotations
@@ -115,7 +123,11 @@ class Trainer:
             raise ValueError(
                 f"plan is for {data.builder.world_size} ranks, launch has {self.ranks.world_size}"
             )
-        self.clock = dd.Clock(self.device)
+        self.timer = dd.timer_of(cfg.launch_mode, cfg.device)
+        self.clock = dd.Clock(self.device, self.timer)
+        self._threads_before = torch.get_num_threads()
+        if self.timer == dd.THREAD_TIME:
+            torch.set_num_threads(1)
         model = build_model(cfg, self.device)
         self.dtype = next(model.parameters()).dtype
         self.model = dd.wrap(model, self.ranks, self.device, cfg.fsdp)
@@ -193,7 +205,7 @@ class Trainer:
         return nullcontext()
 
     def _micro_batch(self, step: int, rank: int) -> dict[str, Any]:
-        t_load = self.clock.now()
+        w_load, t_load = self.clock.both()
         indices, global_samples = self._next_batch(rank)
         items = [self.data.dataset[i] for i in indices]
         x0, context = collate(items, self.device, self.dtype)
@@ -206,8 +218,8 @@ class Trainer:
             torch.cuda.reset_peak_memory_stats(self.device)
         if self.grad_clock:
             self.grad_clock.reset()
-        t0 = self.clock.now()
-        start: Any = t0
+        w0, t0 = self.clock.both()
+        start: Any = w0
         if cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
@@ -218,9 +230,8 @@ class Trainer:
         if cuda:
             end.record()
             end.synchronize()
-            fwd_bwd = start.elapsed_time(end) / 1000.0
-        else:
-            fwd_bwd = self.clock.now() - t0
+        w1, t1 = self.clock.both()
+        fwd_bwd = start.elapsed_time(end) / 1000.0 if cuda else t1 - t0
         compute = fwd_bwd
         wait = 0.0
         if self.ranks.distributed:
@@ -236,6 +247,7 @@ class Trainer:
             "step": step,
             "rank": rank,
             "compute_s": compute,
+            "compute_wall_s": w1 - w0,
             "wait_s": wait,
             "samples": b,
             "tokens": b * tokens,
@@ -251,6 +263,7 @@ class Trainer:
             "loss": loss_sum / b,
             "_loss_sum": loss_sum,
             "_load_s": t0 - t_load,
+            "_load_wall_s": w0 - w_load,
         }
 
     def forward_backward(self, step: int) -> list[dict[str, Any]]:
@@ -265,22 +278,26 @@ class Trainer:
     def _step(self, step: int) -> list[dict[str, Any]]:
         t_step = self.clock.now()
         local = self.forward_backward(step)
-        t_opt = self.clock.now()
+        w_opt, t_opt = self.clock.both()
         self.optimizer_step()
-        t_end = self.clock.now()
+        w_end, t_end = self.clock.both()
         if self.ranks.distributed:
-            local[0]["_wall"] = t_end - t_step
+            local[0]["_wall"] = w_end - t_step
             rows = [row for part in dd.all_gather(local, self.ranks) for row in part]
-            step_time = max(row["_wall"] for row in rows)
+            step_time = step_wall = max(row["_wall"] for row in rows)
         else:
             rows = local
             compute_max = max(row["compute_s"] for row in rows)
             for row in rows:
                 row["wait_s"] = compute_max - row["compute_s"]
             step_time = max(r["_load_s"] + r["compute_s"] for r in rows) + (t_end - t_opt)
+            step_wall = max(r["_load_wall_s"] + r["compute_wall_s"] for r in rows) + (
+                w_end - w_opt
+            )
         step_loss = sum(row["_loss_sum"] for row in rows) / sum(row["samples"] for row in rows)
         for row in rows:
             row["step_time_s"] = step_time
+            row["step_wall_s"] = step_wall
             row["_step_loss"] = step_loss
         return [
             {k: v for k, v in row.items() if not k.startswith("_") or k == "_step_loss"}
@@ -294,6 +311,7 @@ class Trainer:
         out = {
             "loss": rows[0]["_step_loss"],
             "step_time_s": step_time,
+            "step_wall_s": rows[0]["step_wall_s"],
             "imbalance_rate": metrics.imbalance_rate(t),
             "idle_fraction": metrics.idle_fraction(t),
             "tokens_per_s": sum(row["tokens"] for row in rows) / step_time,
@@ -344,4 +362,5 @@ class Trainer:
         return TrainResult(steps=table)
 
     def close(self) -> None:
+        torch.set_num_threads(self._threads_before)
         dd.teardown(self.ranks)

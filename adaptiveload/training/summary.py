@@ -1,7 +1,10 @@
 """The run summary beside the per-step table, and the simulator-versus-measurement check.
 
 Metrics come from `adaptiveload.metrics.summarize` over steps >= warmup_steps (the one
-metrics module); throughput divides by the sum of the window's step times.
+metrics module); throughput divides by the sum of the window's step times. Balance and
+throughput use the run's timer (`timer`: on CPU, thread CPU time, which other processes on
+the machine do not disturb); `samples_per_s_wall` and `tokens_per_s_wall` divide by the
+wall-clock step times beside them.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from adaptiveload.planning.sampler import PlanBuilder
 from adaptiveload.planning.simulate import simulate
 from adaptiveload.provenance import device_name
 from adaptiveload.training.config import TrainConfig
+from adaptiveload.training.distributed import timer_of
 
 
 def timed_window(table: pd.DataFrame, warmup_steps: int) -> pd.DataFrame:
@@ -28,14 +32,18 @@ def timed_window(table: pd.DataFrame, warmup_steps: int) -> pd.DataFrame:
 def measured_metrics(
     table: pd.DataFrame, warmup_steps: int, capacity_bytes: float | None
 ) -> dict[str, float]:
-    """metrics.summarize over the timed window, plus VRAM utilization when measured."""
+    """metrics.summarize over the timed window (the run's timer), throughput by the wall clock
+    beside it, plus VRAM utilization when measured."""
     win = timed_window(table, warmup_steps)
     compute = win.pivot(index="step", columns="rank", values="compute_s").to_numpy()
-    wall = float(win.groupby("step")["step_time_s"].first().sum())
+    per_step = win.groupby("step")[["step_time_s", "step_wall_s"]].first()
+    timed, wall = float(per_step["step_time_s"].sum()), float(per_step["step_wall_s"].sum())
+    samples, tokens = float(win["samples"].sum()), float(win["tokens"].sum())
     out: dict[str, float] = metrics.summarize(
-        compute, samples=float(win["samples"].sum()), tokens=float(win["tokens"].sum()), wall_s=wall
+        compute, samples=samples, tokens=tokens, wall_s=timed
     ).as_dict()
-    out["wall_s"] = wall
+    out["timed_s"], out["wall_s"] = timed, wall
+    out["samples_per_s_wall"], out["tokens_per_s_wall"] = samples / wall, tokens / wall
     peaks = win["peak_bytes"]
     if capacity_bytes and peaks.notna().all():
         peak = win.pivot(index="step", columns="rank", values="peak_bytes").to_numpy(np.float64)
@@ -98,14 +106,15 @@ def run_summary(
         "world_size": cfg.world_size,
         "device": device_name(cfg.device),
         "source": "measured",
+        "timer": timer_of(cfg.launch_mode, cfg.device),
         "warmup_steps": cfg.warmup_steps,
         "steps_total": int(table["step"].max()) + 1,
         "calibration": calibration.label if calibration else None,
         "peak_bytes_model_source": calibration.label if calibration else None,
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
-        # CPU timings are only as good as the machine was quiet: oversubscribed OpenMP threads
-        # slow a 2-core run 10x or more and scramble per-rank times, so say how busy it was
+        # wall-clock timings are only as good as the machine was quiet: oversubscribed OpenMP
+        # threads slow a 2-core run 10x or more and scramble per-rank times; say how busy it was
         "host_load_average_1m_5m": list(os.getloadavg()[:2]),
     }
     summary.update(measured_metrics(table, cfg.warmup_steps, capacity_bytes))
