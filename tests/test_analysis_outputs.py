@@ -42,8 +42,9 @@ def test_tables_and_figures_from_synthetic_runs(tmp_path):
     assert row.imbalance_change < 0 and row.paper_throughput_change == "+27.2%"
     md = (tables / "paper_table.md").read_text()
     assert "measured (cpu)" in md and "18.9%" in md
-    # what the numbers rest on: 40 steps a run of which 2 are warm-up
-    assert (paper.timed_steps_min == 38).all() and (paper.timed_steps_max == 38).all()
+    # what the numbers rest on: 40 measured steps a run, 12 simulated, each with 2 warm-up
+    timed = paper.set_index("setup")[["timed_steps_min", "timed_steps_max"]]
+    assert (timed.loc["train"] == 38).all().all() and (timed.loc["sim/h200"] == 10).all().all()
     assert "timed steps/seed" in md
     # the baseline leads every setup; each Δ names the resampling its CI and p come from:
     # seeds, then steps for the 2-seed measured runs; steps within the run for 1-seed sims
