@@ -159,8 +159,10 @@ def aggregate(refs: Sequence[RunRef]) -> Aggregate:
             "timer": str(summary.get("timer") or ""),
             "warmup_steps": int(summary["warmup_steps"]),
         }
-        clock = f"{labels['timer']}, " if labels["timer"] else ""
-        labels["label"] = f"{labels['source']} ({clock}{labels['device']})"
+        how = f"{labels['timer']}, " if labels["timer"] else ""  # the clock of a measurement
+        if str(summary.get("calibration") or "").startswith("measured"):
+            how = "measured calibration, "  # a prediction through a device's measured costs
+        labels["label"] = f"{labels['source']} ({how}{labels['device']})"
         run_rows.append(
             {**labels, **{m: _float(summary.get(m)) for m in SUMMARY_METRICS}}
         )

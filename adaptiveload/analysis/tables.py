@@ -153,6 +153,13 @@ def _changes(n: pd.DataFrame, prefix: str, is_base: pd.Series, pp: bool = False)
     return ["baseline" if b else _ci(*v, pp=pp) for b, *v in zip(is_base, *cols, strict=True)]
 
 
+def _steps_range(lo: float, hi: float) -> str:
+    """'38' or '36-40'; empty for rows that rest on no steps of ours (the paper map's)."""
+    if not (np.isfinite(lo) and np.isfinite(hi)):
+        return ""
+    return f"{lo:.0f}" if lo == hi else f"{lo:.0f}-{hi:.0f}"
+
+
 def _shown(n: pd.DataFrame, baseline: str) -> pd.DataFrame:
     is_base = n["policy"] == baseline
     return pd.DataFrame({
@@ -161,7 +168,7 @@ def _shown(n: pd.DataFrame, baseline: str) -> pd.DataFrame:
         "policy": n["policy"],
         "source": n["label"],
         "seeds": n["seeds"],
-        "timed steps/seed": [f"{lo}" if lo == hi else f"{lo}-{hi}" for lo, hi in
+        "timed steps/seed": [_steps_range(lo, hi) for lo, hi in
                              zip(n["timed_steps_min"], n["timed_steps_max"], strict=True)],
         "imbalance rate": n["imbalance_rate"].map(_pct),
         "idle fraction": n["idle_fraction"].map(_pct),
@@ -174,7 +181,7 @@ def _shown(n: pd.DataFrame, baseline: str) -> pd.DataFrame:
         "Δ samples/s [95% CI], p": _changes(n, "throughput_change", is_base),
         "Δ imbalance [95% CI], p": _changes(n, "imbalance_change", is_base, pp=True),
         "Δ samples/s, wall clock [95% CI], p": _changes(n, "wall_throughput_change", is_base),
-        "CI and p from": n["ci_kind"],
+        "CI and p from": n["ci_kind"].fillna(""),
         "Δ VRAM util. (relative)": ["baseline" if b else _pct(v, signed=True)
                                     for b, v in zip(is_base, n["vram_change"], strict=True)],
         "paper: imbalance": n["paper_imbalance_rate"],
