@@ -160,7 +160,8 @@ def aggregate(refs: Sequence[RunRef]) -> Aggregate:
             "warmup_steps": int(summary["warmup_steps"]),
         }
         how = f"{labels['timer']}, " if labels["timer"] else ""  # the clock of a measurement
-        if str(summary.get("calibration") or "").startswith("measured"):
+        cal = str(summary.get("calibration") or "")
+        if labels["source"] == "model" and cal.startswith("measured"):
             how = "measured calibration, "  # a prediction through a device's measured costs
         labels["label"] = f"{labels['source']} ({how}{labels['device']})"
         run_rows.append(
