@@ -31,6 +31,7 @@ def write_run(
     source: str = "measured",
     device: str = "cpu",
     kernel: str = "eager",
+    calibration: str | None = None,
 ) -> dict:
     """One run: per-rank compute ~ base * U(1 - spread, 1); step time = max over ranks."""
     rng = np.random.default_rng(zlib.crc32(f"{policy}|{seed}|{setup}|{variant}".encode()))
@@ -55,7 +56,8 @@ def write_run(
                         step_time[timed].sum())
     summary = dict(experiment="synthetic", policy=policy, seed=seed, kernel=kernel,
                    launch_mode="emulated", world_size=ranks, device=device, source=source,
-                   warmup_steps=warmup, capacity_bytes=4e9, **metrics.as_dict())
+                   warmup_steps=warmup, capacity_bytes=4e9, calibration=calibration,
+                   **metrics.as_dict())
     (out / "summary.json").write_text(json.dumps(summary))
     return dict(setup=setup, variant=variant, summary=str(out / "summary.json"),
                 steps=str(out / "steps.parquet"))

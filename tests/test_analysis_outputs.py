@@ -163,3 +163,23 @@ def test_figure_layouts_name_things_and_do_not_collide(tmp_path):
 
     assert "Mixture paper-mixed" in figures.mixture_tokens(inputs).axes[0].get_title()
     figures.plt.close("all")
+
+
+def test_labels_say_which_clock_measured_and_which_calibration_predicted(tmp_path):
+    """A simulation through a measured calibration says so; a measured run keeps its own
+    clock and device, whatever calibration planned it; a prior stays a plain model."""
+    from adaptiveload.analysis.aggregate import aggregate, parse_index
+
+    runs = tmp_path / "runs"
+    index = [
+        write_run(runs, "equal-token", 0, calibration="measured (cpu:EPYC)"),
+        write_run(runs, "equal-token", 0, setup="sim/measured", kernel="none", source="model",
+                  device="cuda:NVIDIA H200", calibration="measured (cuda:NVIDIA H200)"),
+        write_run(runs, "equal-token", 0, setup="sim/prior", kernel="none", source="model",
+                  device="NVIDIA H200 (analytic prior)",
+                  calibration="model (NVIDIA H200 (analytic prior))"),
+    ]  # fmt: skip
+    labels = aggregate(parse_index(json.dumps(index))).runs.set_index("setup")["label"]
+    assert labels["train"] == "measured (cpu)"
+    assert labels["sim/measured"] == "model (measured calibration, cuda:NVIDIA H200)"
+    assert labels["sim/prior"] == "model (NVIDIA H200 (analytic prior))"
