@@ -144,8 +144,8 @@ def figures_cmd(
 
 @analyze.command("paper-map", epilog=examples(
     "adaptiveload analyze paper-map --config experiments/paper_map.yaml "
-    "--points results/paper_map/analysis/paper_map.csv "
-    "--summary results/paper_map/analysis/paper_map.json",
+    "--points results/paper_map/paper_map/points.csv "
+    "--summary results/paper_map/paper_map/summary.json",
 ))
 def paper_map_cmd(
     config: Annotated[Path, Opt(help="experiment YAML with a `paper_map` section")],
@@ -170,8 +170,8 @@ def paper_map_cmd(
 
 
 @analyze.command("paper-map-figure", epilog=examples(
-    "adaptiveload analyze paper-map-figure --points results/paper_map/analysis/paper_map.csv "
-    "--summary results/paper_map/analysis/paper_map.json -o paper_map.png",
+    "adaptiveload analyze paper-map-figure --points results/paper_map/paper_map/points.csv "
+    "--summary results/paper_map/paper_map/summary.json -o paper_map.png",
 ))
 def paper_map_figure_cmd(
     points: Annotated[Path, Opt(help="`analyze paper-map` points CSV")],
