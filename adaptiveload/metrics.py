@@ -1,4 +1,5 @@
-"""DESIGN.md's metric formulas, in one place: used by training, the simulator and the analysis.
+"""The metric formulas of docs/definitions.md, in one place: used by training, the simulator
+and the analysis.
 
 Inputs are per-step, per-rank arrays shaped ``[steps, ranks]`` (compute seconds or peak
 bytes). Callers drop warm-up steps before calling; nothing here knows about warm-up.

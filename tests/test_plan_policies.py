@@ -15,7 +15,7 @@ from adaptiveload.planning.plan import build_plan
 from adaptiveload.planning.policies import POLICIES, AdaptiveLoad, Budgets, batch_size
 from adaptiveload.planning.simulate import simulate
 
-IMG, CLIP_17, CLIP_81, CLIP_720P = 1560, 7800, 32760, 75600  # Wan 2.1 tokens (DESIGN.md)
+IMG, CLIP_17, CLIP_81, CLIP_720P = 1560, 7800, 32760, 75600  # Wan 2.1 tokens (docs/definitions.md)
 
 
 def test_equal_token_batch_sizes():

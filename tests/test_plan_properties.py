@@ -54,7 +54,7 @@ def batches_of(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def over(policy: str, b: np.ndarray, s: np.ndarray, bud: Budgets) -> np.ndarray:
-    """Independent restatement of DESIGN.md's constraints (True = broken)."""
+    """Independent restatement of the constraints of docs/definitions.md (True = broken)."""
     s = s.astype(np.float64)
     if policy == "equal-token":
         return b * s > bud.m_tok

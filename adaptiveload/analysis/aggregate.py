@@ -190,7 +190,7 @@ def _float(value: object) -> float:
 
 
 def per_step(steps: pd.DataFrame, timed_only: bool = True) -> pd.DataFrame:
-    """One row per (run, step): the step's balance and throughput, DESIGN.md's definitions
+    """One row per (run, step): the step's balance and throughput, docs/definitions.md's definitions
     applied to one step (the run-level numbers are their means / ratios of sums). Times are by
     the run's timer; `samples_per_s_wall` by the wall clock (NaN where there is none)."""
     frame = steps[steps["timed"]] if timed_only else steps

@@ -1,4 +1,5 @@
-"""A plan through the cost model: predicted per-step, per-rank times and DESIGN.md's metrics.
+"""A plan through the cost model: predicted per-step, per-rank times and the metrics of
+docs/definitions.md.
 
 Per (step, rank) the rank's micro-batch of B samples of S tokens costs
 ``compute_s = cost.step_time(B, S)`` (forward + backward, no communication). The step then

@@ -2,7 +2,7 @@
 
 Per step, every rank this process runs (all N when emulated, its own when distributed) takes
 its micro-batch from its PlanBatchSampler, runs forward+backward with its loss scaled so that
-the step's gradient is the mean over ALL samples of the step (DESIGN.md, loss weighting):
+the step's gradient is the mean over ALL samples of the step (docs/definitions.md, loss weighting):
 
     loss_r = sum_{i in r} l_i / G * k,   G = samples of the step over all ranks,
 

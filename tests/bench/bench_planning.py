@@ -144,7 +144,8 @@ def bench_balance(
         grid="wan",
         budgets=Budgets.resolve(calibration=cal).as_dict(),
         allreduce_gbps=DEFAULT_ALLREDUCE_GBPS,  # what simulate() assumes below
-        metric="imbalance_rate = mean over steps of (max_r t - min_r t) / max_r t (DESIGN.md)",
+        metric="imbalance_rate = mean over steps of (max_r t - min_r t) / max_r t "
+        "(docs/definitions.md)",
     )
     budgets = Budgets.resolve(calibration=cal)
     per_seed: dict[str, list[dict[str, float]]] = {p: [] for p in POLICIES}
