@@ -180,7 +180,7 @@ def throughput(inp: FigureInputs) -> plt.Figure:
     ax.axhline(0, color="k", lw=0.8)
     ax.set_xticks(np.arange(len(groups)) + width * (len(policies) - 1) / 2)
     setup_of = sel.drop_duplicates("group").set_index("group")["setup_of"]
-    ax.set_xticklabels([f"{g}\n[{_wrap(_label(inp.runs[inp.runs['setup'] == setup_of[g]]), 40)}]"
+    ax.set_xticklabels([f"{g}\n[{_wrap(_label(inp.runs[inp.runs['setup'] == setup_of[g]]), 28)}]"
                         for g in groups], fontsize=8)
     ax.set_ylabel("samples/s change vs equal-token (%)")
     # outside the axes: inside, the legend can hide an error bar
