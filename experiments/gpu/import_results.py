@@ -15,7 +15,7 @@ per-step tables. Then replaces DEST with the run's files (logs over 256 KB are l
                    `adaptiveload analyze aggregate --index DEST/run_index.json` (or the
                    pipeline's run_index()) puts the measured rows beside the model rows.
 The kernel part (kernels/gpu_check.sh's folder) is also copied to
-results/kernels/reference/h200-<date>/, where the kernel's GPU runs are kept
+results/reference/kernels/h200-<date>/, where the kernel's GPU runs are kept
 (`--kernel-dest`, or `--kernel-dest ''` for none).
 `--merge` lays a partial rerun (`PARTS=...`) over what DEST holds, then validates the whole.
 `--allow-dry-run` accepts a DRY_RUN=1 output (CPU, micro model) for testing this script.
@@ -237,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("source", type=Path, help="PACKDIR, one of its tarballs, or OUTDIR")
     parser.add_argument("--dest", type=Path, default=Path("results/reference/h200/{date}"))
     parser.add_argument(
-        "--kernel-dest", default="results/kernels/reference/h200-{date}",
+        "--kernel-dest", default="results/reference/kernels/h200-{date}",
         help="also copy the kernel folder here ('' for no copy)",
     )  # fmt: skip
     parser.add_argument("--merge", action="store_true", help="lay a partial rerun over DEST")
