@@ -18,6 +18,16 @@ from adaptiveload.ops import ln_modulate as lm
 pytestmark = pytest.mark.slow
 
 
+def _run_with_library(built: dict, code: str) -> subprocess.CompletedProcess:
+    """Run `code` in a fresh interpreter that loads the built library; it must exit 0."""
+    env = dict(os.environ, ADAPTIVELOAD_KERNEL_LIB=built["library"])
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False
+    )
+    assert out.returncode == 0, (out.returncode, out.stderr[-3000:])
+    return out
+
+
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> dict:
     if reason := kb.skip_reason():
@@ -52,11 +62,7 @@ def test_library_loads_and_registers_ops(built: dict) -> None:
         "x, s, t = torch.randn(2, 3, 16), torch.randn(2, 1, 16), torch.randn(2, 1, 16)\n"
         "torch.testing.assert_close(lm.ln_modulate(x, s, t), lm.reference(x, s, t))\n"
     )
-    env = dict(os.environ, ADAPTIVELOAD_KERNEL_LIB=built["library"])
-    out = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False
-    )
-    assert out.returncode == 0, out.stderr
+    out = _run_with_library(built, code)
     assert f"adaptiveload::ln_modulate_fwd{lm.FWD_SCHEMA}" in out.stdout
     assert f"adaptiveload::ln_modulate_bwd{lm.BWD_SCHEMA}" in out.stdout
 
@@ -99,10 +105,6 @@ def test_binding_checks_raise_instead_of_crashing(built: dict) -> None:
         "    except ValueError as err:\n"
         "        print('rejected:', str(err).splitlines()[0])\n"
     )
-    env = dict(os.environ, ADAPTIVELOAD_KERNEL_LIB=built["library"])
-    out = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False
-    )
-    assert out.returncode == 0, (out.returncode, out.stderr[-3000:])
+    out = _run_with_library(built, code)
     assert out.stdout.count("rejected:") == 3, out.stdout
     assert "got x on cpu" in out.stdout and "x must be [B, S, D]" in out.stdout
