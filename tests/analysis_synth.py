@@ -32,12 +32,15 @@ def write_run(
     device: str = "cpu",
     kernel: str = "eager",
     calibration: str | None = None,
+    samples_range: tuple[int, int] = (2, 6),
+    timed_window: str = "steps",
 ) -> dict:
-    """One run: per-rank compute ~ base * U(1 - spread, 1); step time = max over ranks."""
+    """One run: per-rank compute ~ base * U(1 - spread, 1); step time = max over ranks;
+    samples per rank-step drawn from [samples_range) whatever the compute."""
     rng = np.random.default_rng(zlib.crc32(f"{policy}|{seed}|{setup}|{variant}".encode()))
     base = rng.uniform(0.8, 1.2, size=(steps, 1)) / speedup
     compute = base * rng.uniform(1 - spread, 1.0, size=(steps, ranks))
-    samples = rng.integers(2, 6, size=(steps, ranks))
+    samples = rng.integers(*samples_range, size=(steps, ranks))
     tokens = samples * 256
     step_time = compute.max(axis=1) + 0.01
     step_wall = step_time * rng.uniform(1.0, 1.1, size=steps)  # a wall clock, a little slower
@@ -57,6 +60,7 @@ def write_run(
     summary = dict(experiment="synthetic", policy=policy, seed=seed, kernel=kernel,
                    launch_mode="emulated", world_size=ranks, device=device, source=source,
                    warmup_steps=warmup, capacity_bytes=4e9, calibration=calibration,
+                   timed_window=timed_window,
                    **metrics.as_dict())
     (out / "summary.json").write_text(json.dumps(summary))
     return dict(setup=setup, variant=variant, summary=str(out / "summary.json"),

@@ -95,9 +95,9 @@ def test_kernel_table_and_figure_from_a_benchmark_csv(tmp_path):
 
 
 def _empty_steps():
-    cols = ["setup", "variant", "policy", "kernel", "seed", "source", "label", "step", "rank",
-            "compute_s", "samples", "tokens", "step_time_s", "step_wall_s", "peak_bytes",
-            "peak_bytes_model", "capacity_bytes", "timed"]
+    cols = ["setup", "variant", "policy", "kernel", "seed", "source", "label", "timed_window",
+            "step", "rank", "compute_s", "samples", "tokens", "step_time_s", "step_wall_s",
+            "peak_bytes", "peak_bytes_model", "capacity_bytes", "timed"]
     return pd.DataFrame(columns=cols).astype({"timed": bool})
 
 

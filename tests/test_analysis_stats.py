@@ -95,6 +95,32 @@ def test_hierarchical_ci_counts_the_seeds_that_disagree(tmp_path):
     assert not shown.duplicated(["policy", "metric"]).any()
 
 
+def test_whole_epoch_runs_resample_only_the_clock(tmp_path):
+    """Steps whose sample counts swing (many short clips in one step, one long clip in the
+    next) at the same step time, as balanced dealing makes them. A timed window of a fixed
+    number of steps draws which steps it holds, so the samples are resampled with the times;
+    a whole epoch holds every sample once, so only the times are. Same files otherwise: the
+    estimate is the same, the epoch's CI narrower and clear of 1 (a 1.3x planted speedup)."""
+    import json
+
+    tables = {}
+    for window in ("steps", "epoch"):
+        index = []
+        for seed in (0, 1, 2):
+            for policy, speedup in (("equal-token", 1.0), ("adaptiveload", 1.3)):
+                index.append(write_run(tmp_path / window, policy, seed, speedup=speedup,
+                                       samples_range=(1, 40), timed_window=window))
+        agg = aggregate(parse_index(json.dumps(index)))
+        assert set(agg.runs["timed_window"]) == {window}
+        tables[window] = _get(compare(agg.runs, agg.steps, n_boot=1000, seed=0),
+                              "samples_per_s ratio", HIERARCHICAL)  # fmt: skip
+    steps, epoch = tables["steps"], tables["epoch"]
+    assert epoch.estimate == pytest.approx(steps.estimate)
+    assert epoch.ci_low > 1.0 and epoch.p_value < 0.01
+    # here 0.14 wide against 0.24: what is left is the step times' own spread
+    assert epoch.ci_high - epoch.ci_low < 0.7 * (steps.ci_high - steps.ci_low)
+
+
 def test_bootstrap_is_seeded(tmp_path):
     a = _stats(tmp_path, planted=True)
     b = _stats(tmp_path, planted=True)

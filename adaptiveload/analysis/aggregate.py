@@ -158,6 +158,9 @@ def aggregate(refs: Sequence[RunRef]) -> Aggregate:
             # the clock of compute_s and step_time_s (measured runs; a simulation has none)
             "timer": str(summary.get("timer") or ""),
             "warmup_steps": int(summary["warmup_steps"]),
+            # "epoch": the timed steps are one whole epoch; "steps": a fixed count (simulations
+            # and older summaries)
+            "timed_window": str(summary.get("timed_window") or "steps"),
         }
         how = f"{labels['timer']}, " if labels["timer"] else ""  # the clock of a measurement
         cal = str(summary.get("calibration") or "")
@@ -167,7 +170,9 @@ def aggregate(refs: Sequence[RunRef]) -> Aggregate:
         run_rows.append(
             {**labels, **{m: _float(summary.get(m)) for m in SUMMARY_METRICS}}
         )
-        steps = steps.assign(**{k: labels[k] for k in (*RUN_KEYS, "source", "label")})
+        steps = steps.assign(
+            **{k: labels[k] for k in (*RUN_KEYS, "source", "label", "timed_window")}
+        )
         steps["timed"] = steps["step"] >= labels["warmup_steps"]
         steps["capacity_bytes"] = _float(summary.get("capacity_bytes"))
         step_frames.append(steps)
@@ -197,7 +202,7 @@ def per_step(steps: pd.DataFrame, timed_only: bool = True) -> pd.DataFrame:
     util_measured = frame["peak_bytes"] / frame["capacity_bytes"]
     util_model = frame["peak_bytes_model"] / frame["capacity_bytes"]
     frame = frame.assign(util_measured=util_measured, util_model=util_model)
-    keys = [*RUN_KEYS, "source", "label", "step"]
+    keys = [*RUN_KEYS, "source", "label", "timed_window", "step"]
     grouped = frame.groupby(keys, sort=True)
     out = grouped.agg(
         compute_max=("compute_s", "max"),

@@ -107,12 +107,23 @@ def _row(head: tuple, metric: str, level: str, test: str, n_b: int, n_p: int,
 def _run_stats(run: pd.DataFrame, draws: np.ndarray) -> dict[str, np.ndarray]:
     """One run's throughputs (sum of samples or tokens / sum of step times; by the timer, and
     samples by the wall clock) and mean step imbalance, for each row of step indices `draws`
-    (the last axis indexes steps)."""
+    (the last axis indexes steps).
+
+    A run whose timed window is one whole epoch processed every sample of the data once: its
+    samples and tokens are a census, not a draw, so only the step times are resampled (how
+    long the epoch took is what is uncertain). Resampling the steps' sample counts too would
+    charge the policy for which clips happened to share a step: a balanced step of many
+    short clips and one of a single long clip take the same time."""
     v = {c: run[c].to_numpy(float)[draws]
          for c in ("samples", "tokens", "step_time_s", "step_wall_s", "imbalance")}
     timed = v["step_time_s"].sum(axis=-1)
-    samples = v["samples"].sum(axis=-1)
-    return {"samples": samples / timed, "tokens": v["tokens"].sum(axis=-1) / timed,
+    if (run["timed_window"] == "epoch").all():
+        shape = timed.shape
+        samples = np.full(shape, run["samples"].sum(), dtype=float)
+        tokens = np.full(shape, run["tokens"].sum(), dtype=float)
+    else:
+        samples, tokens = v["samples"].sum(axis=-1), v["tokens"].sum(axis=-1)
+    return {"samples": samples / timed, "tokens": tokens / timed,
             "samples_wall": samples / v["step_wall_s"].sum(axis=-1),
             "imbalance": v["imbalance"].mean(axis=-1)}
 

@@ -95,6 +95,7 @@ def paper_table(
             "seeds": len(group),
             "timed_steps_min": int(group["timed_steps"].min()),
             "timed_steps_max": int(group["timed_steps"].max()),
+            "timed_window": ", ".join(sorted(set(group["timed_window"]))),
             "imbalance_rate": group["imbalance_rate"].mean(),
             "imbalance_rate_sd": group["imbalance_rate"].std(ddof=1),
             "idle_fraction": group["idle_fraction"].mean(),
@@ -168,8 +169,11 @@ def _shown(n: pd.DataFrame, baseline: str) -> pd.DataFrame:
         "policy": n["policy"],
         "source": n["label"],
         "seeds": n["seeds"],
-        "timed steps/seed": [_steps_range(lo, hi) for lo, hi in
-                             zip(n["timed_steps_min"], n["timed_steps_max"], strict=True)],
+        "timed steps/seed": [
+            _steps_range(lo, hi) + (" (1 epoch)" if window == "epoch" else "")
+            for lo, hi, window in zip(n["timed_steps_min"], n["timed_steps_max"],
+                                      n["timed_window"], strict=True)
+        ],
         "imbalance rate": n["imbalance_rate"].map(_pct),
         "idle fraction": n["idle_fraction"].map(_pct),
         "VRAM util. (mean)": [f"{_pct(v)} ({s})" if s else "" for v, s in
@@ -192,7 +196,8 @@ def _shown(n: pd.DataFrame, baseline: str) -> pd.DataFrame:
 
 PAPER_NOTE = (
     "Means over seeds of timed steps (after warm-up; `timed steps/seed` says how many, each "
-    "over all ranks). `source` says whether numbers are "
+    "over all ranks; `(1 epoch)`: one whole epoch, the same samples for every policy, so the "
+    "bootstrap resamples only those steps' times). `source` says whether numbers are "
     "measured, with which clock and on which device, or come from the cost model. Imbalance, "
     "idle fraction and samples/s use that clock: on a CPU the thread CPU time of the one "
     "thread that computes each emulated rank (other processes on the machine do not enter "

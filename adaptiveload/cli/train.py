@@ -11,6 +11,8 @@ from typing import Annotated
 import typer
 
 from adaptiveload.cli.app import app, examples, group
+from adaptiveload.config import WHOLE_EPOCH
+from adaptiveload.errors import UserError
 
 tracking_app = group("tracking", "The MLflow tracking store.")
 
@@ -38,6 +40,15 @@ def _die_with_parent() -> None:
         sys.exit(128 + signal.SIGTERM)
 
 
+def _steps(text: str | None) -> int | str | None:
+    if text is None or text == WHOLE_EPOCH:
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise UserError(f"--steps {text!r}: expected a step count or '{WHOLE_EPOCH}'") from None
+
+
 @app.command("train", epilog=examples(
     "adaptiveload train --config experiments/default.yaml --policy adaptiveload --seed 0",
     "torchrun --nproc-per-node 8 -m adaptiveload train --config results/paper/config.yaml "
@@ -47,7 +58,10 @@ def train(
     config: Annotated[Path, typer.Option("--config", help="experiment YAML")],
     policy: Annotated[str, typer.Option("--policy", help=_POLICIES)],
     seed: Annotated[int, typer.Option("--seed")],
-    steps: Annotated[int | None, typer.Option("--steps", help="override train.steps")] = None,
+    steps: Annotated[
+        str | None,
+        typer.Option("--steps", help=f"override train.steps: a count or '{WHOLE_EPOCH}'"),
+    ] = None,
     emulate_world_size: Annotated[
         int | None,
         typer.Option("--emulate-world-size", help="run N ranks in turn on one device"),
@@ -87,7 +101,7 @@ def train(
 
     summary = run(
         Request(
-            config=config, policy=policy, seed=seed, steps=steps,
+            config=config, policy=policy, seed=seed, steps=_steps(steps),
             emulate_world_size=emulate_world_size, kernel=kernel, calibration=calibration,
             manifest=manifest, out=out, device=device, track=not no_track,
             checkpoint=not no_checkpoint,

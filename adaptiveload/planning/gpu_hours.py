@@ -86,7 +86,7 @@ def mean_step_seconds(plan: pd.DataFrame, times: StepTimes) -> float:
 
 def experiment_cost(path: Path, calibration: Path = H200_CALIBRATION) -> dict:
     """GPU-hours of the experiment's training and calibration on one GPU (`model`)."""
-    from adaptiveload.config import load_layered
+    from adaptiveload.config import load_layered, run_steps
     from adaptiveload.costmodel import Calibration
     from adaptiveload.data.bucketing import bucketize
     from adaptiveload.data.mixtures import synthesize
@@ -108,8 +108,10 @@ def experiment_cost(path: Path, calibration: Path = H200_CALIBRATION) -> dict:
             plan = build_plan(bucketed, policy, budgets, train["world_size"], seed,
                               cost_model=cal).table  # fmt: skip
             step_s = mean_step_seconds(plan, times)
+            steps = run_steps(train["steps"], train["warmup_steps"],
+                              int(plan["step"].max()) + 1)  # fmt: skip
             runs += [{"policy": policy, "seed": seed, "kernel": k, "step_s": step_s,
-                      "steps": train["steps"], "hours": step_s * train["steps"] / 3600}
+                      "steps": steps, "hours": step_s * steps / 3600}
                      for k in cfg["model"]["kernels"]]  # fmt: skip
     c = cfg["calibration"]
     per_point = 2 + c["repeats"]  # a probe step, a warm-up step, the timed steps

@@ -43,7 +43,7 @@ class Request:
     config: Path
     policy: str
     seed: int
-    steps: int | None = None
+    steps: int | str | None = None  # a count or config.WHOLE_EPOCH
     emulate_world_size: int | None = None
     kernel: str | None = None
     calibration: Path | None = None
@@ -146,6 +146,7 @@ def train(req: Request) -> dict[str, Any]:
                     "per-step and summary metrics measured"
                 ),
                 "timer": timer_of(cfg.launch_mode, cfg.device),
+                "timed_window": cfg.timed_window,
             },
             spool_path=out / "tracking.spool.jsonl",
             run_id=(resume or {}).get("tracking", {}).get("run_id"),

@@ -12,6 +12,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from adaptiveload.config import WHOLE_EPOCH
 from adaptiveload.errors import UserError
 
 LAUNCH_MODES = ("emulated", "distributed")
@@ -53,7 +54,7 @@ class TrainConfig:
     launch_mode: str = "emulated"
     world_size: int = 4
     device: str = "cpu"
-    steps: int = 24
+    steps: int | str = 24  # or WHOLE_EPOCH: warm-up, then one whole epoch timed
     warmup_steps: int = 4
     checkpoint_every: int = 10
     allreduce_gbps: float = 100.0
@@ -76,11 +77,21 @@ class TrainConfig:
             raise UserError(f"--seed {self.seed}: must be between 0 and {2**32 - 1}")
         if self.fsdp and self.launch_mode != "distributed":
             raise UserError("train.fsdp: FSDP2 shards over real processes; launch with torchrun")
-        if self.warmup_steps >= self.steps:
+        if self.steps != WHOLE_EPOCH and (
+            isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1
+        ):
+            raise UserError(f"--steps {self.steps!r}: expected a positive count or '{WHOLE_EPOCH}'")
+        if self.steps != WHOLE_EPOCH and self.warmup_steps >= self.steps:
             raise UserError(
                 f"train.warmup_steps={self.warmup_steps} must be below steps={self.steps}: "
                 "metrics are computed over the steps after warm-up"
             )
+
+    @property
+    def timed_window(self) -> str:
+        """"epoch": the timed steps are one whole epoch (every policy then processes the same
+        samples); "steps": a fixed number of steps, whatever samples they hold."""
+        return "epoch" if self.steps == WHOLE_EPOCH else "steps"
 
     @property
     def run_name(self) -> str:
@@ -91,9 +102,10 @@ class TrainConfig:
         return asdict(self)
 
     def fingerprint(self) -> str:
-        """Hash of everything that determines the batches and the math (not `steps`)."""
+        """Hash of everything that determines the batches and the math: not the step count (a
+        longer run continues a shorter one), but whether the warm-up is replayed (`epoch`)."""
         data = self.to_dict()
-        data.pop("steps")
+        data["whole_epoch"] = data.pop("steps") == WHOLE_EPOCH
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -104,7 +116,7 @@ def from_experiment(
     *,
     launch_mode: str,
     world_size: int,
-    steps: int | None = None,
+    steps: int | str | None = None,
     kernel: str | None = None,
     device: str | None = None,
 ) -> TrainConfig:

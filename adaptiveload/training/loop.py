@@ -38,6 +38,7 @@ import pandas as pd
 import torch
 
 from adaptiveload import metrics
+from adaptiveload.config import WHOLE_EPOCH, run_steps
 from adaptiveload.costmodel import Calibration
 from adaptiveload.data.dataset import LatentDataset
 from adaptiveload.errors import UserError
@@ -143,6 +144,10 @@ class Trainer:
         if resume is not None:
             self._restore(resume)
         self._iters = {r: iter(s) for r, s in self.samplers.items()}
+        # steps of this run: with `steps: epoch`, the warm-up plus all of epoch 0's steps
+        whole_epoch = cfg.steps == WHOLE_EPOCH
+        epoch_steps = int(data.builder(0).table["step"].max()) + 1 if whole_epoch else 0
+        self.total_steps = run_steps(cfg.steps, cfg.warmup_steps, epoch_steps)
         self.grad_clock = (
             dd.GradReadyClock(self.model, self.device) if self.ranks.distributed else None
         )
@@ -324,16 +329,25 @@ class Trainer:
         return out
 
     # -- the run -------------------------------------------------------------------------------
+    def _replay_epoch(self) -> None:
+        """`steps: epoch`: the warm-up is over, so every rank starts epoch 0 again from its first
+        step; the timed window is then exactly one whole epoch (the warm-up's batches twice)."""
+        for r, sampler in self.samplers.items():
+            sampler.set_epoch(0)
+            self._iters[r] = iter(sampler)
+
     def run(self) -> TrainResult:
         cfg = self.cfg
         bar = progress_bar(
-            total=cfg.steps,
+            total=self.total_steps,
             initial=self.start_step,
             desc=f"train {cfg.run_name}",
             disable=not (self.progress and self.ranks.is_main),
         )
         try:
-            for step in range(self.start_step, cfg.steps):
+            for step in range(self.start_step, self.total_steps):
+                if cfg.steps == WHOLE_EPOCH and step == cfg.warmup_steps:
+                    self._replay_epoch()
                 rows = self._step(step)
                 step_metrics = self.step_metrics(rows)
                 if not math.isfinite(step_metrics["loss"]):
@@ -343,7 +357,7 @@ class Trainer:
                     self.sink.log_step(step, step_metrics)
                 done = step + 1
                 if self.ckpt_dir is not None and (
-                    done % cfg.checkpoint_every == 0 or done == cfg.steps
+                    done % cfg.checkpoint_every == 0 or done == self.total_steps
                 ):
                     self._save(done)
                 bar.update(1)

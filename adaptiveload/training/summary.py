@@ -58,14 +58,16 @@ def simulator_error(
     builder: PlanBuilder,
     calibration: Calibration,
     warmup_steps: int,
+    whole_epoch: bool = False,
 ) -> dict[str, float]:
     """Relative error |predicted - measured| / measured of per-(step, rank) compute times.
 
     The prediction is `planning.simulate` on exactly the plan steps this run executed
-    (epochs stitched together in order), through the calibration's cost model.
+    (epochs stitched together in order; with `whole_epoch`, the timed steps are epoch 0
+    from its first step), through the calibration's cost model.
     """
     world = builder.world_size
-    parts, offset, epoch = [], 0, 0
+    parts, offset, epoch = [], warmup_steps if whole_epoch else 0, 0
     n_steps = int(table["step"].max()) + 1
     while offset < n_steps:
         plan = builder(epoch).table
@@ -109,6 +111,7 @@ def run_summary(
         "timer": timer_of(cfg.launch_mode, cfg.device),
         "warmup_steps": cfg.warmup_steps,
         "steps_total": int(table["step"].max()) + 1,
+        "timed_window": cfg.timed_window,
         "calibration": calibration.label if calibration else None,
         "peak_bytes_model_source": calibration.label if calibration else None,
         "torch": torch.__version__,
@@ -119,6 +122,10 @@ def run_summary(
     }
     summary.update(measured_metrics(table, cfg.warmup_steps, capacity_bytes))
     if calibration is not None:
-        summary.update(simulator_error(table, builder, calibration, cfg.warmup_steps))
+        summary.update(
+            simulator_error(
+                table, builder, calibration, cfg.warmup_steps, cfg.timed_window == "epoch"
+            )
+        )
         summary["sim_source"] = calibration.label
     return summary

@@ -1,7 +1,7 @@
 """Benchmark: do the measured CPU rows reproduce when the machine is busy?
 
 Run: .venv/bin/python tests/bench/bench_reproducibility.py [--config experiments/default.yaml]
-     [--calibration FILE] [--seed 0] [--steps N] [--load-procs 2]
+     [--calibration FILE] [--seed 0] [--steps N|epoch] [--load-procs 2]
      [-o results/benchmarks/reproducibility.json]
 
 The default experiment's training pair (equal-token and adaptiveload-balanced, one seed, the
@@ -124,7 +124,8 @@ def main() -> None:
     parser.add_argument("--calibration", default=None,
                         help="default: the default pipeline's, else one measured here")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--steps", type=int, default=None, help="default: train.steps")
+    parser.add_argument("--steps", default=None,
+                        help="a count or 'epoch' (default: train.steps)")
     parser.add_argument("--load-procs", type=int, default=2)
     parser.add_argument("-o", "--out", default="results/benchmarks/reproducibility.json")
     args = parser.parse_args()
