@@ -67,8 +67,10 @@ def simulator_error(
     from its first step), through the calibration's cost model.
     """
     world = builder.world_size
-    parts, offset, epoch = [], warmup_steps if whole_epoch else 0, 0
-    n_steps = int(table["step"].max()) + 1
+    # run step = plan step + shift (the warm-up steps come before a replayed epoch 0)
+    shift = warmup_steps if whole_epoch else 0
+    parts, offset, epoch = [], 0, 0
+    n_steps = int(table["step"].max()) + 1 - shift
     while offset < n_steps:
         plan = builder(epoch).table
         part = plan.assign(step=plan["step"] + offset)
@@ -78,6 +80,7 @@ def simulator_error(
     plan_rows = pd.concat(parts, ignore_index=True)
     plan_rows.attrs["plan"] = {"world_size": world}
     predicted = simulate(plan_rows, calibration, world_size=world).steps
+    predicted["step"] += shift
     both = timed_window(table, warmup_steps).merge(
         predicted[["step", "rank", "compute_s", "samples"]], on=["step", "rank"],
         suffixes=("", "_model"),
