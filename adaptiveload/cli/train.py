@@ -11,10 +11,10 @@ from typing import Annotated
 import typer
 
 from adaptiveload.cli.app import app, examples, group
+from adaptiveload.planning.policies import POLICIES
 
 tracking_app = group("tracking", "The MLflow tracking store.")
 
-_POLICIES = "equal-token | adaptiveload | adaptiveload-balanced"
 # set to 1 by the Snakemake rule, which `exec`s the trainer: a killed `snakemake` then takes
 # its training jobs with it instead of leaving them running (Linux; see docs/robustness.md)
 DIE_WITH_PARENT = "ADAPTIVELOAD_DIE_WITH_PARENT"
@@ -45,7 +45,7 @@ def _die_with_parent() -> None:
 ))
 def train(
     config: Annotated[Path, typer.Option("--config", help="experiment YAML")],
-    policy: Annotated[str, typer.Option("--policy", help=_POLICIES)],
+    policy: Annotated[str, typer.Option("--policy", help=" | ".join(POLICIES))],
     seed: Annotated[int, typer.Option("--seed")],
     steps: Annotated[int | None, typer.Option("--steps", help="override train.steps")] = None,
     emulate_world_size: Annotated[
