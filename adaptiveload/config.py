@@ -45,6 +45,22 @@ def schema() -> dict[str, Any]:
     return yaml.safe_load(SCHEMA_PATH.read_text())
 
 
+def schema_default(field: str) -> Any:
+    """The schema's default of one field, by its dotted path ("train.steps"; "simulate.grid"
+    for a field of a list's entries): the one place an experiment default is written, for the
+    code that needs it outside an experiment file (dataclass and command-line defaults)."""
+    node = schema()
+    for name in field.split("."):
+        node = node.get("items", node)
+        try:
+            node = node["properties"][name]
+        except KeyError:
+            raise KeyError(f"{field}: no such field in {SCHEMA_PATH.name}") from None
+    if "default" not in node:
+        raise KeyError(f"{field}: {SCHEMA_PATH.name} gives it no default")
+    return copy.deepcopy(node["default"])
+
+
 def _with_defaults(validator_class: type) -> type:
     """A validator that also fills in `default`s (the jsonschema FAQ recipe, nested-aware)."""
     validate_properties = validator_class.VALIDATORS["properties"]

@@ -4,13 +4,19 @@ and the analysis.
 Inputs are per-step, per-rank arrays shaped ``[steps, ranks]`` (compute seconds or peak
 bytes). Callers drop warm-up steps before calling; nothing here knows about warm-up.
 The paper does not define its metrics, so every common variant is computed and named.
+The per-step formulas (`step_imbalance`, `step_idle`, `throughput`) also take the columns of
+a per-step table (analysis), elementwise.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import TypeVar
 
 import numpy as np
+
+# a number, a numpy array or a pandas Series: the per-step formulas work elementwise on each
+Values = TypeVar("Values")
 
 
 def _as_steps_by_ranks(t: np.ndarray) -> np.ndarray:
@@ -20,18 +26,33 @@ def _as_steps_by_ranks(t: np.ndarray) -> np.ndarray:
     return arr
 
 
+def step_imbalance(tmax: Values, tmin: Values) -> Values:
+    """One step's imbalance from its slowest and fastest rank: (max_r t - min_r t) / max_r t."""
+    return (tmax - tmin) / tmax
+
+
+def step_idle(tmax: Values, tmean: Values) -> Values:
+    """One step's (max_r t - mean_r t) / max_r t: the share of the step's rank-time spent
+    waiting for the slowest rank (its idle fraction, and VideoSys' imbalance form)."""
+    return (tmax - tmean) / tmax
+
+
+def throughput(samples: Values, tokens: Values, seconds: Values) -> tuple[Values, Values]:
+    """(samples/s, tokens/s) of steps that processed `samples` and `tokens` in `seconds` (the
+    sum of their step times: the run's timer, or the wall clock beside it)."""
+    return samples / seconds, tokens / seconds
+
+
 def imbalance_rate(t: np.ndarray) -> float:
     """Primary imbalance: mean over steps of (max_r t - min_r t) / max_r t."""
     arr = _as_steps_by_ranks(t)
-    tmax = arr.max(axis=1)
-    return float(np.mean((tmax - arr.min(axis=1)) / tmax))
+    return float(np.mean(step_imbalance(arr.max(axis=1), arr.min(axis=1))))
 
 
 def imbalance_rate_mean(t: np.ndarray) -> float:
     """Variant: mean over steps of (max_r t - mean_r t) / max_r t (VideoSys' form)."""
     arr = _as_steps_by_ranks(t)
-    tmax = arr.max(axis=1)
-    return float(np.mean((tmax - arr.mean(axis=1)) / tmax))
+    return float(np.mean(step_idle(arr.max(axis=1), arr.mean(axis=1))))
 
 
 def idle_fraction(t: np.ndarray) -> float:
@@ -95,12 +116,31 @@ def summarize(
     if wall_s <= 0:
         raise ValueError("wall_s must be positive")
     arr = _as_steps_by_ranks(compute_s)
+    samples_per_s, tokens_per_s = throughput(samples, tokens, wall_s)
     return StepMetrics(
         imbalance_rate=imbalance_rate(arr),
         imbalance_rate_mean=imbalance_rate_mean(arr),
         idle_fraction=idle_fraction(arr),
         max_over_mean=max_over_mean(arr),
-        samples_per_s=samples / wall_s,
-        tokens_per_s=tokens / wall_s,
+        samples_per_s=samples_per_s,
+        tokens_per_s=tokens_per_s,
         steps=arr.shape[0],
     )
+
+
+def window_metrics(
+    compute_s: np.ndarray,
+    samples: float,
+    tokens: float,
+    seconds: float,
+    peak_bytes: np.ndarray | None = None,
+    capacity_bytes: float | None = None,
+) -> dict[str, float]:
+    """A timed window's run-summary metrics, as measured runs and simulations report them:
+    `summarize` plus VRAM utilization where peaks [steps, ranks] and a capacity are known."""
+    out = summarize(compute_s, samples=samples, tokens=tokens, wall_s=seconds).as_dict()
+    if capacity_bytes and peak_bytes is not None:
+        out["vram_utilization_mean"], out["vram_utilization_max"] = vram_utilization(
+            peak_bytes, capacity_bytes
+        )
+    return out

@@ -24,10 +24,11 @@ import yaml
 from training_setup import ROOT
 
 from adaptiveload.cli import main
+from adaptiveload.planning.policies import POLICIES
 
 GOOD_EXPERIMENT = {
     "name": "fuzz",
-    "policies": ["equal-token", "adaptiveload", "adaptiveload-balanced"],
+    "policies": list(POLICIES),
     "data": {"mixture": "tiny-cpu", "num_samples": 40},
     "model": {"config": "wan2.1-micro"},
     "budgets": {"m_tok": 2048, "m_mem": 2048, "m_comp": 60000, "p": 1.4},

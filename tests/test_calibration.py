@@ -17,6 +17,7 @@ import yaml
 from adaptiveload import calibration
 from adaptiveload.costmodel import Calibration
 from adaptiveload.errors import UserError
+from adaptiveload.planning.policies import POLICIES
 
 ROOT = Path(__file__).resolve().parent.parent
 PRIORS = ROOT / "experiments" / "calibration"
@@ -88,7 +89,7 @@ def test_validate_times_micro_batches_drawn_from_every_policys_plan(tmp_path):
     assert val["planned_micro_batches"] > val["excluded_over_max_seconds"]
     rows = val["micro_batches"]
     assert [r["policy"] for r in rows].count("equal-token") == 2
-    assert {r["policy"] for r in rows} == {"equal-token", "adaptiveload", "adaptiveload-balanced"}
+    assert {r["policy"] for r in rows} == set(POLICIES)
     for r in rows:
         assert r["predicted_s"] == pytest.approx(float(cal.cost.step_time(r["batch"], r["tokens"])))
         assert r["predicted_s"] <= 0.2 and r["measured_s"] > 0

@@ -1,4 +1,5 @@
 import numpy as np
+import pandas as pd
 import pytest
 
 from adaptiveload import metrics
@@ -70,3 +71,30 @@ def test_imbalance_definitions_read_the_same_times():
     two = np.array([[1.0, 2.0], [10.0, 10.0]])
     assert metrics.idle_fraction(two) == pytest.approx(1 / (2 * 12))
     assert metrics.imbalance_rate_mean(two) == pytest.approx(0.25 / 2)
+
+
+def test_per_step_formulas_work_on_table_columns():
+    # the analysis applies them to a per-step table's columns; the run-level metrics are means
+    steps = pd.DataFrame({"max": [4.0, 3.0], "min": [1.0, 3.0], "mean": [7 / 3, 3.0]})
+    imbalance = metrics.step_imbalance(steps["max"], steps["min"])
+    idle = metrics.step_idle(steps["max"], steps["mean"])
+    assert imbalance.tolist() == [0.75, 0.0]
+    assert imbalance.mean() == metrics.imbalance_rate(T)
+    assert idle.mean() == pytest.approx(metrics.imbalance_rate_mean(T))
+    samples_per_s, tokens_per_s = metrics.throughput(
+        pd.Series([6, 8]), pd.Series([600, 800]), pd.Series([3.0, 4.0])
+    )
+    assert samples_per_s.tolist() == [2.0, 2.0] and tokens_per_s.tolist() == [200.0, 200.0]
+
+
+def test_window_metrics_add_vram_only_where_known():
+    peak = np.array([[10.0, 20.0, 30.0], [40.0, 50.0, 60.0]])
+    full = metrics.window_metrics(T, 14, 1400, 7.0, peak_bytes=peak, capacity_bytes=100.0)
+    assert full == {
+        **metrics.summarize(T, samples=14, tokens=1400, wall_s=7.0).as_dict(),
+        "vram_utilization_mean": pytest.approx(0.35),
+        "vram_utilization_max": pytest.approx(0.6),
+    }
+    for peak_bytes, capacity in ((None, 100.0), (peak, None)):
+        out = metrics.window_metrics(T, 14, 1400, 7.0, peak_bytes, capacity)
+        assert "vram_utilization_mean" not in out and out["samples_per_s"] == 2.0

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import yaml
 
+from adaptiveload.planning.policies import POLICIES
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -20,7 +22,7 @@ def write_experiment(tmp_path: Path, name: str = "t", **train) -> Path:
     """An experiment YAML (micro Wan, 120 tiny-cpu samples, budgets given) under tmp_path."""
     cfg = {
         "name": name,
-        "policies": ["equal-token", "adaptiveload", "adaptiveload-balanced"],
+        "policies": list(POLICIES),
         "data": {"mixture": "tiny-cpu", "num_samples": 120},
         "model": {"config": "wan2.1-micro"},
         "budgets": {"m_tok": 2048, "m_mem": 2048, "m_comp": 60000, "p": 1.4},

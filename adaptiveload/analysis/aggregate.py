@@ -18,9 +18,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from adaptiveload import metrics
 from adaptiveload.costmodel import Calibration
 from adaptiveload.errors import UserError
 from adaptiveload.io import read_json
+from adaptiveload.planning.simulate import STEP_COLUMNS
 
 # fields every run summary must carry (the BRIEF's run-summary schema)
 SUMMARY_KEYS = (
@@ -33,11 +35,9 @@ SUMMARY_METRICS = (
     "tokens_per_s", "samples_per_s_wall", "tokens_per_s_wall", "vram_utilization_mean",
     "vram_utilization_max", "capacity_bytes",
 )
-STEP_COLUMNS = ("step", "rank", "compute_s", "samples", "tokens", "step_time_s")
-OPTIONAL_STEP_COLUMNS = (
-    "compute_wall_s", "step_wall_s", "wait_s", "frames", "height", "width", "peak_bytes",
-    "peak_bytes_model", "loss",
-)
+# the columns of the per-step schema (STEP_COLUMNS) a table must have; the others are filled
+# with NaN where a producer left them out
+REQUIRED_STEP_COLUMNS = ("step", "rank", "compute_s", "samples", "tokens", "step_time_s")
 RUN_KEYS = ("setup", "variant", "policy", "kernel", "seed")
 
 
@@ -117,15 +117,15 @@ def _read_steps(path: Path) -> pd.DataFrame:
         frame = pd.read_parquet(path)
     except FileNotFoundError:
         raise UserError(f"{path}: per-step table not found") from None
-    missing = [c for c in STEP_COLUMNS if c not in frame.columns]
+    missing = [c for c in REQUIRED_STEP_COLUMNS if c not in frame.columns]
     if missing:
         raise UserError(f"{path}: per-step table lacks column(s) {', '.join(missing)}")
     if frame.empty:
         raise UserError(f"{path}: per-step table has no rows")
-    for col in OPTIONAL_STEP_COLUMNS:
+    for col in STEP_COLUMNS:
         if col not in frame.columns:
             frame[col] = np.nan
-    return frame[list(STEP_COLUMNS + OPTIONAL_STEP_COLUMNS)]
+    return frame[list(STEP_COLUMNS)]
 
 
 def _sweep(variant: str) -> tuple[str, str]:
@@ -216,11 +216,13 @@ def per_step(steps: pd.DataFrame, timed_only: bool = True) -> pd.DataFrame:
         vram_util_measured=("util_measured", "mean"),
         vram_util_model=("util_model", "mean"),
     ).reset_index()
-    cmax = out["compute_max"].replace(0.0, np.nan)
-    out["imbalance"] = (out["compute_max"] - out["compute_min"]) / cmax
-    out["idle"] = (out["compute_max"] - out["compute_mean"]) / cmax
-    step_time = out["step_time_s"].replace(0.0, np.nan)
-    out["samples_per_s"] = out["samples"] / step_time
-    out["tokens_per_s"] = out["tokens"] / step_time
-    out["samples_per_s_wall"] = out["samples"] / out["step_wall_s"].replace(0.0, np.nan)
+    cmax = out["compute_max"].replace(0.0, np.nan)  # a step without compute: NaN, not inf
+    out["imbalance"] = metrics.step_imbalance(cmax, out["compute_min"])
+    out["idle"] = metrics.step_idle(cmax, out["compute_mean"])
+    out["samples_per_s"], out["tokens_per_s"] = metrics.throughput(
+        out["samples"], out["tokens"], out["step_time_s"].replace(0.0, np.nan)
+    )
+    out["samples_per_s_wall"], _ = metrics.throughput(
+        out["samples"], out["tokens"], out["step_wall_s"].replace(0.0, np.nan)
+    )
     return out

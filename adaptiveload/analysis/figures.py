@@ -27,9 +27,10 @@ from adaptiveload.analysis.aggregate import per_step
 from adaptiveload.analysis.stats import headline
 from adaptiveload.analysis.tables import kernel_measurements
 from adaptiveload.costmodel import CostModel
+from adaptiveload.planning.policies import POLICIES
 
-POLICY_ORDER = ["equal-token", "adaptiveload", "adaptiveload-balanced"]
-PALETTE = dict(zip(POLICY_ORDER, sns.color_palette("colorblind", 3), strict=True))
+POLICY_ORDER = list(POLICIES)
+PALETTE = dict(zip(POLICY_ORDER, sns.color_palette("colorblind", len(POLICY_ORDER)), strict=True))
 
 
 @dataclass

@@ -127,7 +127,7 @@ class _Cache:
     def samples(self, mixture: str) -> Bucketed:
         if mixture not in self.bucketed:
             frame = synthesize(mixture, self.num_samples, MANIFEST_SEED)
-            self.bucketed[mixture] = bucketize(frame, mode="aspect", grid="wan", max_frames=81)
+            self.bucketed[mixture] = bucketize(frame)  # the Wan 2.1 bucketing
         return self.bucketed[mixture]
 
     def calibration(self, path: str) -> Calibration:

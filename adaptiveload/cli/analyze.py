@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 
 from adaptiveload.cli.app import examples, group
+from adaptiveload.config import schema_default
 from adaptiveload.errors import UserError
 
 analyze = group("analyze", "Statistics, tables, figures of an experiment.")
@@ -21,6 +22,10 @@ Steps = Annotated[Path, Opt(help="steps.parquet from `analyze aggregate`")]
 Stats = Annotated[Path, Opt(help="stats.csv from `analyze stats`")]
 KernelBench = Annotated[Path | None, Opt(help="`adaptiveload kernel bench` CSV")]
 Baseline = Annotated[str, Opt(help="the policy every other is compared with")]
+# defaults as an experiment's `analysis:` section has them
+BASELINE = schema_default("analysis.baseline")
+BOOTSTRAP = schema_default("analysis.bootstrap")
+BOOTSTRAP_SEED = schema_default("analysis.seed")
 
 
 def _read(path: Path):
@@ -60,9 +65,9 @@ def stats_cmd(
     steps: Steps,
     csv: Annotated[Path, Opt(help="all tests, one row each")],
     md: Annotated[Path, Opt(help="the same, readable")],
-    baseline: Baseline = "equal-token",
-    n_boot: Annotated[int, Opt(min=100, help="bootstrap resamples")] = 2000,
-    seed: Annotated[int, Opt(help="bootstrap seed")] = 0,
+    baseline: Baseline = BASELINE,
+    n_boot: Annotated[int, Opt(min=100, help="bootstrap resamples")] = BOOTSTRAP,
+    seed: Annotated[int, Opt(help="bootstrap seed")] = BOOTSTRAP_SEED,
 ) -> None:
     """Baseline vs each policy: Mann-Whitney U, Welch's t, paired tests, bootstrap CIs."""
     from adaptiveload.analysis.stats import compare, to_markdown
@@ -84,7 +89,7 @@ def tables_cmd(
     stats: Stats,
     out_dir: Annotated[Path, Opt(help="writes paper_table.* and kernel_table.* here")],
     kernel_bench: KernelBench = None,
-    baseline: Baseline = "equal-token",
+    baseline: Baseline = BASELINE,
     paper_map: Annotated[
         Path | None, Opt(help="`analyze paper-map` summary: adds its paper-consistent rows")
     ] = None,

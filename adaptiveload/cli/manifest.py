@@ -12,6 +12,7 @@ from typing import Annotated
 import typer
 
 from adaptiveload.cli.app import examples, group
+from adaptiveload.data.bucketing import DEFAULT_GRID, DEFAULT_MAX_FRAMES, DEFAULT_MODE, GRIDS, MODES
 
 manifest_app = group(
     "manifest",
@@ -73,9 +74,11 @@ def probe(
 ))
 def describe(
     manifest: Annotated[Path, Arg(help="a .csv or .parquet manifest")],
-    bucketing: Annotated[str, Opt(help="aspect | exact")] = "aspect",
-    grid: Annotated[str, Opt(help="aspect grid: wan | tiny")] = "wan",
-    max_frames: Annotated[int, Opt(help="longest clip kept, in frames (4k+1)")] = 81,
+    bucketing: Annotated[str, Opt(help=" | ".join(MODES))] = DEFAULT_MODE,
+    grid: Annotated[str, Opt(help=f"aspect grid: {' | '.join(GRIDS)}")] = DEFAULT_GRID,
+    max_frames: Annotated[
+        int, Opt(help="longest clip kept, in frames (4k+1)")
+    ] = DEFAULT_MAX_FRAMES,
     as_json: Annotated[bool, Opt("--json", help="print one JSON object")] = False,
     out: Annotated[
         Path | None, Opt("-o", "--out", help="also write the JSON object here (atomically)")

@@ -12,6 +12,14 @@ import typer
 
 from adaptiveload.cli.app import app, examples
 from adaptiveload.costmodel import Calibration
+from adaptiveload.data.bucketing import (
+    DEFAULT_GRID,
+    DEFAULT_MAX_FRAMES,
+    DEFAULT_MODE,
+    GRIDS,
+    MODES,
+    bucketize,
+)
 from adaptiveload.errors import UserError
 from adaptiveload.io import write_json, write_parquet
 from adaptiveload.planning.dealing import DEFAULT_WINDOW_STEPS
@@ -56,9 +64,9 @@ def plan_cmd(
     m_mem: Annotated[str, Opt(help="memory budget, tokens per batch (auto: calibration)")] = AUTO,
     m_comp: Annotated[str, Opt(help="compute budget, B*S^p per batch (auto: calibration)")] = AUTO,
     p: Annotated[str, Opt(help="compute exponent in [1, 3] (auto: calibration)")] = AUTO,
-    bucketing: Annotated[str, Opt(help="aspect | exact")] = "aspect",
-    grid: Annotated[str, Opt(help="wan | tiny")] = "wan",
-    max_frames: Annotated[int, Opt(help="frames cap of the bucket grid")] = 81,
+    bucketing: Annotated[str, Opt(help=" | ".join(MODES))] = DEFAULT_MODE,
+    grid: Annotated[str, Opt(help=" | ".join(GRIDS))] = DEFAULT_GRID,
+    max_frames: Annotated[int, Opt(help="frames cap of the bucket grid")] = DEFAULT_MAX_FRAMES,
     window_steps: Annotated[
         int, Opt(help="balanced dealing window in steps (0 = whole epoch)")
     ] = DEFAULT_WINDOW_STEPS,
@@ -68,7 +76,6 @@ def plan_cmd(
     ] = DEFAULT_ALLREDUCE_GBPS,
 ) -> None:
     """Plan one epoch: which samples form each micro-batch, and which rank runs it when."""
-    from adaptiveload.data.bucketing import bucketize
     from adaptiveload.data.manifest import load_manifest
 
     pol = get_policy(policy)

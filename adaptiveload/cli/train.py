@@ -13,10 +13,10 @@ import typer
 from adaptiveload.cli.app import app, examples, group
 from adaptiveload.config import WHOLE_EPOCH
 from adaptiveload.errors import UserError
+from adaptiveload.planning.policies import POLICIES
 
 tracking_app = group("tracking", "The MLflow tracking store.")
 
-_POLICIES = "equal-token | adaptiveload | adaptiveload-balanced"
 # set to 1 by the Snakemake rule, which `exec`s the trainer: a killed `snakemake` then takes
 # its training jobs with it instead of leaving them running (Linux; see docs/robustness.md)
 DIE_WITH_PARENT = "ADAPTIVELOAD_DIE_WITH_PARENT"
@@ -56,7 +56,7 @@ def _steps(text: str | None) -> int | str | None:
 ))
 def train(
     config: Annotated[Path, typer.Option("--config", help="experiment YAML")],
-    policy: Annotated[str, typer.Option("--policy", help=_POLICIES)],
+    policy: Annotated[str, typer.Option("--policy", help=" | ".join(POLICIES))],
     seed: Annotated[int, typer.Option("--seed")],
     steps: Annotated[
         str | None,

@@ -94,6 +94,14 @@ TINY_GRID = _scaled(WAN_GRID, "tiny", factor=4, frame_cap=65)
 
 GRIDS: dict[str, Grid] = {g.name: g for g in (WAN_GRID, TINY_GRID)}
 
+# The bucketing of real Wan 2.1 data, every command's and function's default: aspect buckets
+# on the Wan grid, clips up to Wan 2.1's 81 frames. The experiment schema's `data` and
+# `simulate` entries repeat these (tests/test_config.py checks the copies); its `data.grid`
+# default is `tiny` on purpose, for the default experiment's tiny model.
+DEFAULT_MODE = "aspect"
+DEFAULT_GRID = WAN_GRID.name
+DEFAULT_MAX_FRAMES = 81
+
 
 @dataclass
 class Bucketed:
@@ -151,9 +159,9 @@ def get_grid(name: str) -> Grid:
 
 def bucketize(
     manifest_df: pd.DataFrame,
-    mode: str = "aspect",
-    grid: str = "wan",
-    max_frames: int = 81,
+    mode: str = DEFAULT_MODE,
+    grid: str = DEFAULT_GRID,
+    max_frames: int = DEFAULT_MAX_FRAMES,
 ) -> Bucketed:
     """Assign every row of a validated manifest to a bucket shape and its token count.
 

@@ -23,6 +23,7 @@ import pandas as pd
 from torch.utils.data import Sampler
 
 from adaptiveload.costmodel import Calibration, CostModel
+from adaptiveload.data.bucketing import DEFAULT_GRID, DEFAULT_MAX_FRAMES, DEFAULT_MODE, bucketize
 from adaptiveload.errors import UserError
 from adaptiveload.planning.dealing import DEFAULT_WINDOW_STEPS
 from adaptiveload.planning.plan import Plan, build_plan
@@ -97,15 +98,13 @@ class PlanBatchSampler(Sampler[list[int]]):
         rank: int | None,
         seed: int,
         *,
-        bucketing: str = "aspect",
-        grid: str = "wan",
-        max_frames: int = 81,
+        bucketing: str = DEFAULT_MODE,
+        grid: str = DEFAULT_GRID,
+        max_frames: int = DEFAULT_MAX_FRAMES,
         cost_model: CostModel | Calibration | None = None,
         window_steps: int | None = DEFAULT_WINDOW_STEPS,
     ) -> PlanBatchSampler:
         """Bucketize `manifest` and plan it; build your dataset over ``sampler.samples``."""
-        from adaptiveload.data.bucketing import bucketize
-
         bucketed = bucketize(manifest, mode=bucketing, grid=grid, max_frames=max_frames)
         builder = PlanBuilder(
             bucketed.samples, policy, budgets, world_size, seed,

@@ -31,8 +31,10 @@ from adaptiveload.costmodel import Calibration, CostModel
 DEFAULT_ALLREDUCE_GBPS = 100.0
 FP32_BYTES = 4
 
-# compute_s / step_time_s: by the run's timer (a prediction here); compute_wall_s /
-# step_wall_s: by the wall clock beside it (measured runs only, empty in a simulation)
+# The per-step table, one row per (step, rank), that the simulator and the trainer write and
+# the analysis reads (`analysis.aggregate`). compute_s / step_time_s: by the run's timer (a
+# prediction here); compute_wall_s / step_wall_s: by the wall clock beside it (measured runs
+# only, empty in a simulation)
 STEP_COLUMNS = (
     "step", "rank", "compute_s", "compute_wall_s", "wait_s", "samples", "tokens", "frames",
     "height", "width", "peak_bytes", "peak_bytes_model", "loss", "step_time_s", "step_wall_s",
@@ -171,17 +173,14 @@ def _metrics(
         return {"steps": 0}
     cells = slice(keep.start * n, steps * n)
     wall_s = float(step_time[keep].sum())
-    out: dict[str, Any] = metrics.summarize(
+    peak = peak_model.reshape(steps, n)[keep]
+    out: dict[str, Any] = metrics.window_metrics(
         window,
         samples=float(batch[cells].sum()),
         tokens=float((batch * s_tok)[cells].sum()),
-        wall_s=wall_s,
-    ).as_dict()
+        seconds=wall_s,
+        peak_bytes=np.where(np.isnan(peak), 0.0, peak),  # a rank without a batch: no memory
+        capacity_bytes=capacity_bytes,
+    )
     out["wall_s"] = wall_s
-    if capacity_bytes:
-        peak = peak_model.reshape(steps, n)[keep]
-        peak = np.where(np.isnan(peak), 0.0, peak)
-        out["vram_utilization_mean"], out["vram_utilization_max"] = metrics.vram_utilization(
-            peak, capacity_bytes
-        )
     return out

@@ -2,7 +2,9 @@
 
 Grouped like torchtitan's job config (optimizer, objective, run), frozen so that nothing
 changes them mid-run; `fingerprint()` is the config's part of a run's identity
-(`training.inputs.run_identity`), which a checkpoint must match to be resumed.
+(`training.inputs.run_identity`), which a checkpoint must match to be resumed. Defaults are
+the experiment schema's (`adaptiveload.config.schema_default`), so a field left out of an
+experiment file and a field left out of a constructor call agree.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from adaptiveload.config import WHOLE_EPOCH
+from adaptiveload.config import WHOLE_EPOCH, schema_default
 from adaptiveload.errors import UserError
 
 LAUNCH_MODES = ("emulated", "distributed")
@@ -27,20 +29,20 @@ MAX_WORLD_SIZE = 1024
 class OptimConfig:
     """AdamW with global-norm gradient clipping (Wan's trainers use AdamW, no EMA here)."""
 
-    lr: float = 1e-4
-    weight_decay: float = 0.0
+    lr: float = schema_default("train.lr")
+    weight_decay: float = schema_default("train.weight_decay")
     betas: tuple[float, float] = (0.9, 0.999)
-    grad_clip: float = 1.0
+    grad_clip: float = schema_default("train.grad_clip")
 
 
 @dataclass(frozen=True)
 class ObjectiveConfig:
     """Rectified flow as Wan trains it; see `objective.py` for the formulas."""
 
-    timestep_shift: float = 5.0
-    timestep_sampling: str = "uniform"  # or "logit-normal"
-    logit_mean: float = 0.0
-    logit_std: float = 1.0
+    timestep_shift: float = schema_default("train.timestep_shift")
+    timestep_sampling: str = schema_default("train.timestep_sampling")  # or "logit-normal"
+    logit_mean: float = schema_default("train.logit_mean")
+    logit_std: float = schema_default("train.logit_std")
     num_train_timesteps: int = 1000
 
 
@@ -50,16 +52,15 @@ class TrainConfig:
     policy: str
     seed: int
     model: str
-    kernel: str = "eager"
+    kernel: str = schema_default("model.kernels")[0]
     launch_mode: str = "emulated"
-    world_size: int = 4
-    device: str = "cpu"
-    steps: int | str = 24  # or WHOLE_EPOCH: warm-up, then one whole epoch timed
-    warmup_steps: int = 4
-    checkpoint_every: int = 10
-    allreduce_gbps: float = 100.0
-    fsdp: bool = False
-    activation_checkpointing: bool = False
+    world_size: int = schema_default("train.world_size")
+    device: str = schema_default("calibration.device")
+    steps: int | str = schema_default("train.steps")  # or WHOLE_EPOCH: one whole epoch timed
+    warmup_steps: int = schema_default("train.warmup_steps")
+    checkpoint_every: int = schema_default("train.checkpoint_every")
+    fsdp: bool = schema_default("train.fsdp")
+    activation_checkpointing: bool = schema_default("train.activation_checkpointing")
     optim: OptimConfig = field(default_factory=OptimConfig)
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
 
@@ -139,7 +140,6 @@ def from_experiment(
         steps=steps if steps is not None else train["steps"],
         warmup_steps=train["warmup_steps"],
         checkpoint_every=train["checkpoint_every"],
-        allreduce_gbps=train["allreduce_gbps"],
         fsdp=train["fsdp"],
         activation_checkpointing=train["activation_checkpointing"],
         optim=OptimConfig(

@@ -32,24 +32,23 @@ def timed_window(table: pd.DataFrame, warmup_steps: int) -> pd.DataFrame:
 def measured_metrics(
     table: pd.DataFrame, warmup_steps: int, capacity_bytes: float | None
 ) -> dict[str, float]:
-    """metrics.summarize over the timed window (the run's timer), throughput by the wall clock
-    beside it, plus VRAM utilization when measured."""
+    """metrics.window_metrics over the timed window (the run's timer), throughput by the wall
+    clock beside it; VRAM utilization when every rank-step's peak was measured."""
     win = timed_window(table, warmup_steps)
-    compute = win.pivot(index="step", columns="rank", values="compute_s").to_numpy()
+
+    def by_step_and_rank(column: str) -> np.ndarray:
+        return win.pivot(index="step", columns="rank", values=column).to_numpy(np.float64)
+
     per_step = win.groupby("step")[["step_time_s", "step_wall_s"]].first()
     timed, wall = float(per_step["step_time_s"].sum()), float(per_step["step_wall_s"].sum())
     samples, tokens = float(win["samples"].sum()), float(win["tokens"].sum())
-    out: dict[str, float] = metrics.summarize(
-        compute, samples=samples, tokens=tokens, wall_s=timed
-    ).as_dict()
+    out = metrics.window_metrics(
+        by_step_and_rank("compute_s"), samples=samples, tokens=tokens, seconds=timed,
+        peak_bytes=by_step_and_rank("peak_bytes") if win["peak_bytes"].notna().all() else None,
+        capacity_bytes=capacity_bytes,
+    )  # fmt: skip
     out["timed_s"], out["wall_s"] = timed, wall
-    out["samples_per_s_wall"], out["tokens_per_s_wall"] = samples / wall, tokens / wall
-    peaks = win["peak_bytes"]
-    if capacity_bytes and peaks.notna().all():
-        peak = win.pivot(index="step", columns="rank", values="peak_bytes").to_numpy(np.float64)
-        out["vram_utilization_mean"], out["vram_utilization_max"] = metrics.vram_utilization(
-            peak, capacity_bytes
-        )
+    out["samples_per_s_wall"], out["tokens_per_s_wall"] = metrics.throughput(samples, tokens, wall)
     return out
 
 
