@@ -28,6 +28,8 @@ import pandas as pd
 from scipy import stats as sps
 
 from adaptiveload.analysis.aggregate import per_step
+from adaptiveload.config import schema_default
+from adaptiveload.metrics import throughput
 
 GROUP = ("setup", "variant", "kernel")
 STEP_METRICS = ("step_time_s", "imbalance", "samples_per_s", "tokens_per_s")
@@ -123,8 +125,9 @@ def _run_stats(run: pd.DataFrame, draws: np.ndarray) -> dict[str, np.ndarray]:
         tokens = np.full(shape, run["tokens"].sum(), dtype=float)
     else:
         samples, tokens = v["samples"].sum(axis=-1), v["tokens"].sum(axis=-1)
-    return {"samples": samples / timed, "tokens": tokens / timed,
-            "samples_wall": samples / v["step_wall_s"].sum(axis=-1),
+    samples_per_s, tokens_per_s = throughput(samples, tokens, timed)
+    samples_per_s_wall, _ = throughput(samples, tokens, v["step_wall_s"].sum(axis=-1))
+    return {"samples": samples_per_s, "tokens": tokens_per_s, "samples_wall": samples_per_s_wall,
             "imbalance": v["imbalance"].mean(axis=-1)}
 
 
@@ -182,9 +185,9 @@ def _hierarchical_means(
 def compare(
     runs: pd.DataFrame,
     steps: pd.DataFrame,
-    baseline: str = "equal-token",
-    n_boot: int = 2000,
-    seed: int = 0,
+    baseline: str = schema_default("analysis.baseline"),
+    n_boot: int = schema_default("analysis.bootstrap"),
+    seed: int = schema_default("analysis.seed"),
 ) -> pd.DataFrame:
     """All tests of every policy against `baseline` within each group; one row per test."""
     step_table = per_step(steps)

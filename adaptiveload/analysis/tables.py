@@ -13,6 +13,7 @@ import pandas as pd
 
 from adaptiveload.analysis.aggregate import per_step
 from adaptiveload.analysis.stats import LEVELS, headline
+from adaptiveload.config import schema_default
 
 # arXiv 2605.17923 (abstract; 16 GPUs per a secondary source): what the paper reports
 PAPER = {
@@ -73,7 +74,8 @@ def _stat(stats: pd.DataFrame, key: tuple, metric: str) -> pd.Series | None:
 
 
 def paper_table(
-    runs: pd.DataFrame, steps: pd.DataFrame, stats: pd.DataFrame, baseline: str = "equal-token",
+    runs: pd.DataFrame, steps: pd.DataFrame, stats: pd.DataFrame,
+    baseline: str = schema_default("analysis.baseline"),
     extra_rows: pd.DataFrame | None = None,
 ) -> Table:
     """One row per (setup, kernel, policy) of the base (non-sweep) runs, seeds averaged, the

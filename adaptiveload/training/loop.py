@@ -319,9 +319,10 @@ class Trainer:
             "step_wall_s": rows[0]["step_wall_s"],
             "imbalance_rate": metrics.imbalance_rate(t),
             "idle_fraction": metrics.idle_fraction(t),
-            "tokens_per_s": sum(row["tokens"] for row in rows) / step_time,
-            "samples_per_s": sum(row["samples"] for row in rows) / step_time,
         }
+        out["samples_per_s"], out["tokens_per_s"] = metrics.throughput(
+            sum(row["samples"] for row in rows), sum(row["tokens"] for row in rows), step_time
+        )
         if self.capacity:
             peaks = np.array([[row["peak_bytes"] for row in rows]])
             out["vram_utilization"] = metrics.vram_utilization(peaks, self.capacity)[0]
