@@ -4,10 +4,10 @@ and no file written. Run in-process through the real entry point (`adaptiveload.
 which is what the console script calls; each case gets fresh fixtures in its own folder.
 
 A case is (id, argv, fixtures, expected substring of the error line). argv may use the
-placeholders {cfg} {cal} {manifest} {plan} {spool} {dir} {out}; {out} must stay unwritten.
-Fixture kinds: `config` (overrides merged into a good micro experiment, or raw text/bytes),
-`calibration` (overrides of a real calibration file, or raw text/bytes), `plan` (an edit of a
-real plan table), `spool` (raw text/bytes).
+placeholders {cfg} {cal} {manifest} {plan} {plan_summary} {spool} {dir} {out}; {out} must
+stay unwritten. Fixture kinds: `config` (overrides merged into a good micro experiment, or raw
+text/bytes), `calibration` (overrides of a real calibration file, or raw text/bytes), `plan`
+(an edit of a real plan table), `plan_summary` and `spool` (raw text/bytes).
 """
 
 from __future__ import annotations
@@ -149,6 +149,16 @@ BAD_INPUTS: list[tuple[str, list[str], dict[str, Any], str]] = [
     ("manifest-missing", _with(TRAIN, "--manifest", "{dir}/nope.csv"), {"config": {}},
      "nope.csv"),
     ("manifest-directory", _with(TRAIN, "--manifest", "{dir}"), {"config": {}}, "{dir}"),
+    ("train-plan-missing", _with(TRAIN, "--plan", "{dir}/nope.json"), {"config": {}},
+     "nope.json"),
+    ("train-plan-no-digest", _with(TRAIN, "--plan", "{plan_summary}"),
+     {"config": {}, "plan_summary": '{"policy": "adaptiveload"}'}, "no field plan_digest"),
+    ("train-plan-other-world-size", _with(TRAIN, "--plan", "{plan_summary}"),
+     {"config": {}, "plan_summary": '{"world_size": 5, "plan_digest": "0"}'},
+     "{plan_summary}: field world_size is 5 but this run plans 2"),
+    ("train-plan-other-digest", _with(TRAIN, "--plan", "{plan_summary}"),
+     {"config": {}, "plan_summary": '{"world_size": 2, "plan_digest": "0"}'},
+     "field plan_digest is '0'"),
     # --- plan flags
     ("plan-m-mem-1e308", _with(PLAN, "--m-mem", "1e308"), {"manifest": True}, "m_mem"),
     ("plan-m-comp-1e308", _with(PLAN, "--m-comp", "1e308"), {"manifest": True}, "m_comp"),
@@ -208,6 +218,7 @@ def _fixtures(tmp: Path, spec: dict[str, Any]) -> dict[str, str]:
     paths = {
         "cfg": inputs / "exp.yaml", "cal": inputs / "cal.json", "manifest": inputs / "m.csv",
         "plan": inputs / "plan.parquet", "spool": inputs / "tracking.spool.jsonl",
+        "plan_summary": inputs / "plan.json",
     }  # fmt: skip
     config = spec.get("config")
     if isinstance(config, dict):
@@ -237,6 +248,8 @@ def _fixtures(tmp: Path, spec: dict[str, Any]) -> dict[str, str]:
         _plan_table(paths["manifest"], paths["plan"], plan)
     if "spool" in spec:
         _write(paths["spool"], spec["spool"])
+    if "plan_summary" in spec:
+        _write(paths["plan_summary"], spec["plan_summary"])
     return {**{k: str(v) for k, v in paths.items()}, "dir": str(inputs / "empty")}
 
 

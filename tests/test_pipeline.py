@@ -3,6 +3,7 @@ workflow: outputs, report, MLflow runs, a no-op second run; plus lint and config
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -72,6 +73,14 @@ def test_pipeline_produces_tables_figures_and_mlflow_runs(tiny_run):
         assert "summary/imbalance_rate_mean_of_steps" in run.data.metrics
         assert run.data.params["run.policy"] == run.data.tags["policy"]
         assert len(client.get_metric_history(run.info.run_id, "loss")) == 6
+        policy, seed = run.data.tags["policy"], run.data.tags["seed"]
+        assert run.data.tags["mlflow.note.content"].startswith(f"{policy}, seed {seed}, ")
+        # the run executed the plan the pipeline's plan rule wrote (train --plan)
+        executed = json.loads(
+            (res / "runs" / policy / f"seed{seed}" / "eager" / "plan_summary.json").read_text()
+        )
+        planned = json.loads((res / "plans" / policy / f"seed{seed}.json").read_text())
+        assert executed["plan_digest"] == planned["plan_digest"]
     analysis = next(r for r in runs if r.data.tags.get("adaptiveload.kind") == "analysis")
     assert "train/eager/adaptiveload/throughput_change" in analysis.data.metrics
     assert all(" " not in k for k in analysis.data.metrics) and len(analysis.data.metrics) < 60

@@ -8,6 +8,7 @@ from training_setup import write_experiment
 
 from adaptiveload import config as experiment_config
 from adaptiveload.training.config import ObjectiveConfig, from_experiment
+from adaptiveload.training.distributed import Ranks
 from adaptiveload.training.inputs import prepare_data
 from adaptiveload.training.loop import Trainer
 from adaptiveload.training.objective import (
@@ -79,7 +80,7 @@ def test_emulated_gradient_is_mean_over_all_samples(tmp_path):
     step = int(sizes.index[sizes.nunique(axis=1) > 1][0])  # ranks hold different batch sizes
     position = {sid: i for i, sid in enumerate(data.builder.samples["sample_id"])}
 
-    trainer = Trainer(cfg, data, tmp_path / "ckpt", progress=False)
+    trainer = Trainer(cfg, data, tmp_path / "ckpt", Ranks.emulated(3), progress=False)
     for s in range(step + 1):  # earlier steps' gradients are zeroed by the next call
         rows = trainer.forward_backward(s)
     emulated = _flat_grad(trainer.model).clone()

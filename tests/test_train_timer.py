@@ -13,9 +13,10 @@ from mlflow.tracking import MlflowClient
 from training_setup import write_experiment
 
 from adaptiveload.analysis.aggregate import aggregate, parse_index
-from adaptiveload.tracking.session import Request, train
+from adaptiveload.tracking.run import RunTracker
 from adaptiveload.tracking.store import init_store
 from adaptiveload.training.distributed import CUDA_EVENTS, THREAD_TIME, WALL, timer_of
+from adaptiveload.training.session import Request, train
 
 
 def test_timer_of_each_launch():
@@ -31,8 +32,9 @@ def test_emulated_cpu_run_is_thread_timed_and_says_so(tmp_path, monkeypatch):
     exp = write_experiment(tmp_path, name="timer", steps=4, warmup_steps=1)
     out = tmp_path / "run"
     threads = torch.get_num_threads()
-    summary = train(Request(config=exp, policy="adaptiveload-balanced", seed=0, out=out,
-                            progress=False, checkpoint=False))  # fmt: skip
+    req = Request(config=exp, policy="adaptiveload-balanced", seed=0, out=out, progress=False,
+                  checkpoint=False)  # fmt: skip
+    summary = train(req, open_sink=RunTracker.open)
     assert torch.get_num_threads() == threads  # one thread while training, then restored
 
     steps = pd.read_parquet(out / "steps.parquet")

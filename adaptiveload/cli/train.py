@@ -73,6 +73,10 @@ def train(
     manifest: Annotated[
         Path | None, typer.Option("--manifest", help="manifest instead of the mixture")
     ] = None,
+    plan: Annotated[
+        Path | None,
+        typer.Option("--plan", help="plan summary JSON (adaptiveload plan) to match"),
+    ] = None,
     out: Annotated[
         Path | None, typer.Option(
             "--out", help="run directory",
@@ -93,9 +97,10 @@ def train(
     """
     if os.environ.get(DIE_WITH_PARENT) == "1":
         _die_with_parent()
-    from adaptiveload.tracking.session import Request
-    from adaptiveload.tracking.session import train as run
+    from adaptiveload.tracking.run import RunTracker
     from adaptiveload.tracking.store import configure_environment
+    from adaptiveload.training.session import Request
+    from adaptiveload.training.session import train as run
 
     configure_environment()
 
@@ -103,9 +108,9 @@ def train(
         Request(
             config=config, policy=policy, seed=seed, steps=_steps(steps),
             emulate_world_size=emulate_world_size, kernel=kernel, calibration=calibration,
-            manifest=manifest, out=out, device=device, track=not no_track,
-            checkpoint=not no_checkpoint,
-        )
+            manifest=manifest, plan=plan, out=out, device=device, checkpoint=not no_checkpoint,
+        ),
+        open_sink=None if no_track else RunTracker.open,
     )  # fmt: skip
     if summary:
         keys = ("policy", "seed", "launch_mode", "imbalance_rate", "samples_per_s", "tokens_per_s")

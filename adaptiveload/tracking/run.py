@@ -20,8 +20,10 @@ from typing import Any
 from adaptiveload.errors import UserError, notice
 from adaptiveload.tracking.spool import Spool
 from adaptiveload.tracking.store import (
+    DESCRIPTION_TAG,
     MAX_METRICS_PER_CALL,
     _client,
+    check_reachable,
     chunked,
     experiment_id,
     log_artifact,
@@ -66,6 +68,7 @@ class RunTracker:
         run_dir: Path | None = None,
         supersede: str | None = None,
         description: str | None = None,
+        run_description: str | None = None,
     ) -> RunTracker:
         """Create the run (or reopen `run_id` when resuming); the store must be reachable.
 
@@ -74,7 +77,8 @@ class RunTracker:
         and those still RUNNING (killed before they could say so) are ended as KILLED.
         A `run_id` this store does not hold (the command rerun with another
         MLFLOW_TRACKING_URI) gets a new run here, said in one line. `description`: the
-        experiment's, shown by the MLflow UI (set on every start).
+        experiment's, shown by the MLflow UI (set on every start); `run_description`: the
+        run's, shown the same way (set when the run is created).
         """
         stale = Spool.load(spool_path).run_id if Path(spool_path).exists() else None
         if stale is not None and stale != run_id:
@@ -91,6 +95,8 @@ class RunTracker:
             run_id = None
         exp_id = experiment_id(client, uri, experiment, description)
         if run_id is None:
+            if run_description is not None:
+                tags = {**tags, DESCRIPTION_TAG: run_description}
             if run_dir is not None:
                 tags = {**tags, RUN_DIR_TAG: str(Path(run_dir).resolve())}
             run_id = client.create_run(exp_id, run_name=run_name, tags=dict(tags)).info.run_id
@@ -100,6 +106,15 @@ class RunTracker:
         else:
             client.update_run(run_id, status="RUNNING")
         return cls(uri, run_id, spool_path)
+
+    @classmethod
+    def open(cls, **start: Any) -> RunTracker:
+        """`start` (its arguments but `uri`) on the configured store, with the system metrics
+        monitor running: what a training run reports to. An unreachable store is a UserError
+        here, before any training."""
+        tracker = cls.start(check_reachable(), **start)
+        tracker.start_system_metrics()
+        return tracker
 
     def start_system_metrics(self, sampling_interval: float = 5.0) -> None:
         """MLflow's CPU/GPU/memory monitor (needs psutil; pynvml for GPUs), resumed in place."""
@@ -269,8 +284,6 @@ def sync(spool_path: str | Path, uri: str | None = None) -> int:
     if not spool.records:
         return 0
     pending = len(spool.records)
-    from adaptiveload.tracking.store import check_reachable
-
     uri = check_reachable(uri or spool.uri)
     tracker = RunTracker(uri, spool.run_id, Path(spool_path))
     if not tracker.flush(force=True):

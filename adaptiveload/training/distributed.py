@@ -31,24 +31,56 @@ import torch.distributed as dist
 from torch import nn
 
 from adaptiveload.errors import UserError
+from adaptiveload.training.config import MAX_WORLD_SIZE
 
 
 @dataclass(frozen=True)
 class Ranks:
-    """The plan's ranks and the subset this process runs."""
+    """How this process was launched: the plan's ranks and the subset this process runs.
+
+    Made once per run by `resolve_ranks` and passed down; the run's `launch_mode` and
+    `world_size` (TrainConfig, summary, MLflow tags) are this object's."""
 
     world_size: int
     local: tuple[int, ...]
     distributed: bool
     process_rank: int = 0
+    local_rank: int = 0  # the GPU of this process on its node (torchrun's LOCAL_RANK)
+
+    @classmethod
+    def emulated(cls, world_size: int) -> Ranks:
+        """One process running all `world_size` ranks in turn."""
+        return cls(world_size, tuple(range(world_size)), False)
+
+    @property
+    def launch_mode(self) -> str:
+        return "distributed" if self.distributed else "emulated"
 
     @property
     def is_main(self) -> bool:
         return self.process_rank == 0
 
 
-def under_torchrun() -> bool:
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+def resolve_ranks(emulate_world_size: int | None, world_size: int) -> Ranks:
+    """The run's ranks: the one reader of torchrun's RANK, WORLD_SIZE and LOCAL_RANK.
+
+    Under torchrun (or srun with its variables) each process is one rank of WORLD_SIZE.
+    Otherwise one process emulates `emulate_world_size` ranks (--emulate-world-size), else
+    `world_size` (the experiment's train.world_size).
+    """
+    env = os.environ
+    if "RANK" in env and "WORLD_SIZE" in env:
+        if emulate_world_size is not None:
+            raise UserError("--emulate-world-size: not with torchrun (one process per rank there)")
+        rank, size = int(env["RANK"]), int(env["WORLD_SIZE"])
+        return Ranks(size, (rank,), True, rank, int(env.get("LOCAL_RANK", 0)))
+    if emulate_world_size is None:
+        return Ranks.emulated(world_size)
+    if not 1 <= emulate_world_size <= MAX_WORLD_SIZE:
+        raise UserError(
+            f"--emulate-world-size {emulate_world_size}: must be between 1 and {MAX_WORLD_SIZE}"
+        )
+    return Ranks.emulated(emulate_world_size)
 
 
 BACKEND_ENV = "ADAPTIVELOAD_DIST_BACKEND"
@@ -62,16 +94,16 @@ def backend(device: str) -> str:
     return name
 
 
-def setup(launch_mode: str, world_size: int, device: str) -> tuple[Ranks, torch.device]:
+def setup(ranks: Ranks, device: str) -> torch.device:
     """Start the process group (distributed) and pick this process's device."""
-    if launch_mode == "emulated":
-        dev = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else None
-        return Ranks(world_size, tuple(range(world_size)), False), dev or torch.device("cpu")
-    rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if not ranks.distributed:
+        if device == "cuda":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
     name = backend(device)
     dev = torch.device("cpu")
     if device == "cuda":
-        local, gpus = int(os.environ.get("LOCAL_RANK", 0)), torch.cuda.device_count()
+        local, gpus = ranks.local_rank, torch.cuda.device_count()
         if gpus == 0:
             raise UserError("device cuda: no CUDA GPU is visible to this process")
         if local >= gpus and name == "nccl":
@@ -84,7 +116,7 @@ def setup(launch_mode: str, world_size: int, device: str) -> tuple[Ranks, torch.
         torch.cuda.set_device(dev)
     if not dist.is_initialized():
         dist.init_process_group(backend=name, device_id=dev if name == "nccl" else None)
-    return Ranks(size, (rank,), True, rank), dev
+    return dev
 
 
 def teardown(ranks: Ranks) -> None:

@@ -14,6 +14,8 @@ from adaptiveload.data.bucketing import bucketize
 from adaptiveload.data.dataset import LatentDataset
 from adaptiveload.data.manifest import load_manifest
 from adaptiveload.data.mixtures import synthesize
+from adaptiveload.errors import UserError
+from adaptiveload.io import read_json
 from adaptiveload.model.configs import get_config
 from adaptiveload.planning.policies import Budgets
 from adaptiveload.planning.sampler import PlanBuilder
@@ -29,8 +31,10 @@ def prepare_data(
     cfg: TrainConfig,
     calibration: Calibration | None = None,
     manifest: Path | None = None,
+    plan: Path | None = None,
 ) -> TrainData:
-    """A user manifest (or the experiment's named mixture), bucketized and planned."""
+    """A user manifest (or the experiment's named mixture), bucketized and planned; with
+    `plan` (a plan summary JSON), checked to be the plan that file describes."""
     data = exp["data"]
     manifest = manifest or data["manifest"]
     frame = (
@@ -47,7 +51,9 @@ def prepare_data(
         samples, cfg.policy, budgets, cfg.world_size, cfg.seed, cost_model=calibration,
         num_excluded=int(bucketed.num_excluded),
     )  # fmt: skip
-    builder(0)  # plan epoch 0 now: a missing or bad budget fails before any output
+    epoch0 = builder(0)  # plan epoch 0 now: a missing or bad budget fails before any output
+    if plan is not None:
+        check_plan(plan, epoch0.summary)
     mcfg = get_config(cfg.model)
     dataset = LatentDataset(
         samples,
@@ -57,6 +63,37 @@ def prepare_data(
         seed=DATA_SEED,
     )
     return TrainData(builder=builder, dataset=dataset, calibration=calibration)
+
+
+# summary fields that say what a plan was made from, compared in this order to name the first
+# that differs when two plans' digests do
+PLAN_INPUTS = (
+    "policy", "seed", "epoch", "world_size", "num_samples", "num_excluded",
+    "m_tok", "m_mem", "m_comp", "p", "window_steps", "deal_cost",
+)  # fmt: skip
+
+
+def check_plan(path: Path, planned: dict[str, Any]) -> None:
+    """UserError unless `path` (the summary JSON of `adaptiveload plan`, as the pipeline
+    writes it) describes the epoch-0 plan this run made (`planned`, its summary): same
+    `plan_digest`. Planning is deterministic, so the trainer plans again and compares rather
+    than reading the table; a plan of other inputs (calibration, budgets, world size, data)
+    would otherwise be reported beside measurements of another."""
+    given = read_json(path, "plan summary")
+    if not isinstance(given, dict) or "plan_digest" not in given:
+        raise UserError(
+            f"{path}: no field plan_digest; pass the --summary JSON of `adaptiveload plan`"
+        )
+    if given["plan_digest"] == planned["plan_digest"]:
+        return
+    field = next(
+        (k for k in PLAN_INPUTS if k in given and given[k] != planned.get(k)), "plan_digest"
+    )
+    raise UserError(
+        f"{path}: field {field} is {given[field]!r} but this run plans {planned.get(field)!r} "
+        "(another calibration, config, manifest or world size); plan again with this run's "
+        "inputs, or train without --plan"
+    )
 
 
 def run_identity(cfg: TrainConfig, data: TrainData) -> dict[str, str]:

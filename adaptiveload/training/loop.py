@@ -107,6 +107,7 @@ class Trainer:
         cfg: TrainConfig,
         data: TrainData,
         ckpt_dir: Path | None,
+        ranks: dd.Ranks,
         sink: StepSink | None = None,
         resume: dict[str, Any] | None = None,
         progress: bool = True,
@@ -119,7 +120,7 @@ class Trainer:
         # None: no checkpoints (short measurement runs; the 1.3B's state is 16 GB per save)
         self.ckpt_dir = Path(ckpt_dir) if ckpt_dir is not None else None
         self.progress = progress
-        self.ranks, self.device = dd.setup(cfg.launch_mode, cfg.world_size, cfg.device)
+        self.ranks, self.device = ranks, dd.setup(ranks, cfg.device)
         if self.ranks.world_size != data.builder.world_size:
             raise ValueError(
                 f"plan is for {data.builder.world_size} ranks, launch has {self.ranks.world_size}"

@@ -19,7 +19,7 @@ DISTS = {"torch": "torch", "triton": "triton", "numpy": "numpy", "pandas": "pand
          "yaml": "PyYAML", "jsonschema": "jsonschema", "tqdm": "tqdm",
          "safetensors": "safetensors", "pytest": "pytest", "flash_attn": "flash-attn"}  # fmt: skip
 MODULES = ("adaptiveload.cli", "adaptiveload.config", "adaptiveload.calibration",
-           "adaptiveload.tracking.session", "adaptiveload.training.loop",
+           "adaptiveload.training.session", "adaptiveload.training.loop",
            "adaptiveload.training.distributed", "adaptiveload.ops.kernel_build",
            "adaptiveload.ops.kernel_bench")  # fmt: skip
 

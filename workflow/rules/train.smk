@@ -19,7 +19,6 @@ rule train:
         summary=f"{RES}/runs/{{policy}}/seed{{seed}}/{{kernel}}/summary.json",
     params:
         out=lambda w, output: os.path.dirname(output.summary),
-        world=config["train"]["world_size"],
     threads: ALL_CORES if config["calibration"]["device"] == "cuda" else 1
     resources:
         gpu=1 if config["calibration"]["device"] == "cuda" else 0,
@@ -33,5 +32,5 @@ rule train:
         "OMP_NUM_THREADS={threads} ADAPTIVELOAD_DIE_WITH_PARENT=1 exec adaptiveload train "
         "--config {input.config} "
         "--policy {wildcards.policy} --seed {wildcards.seed} --kernel {wildcards.kernel} "
-        "--emulate-world-size {params.world} --calibration {input.calibration} "
-        "--manifest {input.manifest} --out {params.out} > {log} 2>&1"
+        "--calibration {input.calibration} --manifest {input.manifest} --plan {input.plan} "
+        "--out {params.out} > {log} 2>&1"

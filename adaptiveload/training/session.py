@@ -1,6 +1,12 @@
 """A tracked training run end to end: experiment file -> plan -> training -> table, summary,
 MLflow. What `adaptiveload train` calls; usable from Python the same way.
 
+Training owns the run; tracking is a sink (`RunSink`) the caller passes in: it gets plain
+numbers and paths, and neither package imports the other.
+The ranks are resolved once here (`distributed.resolve_ranks`) and passed down. With
+`Request.plan` (the pipeline's plan summary) the run checks that the epoch-0 plan it executes
+is that plan (`inputs.check_plan`) before anything is written.
+
 Outputs under `out` (all written atomically):
     steps.parquet        the per-step table (one row per (step, rank), shared schema)
     summary.json         the run summary (metrics over steps >= warmup_steps)
@@ -14,10 +20,10 @@ it starts over in a new MLflow run and tags the old one superseded.
 
 from __future__ import annotations
 
-import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -26,13 +32,11 @@ from adaptiveload.costmodel import Calibration
 from adaptiveload.errors import UserError
 from adaptiveload.io import write_json, write_parquet
 from adaptiveload.provenance import device_name, git_commit
-from adaptiveload.tracking.run import RunTracker
-from adaptiveload.tracking.store import DESCRIPTION_TAG, check_reachable, tracking_uri
 from adaptiveload.training import checkpoint
-from adaptiveload.training.config import MAX_WORLD_SIZE, TrainConfig, from_experiment
-from adaptiveload.training.distributed import timer_of, under_torchrun
+from adaptiveload.training.config import TrainConfig, from_experiment
+from adaptiveload.training.distributed import Ranks, resolve_ranks, timer_of
 from adaptiveload.training.inputs import prepare_data, run_identity
-from adaptiveload.training.loop import Trainer
+from adaptiveload.training.loop import StepSink, Trainer
 from adaptiveload.training.summary import run_summary
 
 
@@ -48,29 +52,22 @@ class Request:
     kernel: str | None = None
     calibration: Path | None = None
     manifest: Path | None = None
+    plan: Path | None = None  # the plan summary JSON this run must reproduce (the pipeline's)
     out: Path | None = None
     device: str | None = None
-    track: bool = True
     progress: bool = True
     checkpoint: bool = True  # False: no checkpoints, so no resume (short measurement runs)
 
 
-def resolve(req: Request) -> tuple[dict[str, Any], TrainConfig, Calibration | None, Path]:
+def resolve(
+    req: Request,
+) -> tuple[dict[str, Any], TrainConfig, Ranks, Calibration | None, Path]:
     """Validate everything (files, fields, flags) before any output is written."""
     exp = experiment_config.load(req.config)
-    if req.emulate_world_size is not None and under_torchrun():
-        raise UserError("--emulate-world-size: not with torchrun (one process per rank there)")
-    if under_torchrun():
-        mode, world = "distributed", int(os.environ["WORLD_SIZE"])
-    elif req.emulate_world_size is not None:
-        mode, world = "emulated", req.emulate_world_size
-        if not 1 <= world <= MAX_WORLD_SIZE:
-            raise UserError(f"--emulate-world-size {world}: must be between 1 and {MAX_WORLD_SIZE}")
-    else:
-        mode, world = "emulated", exp["train"]["world_size"]
+    ranks = resolve_ranks(req.emulate_world_size, exp["train"]["world_size"])
     cfg = from_experiment(
-        exp, req.policy, req.seed, launch_mode=mode, world_size=world, steps=req.steps,
-        kernel=req.kernel, device=req.device,
+        exp, req.policy, req.seed, launch_mode=ranks.launch_mode, world_size=ranks.world_size,
+        steps=req.steps, kernel=req.kernel, device=req.device,
     )  # fmt: skip
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise UserError("--device cuda: no CUDA device visible; use --device cpu")
@@ -82,7 +79,7 @@ def resolve(req: Request) -> tuple[dict[str, Any], TrainConfig, Calibration | No
     default_out = (Path("results") / cfg.experiment / "runs" / cfg.policy / f"seed{cfg.seed}"
                    / cfg.kernel)  # fmt: skip
     out = req.out or default_out
-    return exp, cfg, calibration, Path(out)
+    return exp, cfg, ranks, calibration, Path(out)
 
 
 # Summary fields whose MLflow key says which formula they are (adaptiveload.metrics): both are
@@ -102,12 +99,33 @@ def _numeric(summary: dict[str, Any]) -> dict[str, float]:
     }
 
 
-def train(req: Request) -> dict[str, Any]:
-    """Run (or resume) one training run; returns its summary (on the main process)."""
-    exp, cfg, calibration, out = resolve(req)
-    data = prepare_data(exp, cfg, calibration, req.manifest)
+class RunSink(StepSink, Protocol):
+    """Where a run's records go besides its files: every step's metrics (`StepSink`), then
+    the summary, the output files and the final status. `adaptiveload.tracking`'s RunTracker
+    implements it; training hands it plain numbers, strings and paths, and imports nothing of
+    tracking (the caller passes the opener: `RunTracker.open`)."""
+
+    def log_summary(self, metrics: Mapping[str, float]) -> None: ...
+
+    def log_artifact(self, path: Path) -> None: ...
+
+    def finish(self, status: str = "FINISHED") -> Any: ...
+
+
+# opens a run's sink from the keyword arguments `train` describes the run with (experiment,
+# run_name, params, tags, run_description, spool_path, run_id, run_dir, supersede, description)
+OpenSink = Callable[..., RunSink]
+
+
+def train(req: Request, open_sink: OpenSink | None = None) -> dict[str, Any]:
+    """Run (or resume) one training run; returns its summary (on the main process).
+
+    `open_sink`: where the main process reports the run (None: nowhere), opened after every
+    input is checked and before training starts, so an unreachable store fails early."""
+    exp, cfg, ranks, calibration, out = resolve(req)
+    data = prepare_data(exp, cfg, calibration, req.manifest, req.plan)
     ckpt_dir = out / "checkpoints" if req.checkpoint else None
-    main = int(os.environ.get("RANK", 0)) == 0
+    main = ranks.is_main
     identity = run_identity(cfg, data)
     found = (
         checkpoint.find(ckpt_dir, identity["identity"], tidy=main)
@@ -115,11 +133,9 @@ def train(req: Request) -> dict[str, Any]:
         else checkpoint.Found()
     )
     resume = found.state
-    tracker = None
-    if req.track and main:
-        uri = check_reachable(tracking_uri())  # clear error before any training
-        tracker = RunTracker.start(
-            uri,
+    sink = None
+    if open_sink is not None and main:
+        sink = open_sink(
             experiment=cfg.experiment,
             run_name=cfg.run_name,
             params={
@@ -140,31 +156,30 @@ def train(req: Request) -> dict[str, Any]:
                 "launch_mode": cfg.launch_mode,
                 "world_size": str(cfg.world_size),
                 "source": "measured",
-                DESCRIPTION_TAG: (
-                    f"{cfg.policy}, seed {cfg.seed}, kernel {cfg.kernel}: {cfg.model} trained "
-                    f"on {cfg.world_size} {cfg.launch_mode} ranks ({device_name(cfg.device)}); "
-                    "per-step and summary metrics measured"
-                ),
                 "timer": timer_of(cfg.launch_mode, cfg.device),
                 "timed_window": cfg.timed_window,
             },
+            run_description=(
+                f"{cfg.policy}, seed {cfg.seed}, kernel {cfg.kernel}: {cfg.model} trained "
+                f"on {cfg.world_size} {cfg.launch_mode} ranks ({device_name(cfg.device)}); "
+                "per-step and summary metrics measured"
+            ),
             spool_path=out / "tracking.spool.jsonl",
             run_id=(resume or {}).get("tracking", {}).get("run_id"),
             run_dir=out,
             supersede=(found.stale or {}).get("tracking", {}).get("run_id"),
             description=exp.get("description"),
         )
-        tracker.start_system_metrics()
     trainer = None
     try:
         trainer = Trainer(
-            cfg, data, ckpt_dir, sink=tracker, resume=resume, progress=req.progress,
+            cfg, data, ckpt_dir, ranks, sink=sink, resume=resume, progress=req.progress,
             identity=identity["identity"],
         )  # fmt: skip
         result = trainer.run()
     except BaseException:
-        if tracker is not None:
-            tracker.finish(status="FAILED")
+        if sink is not None:
+            sink.finish(status="FAILED")
         raise
     finally:
         if trainer is not None:
@@ -176,9 +191,9 @@ def train(req: Request) -> dict[str, Any]:
     write_parquet(out / "steps.parquet", result.steps)
     write_json(out / "plan_summary.json", plan_summary)
     write_json(out / "summary.json", summary)
-    if tracker is not None:
-        tracker.log_summary(_numeric(summary))
+    if sink is not None:
+        sink.log_summary(_numeric(summary))
         for name in ("steps.parquet", "plan_summary.json", "summary.json"):
-            tracker.log_artifact(out / name)
-        tracker.finish()
+            sink.log_artifact(out / name)
+        sink.finish()
     return summary
