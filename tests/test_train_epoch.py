@@ -12,7 +12,7 @@ from training_setup import write_experiment
 
 from adaptiveload.config import WHOLE_EPOCH, run_steps
 from adaptiveload.errors import UserError
-from adaptiveload.tracking.session import Request, train
+from adaptiveload.training.session import Request, train
 
 WARMUP = 2
 SAME = ["step", "rank", "samples", "tokens", "frames", "height", "width"]
@@ -20,7 +20,7 @@ SAME = ["step", "rank", "samples", "tokens", "frames", "height", "width"]
 
 def _run(exp, out, **kw) -> dict:
     return train(Request(config=exp, policy="adaptiveload-balanced", seed=0, out=out,
-                         track=False, progress=False, **kw))  # fmt: skip
+                         progress=False, **kw))  # fmt: skip
 
 
 def test_whole_epoch_is_timed_after_a_replayed_warmup(tmp_path):
