@@ -31,7 +31,7 @@ RECORD_NAME = "build.json"  # written beside the library by the build
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 
 
-def checkout_root() -> Path | None:
+def _checkout_root() -> Path | None:
     """The source tree this package runs from (editable install or PYTHONPATH), else None."""
     root = PACKAGE_DIR.parent
     return root if (root / "pyproject.toml").is_file() else None
@@ -41,7 +41,7 @@ def default_build_dir() -> Path:
     """The build folder of the library: see the module docstring for the order."""
     if env := os.environ.get(BUILD_DIR_ENV):
         return Path(env)
-    if (root := checkout_root()) is not None:
+    if (root := _checkout_root()) is not None:
         return root / "build" / "kernels"
     cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(cache) / "adaptiveload" / "kernels"
