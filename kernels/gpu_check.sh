@@ -39,7 +39,7 @@ export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
 export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 export PATH="$CUDA_HOME/bin:$(dirname "$(command -v "$PY")"):$PATH"
 export MAX_JOBS=${MAX_JOBS:-8}
-export ADAPTIVELOAD_KERNEL_LIB="$BUILD/adaptiveload_kernels.so"
+export ADAPTIVELOAD_BUILD_DIR="$BUILD"  # where the build writes and every step loads from
 export PYTHONUNBUFFERED=1
 START=$(date +%s)
 printf 'step\tstatus\tseconds\n' > "$OUT/steps.tsv"
@@ -76,7 +76,7 @@ step() {  # step NAME TIMEOUT_S LOGFILE CMD...: run with a time limit, record st
 cat "$OUT/env.txt"
 
 # 1. build (the record says built/skipped/failed and why)
-step build 150 "$OUT/build.log" "$PY" -m adaptiveload.ops.kernel_build --out "$BUILD" --arch "$ARCH"
+step build 150 "$OUT/build.log" "$PY" -m adaptiveload.ops.kernel_build --arch "$ARCH"
 cp "$BUILD/build.json" "$OUT/build.json" 2>/dev/null
 if ! "$PY" -c 'import sys; from adaptiveload.ops import ln_modulate as lm; r = lm.fused_unavailable_reason(); print("fused kernel:", r or "available"); sys.exit(1 if r else 0)' >> "$OUT/build.log" 2>&1 && [ "${ALLOW_NO_GPU:-0}" != 1 ]; then
   tail -n 3 "$OUT/build.log"

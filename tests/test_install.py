@@ -1,28 +1,39 @@
-"""The light core: the wheel's metadata, and the CLI in a fresh venv that has only the core.
+"""The package as installed, not as checked out: the wheel's metadata and package data, the
+CLI in a fresh venv that has only the core, and the pipeline's commands in a fresh venv that
+has every extra, run from a folder outside the checkout.
 
-The fresh venv is built offline: the wheel is installed with `--no-deps`, and the core's
-dependencies (the closure of the wheel's unconditional Requires-Dist, resolved through the
-installed distributions of this environment) are linked into one folder the venv sees through a
-.pth file. Nothing of the extras (snakemake, mlflow, seaborn, av, ...) is importable there,
-which the test checks before it plans a manifest with empty fps cells.
+The fresh venvs are built offline: the wheel is installed with `--no-deps`. The core venv sees
+the core's dependencies (the closure of the wheel's unconditional Requires-Dist, resolved
+through the installed distributions of this environment), linked into one folder it reads
+through a .pth file; nothing of the extras (snakemake, mlflow, seaborn, av, ...) is importable
+there, which the test checks before it plans a manifest with empty fps cells. The full venv sees
+this environment's site-packages through a .pth file (what `venv --system-site-packages` does
+for a system Python), but not the checkout: a .pth line only adds a folder to sys.path, so the
+editable install's hook in that folder stays inactive.
 """
 
 from __future__ import annotations
 
 import email
+import json
 import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import zipfile
 from importlib import metadata
 from pathlib import Path
 
+import pandas as pd
 import pytest
+import yaml
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from adaptiveload.config import load as load_config
 from adaptiveload.extras import EXTRA_OF
+from adaptiveload.ops import kernel_build as kb
 
 ROOT = Path(__file__).resolve().parents[1]
 EXTRAS = {"pipeline", "tracking", "kernel", "media", "all", "dev"}
@@ -70,6 +81,8 @@ def test_wheel_metadata_core_vs_extras(wheel):
     with zipfile.ZipFile(wheel) as zf:
         names = zf.namelist()
     assert "adaptiveload/config.schema.yaml" in names  # experiment files validate when installed
+    kernel_sources = {p.relative_to(ROOT).as_posix() for p in kb.KERNEL_DIR.iterdir()}
+    assert kernel_sources and kernel_sources <= set(names)  # `kernel build` compiles installed
     assert any(n.endswith("licenses/LICENSE") for n in names)
 
 
@@ -177,3 +190,193 @@ def test_core_venv_plans_a_manifest_with_empty_fps(core_python, tmp_path):
     assert tracking.returncode == 2
     assert tracking.stderr.strip().count("\n") == 0 and "Traceback" not in tracking.stderr
     assert "adaptiveload[tracking]" in tracking.stderr
+
+
+# --- the pipeline's commands from an installed package, outside the checkout ---------------
+
+
+def _purelib(python: Path) -> Path:
+    return Path(subprocess.check_output(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], text=True
+    ).strip())  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def full_venv(wheel, tmp_path_factory) -> Path:
+    """A fresh venv: the wheel installed by pip (so `adaptiveload` is in its bin/, as the
+    pipeline's rules call it), every extra seen through this environment's site-packages."""
+    venv = tmp_path_factory.mktemp("full") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps",
+         "--no-index", "-q", str(wheel)],
+        check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    (_purelib(python) / "shared-env.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    return venv
+
+
+def _venv_env(venv: Path, **extra: str) -> dict[str, str]:
+    """This environment minus what points at the checkout or a tracking server, with the
+    venv's bin/ first on PATH."""
+    drop = ("PYTHONPATH", "VIRTUAL_ENV", "MLFLOW_TRACKING_URI", "ADAPTIVELOAD_BUILD_DIR")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    env.update(PATH=f"{venv / 'bin'}{os.pathsep}{env['PATH']}", OMP_NUM_THREADS="1",
+               MLFLOW_ENABLE_TELEMETRY="false", DO_NOT_TRACK="1", MPLBACKEND="Agg",
+               **extra)  # fmt: skip
+    return env
+
+
+def _cli(env: dict[str, str], cwd: Path, *args: str) -> str:
+    """One `adaptiveload` command as a rule's shell line runs it; its log (stdout + stderr)."""
+    return _stage(env, cwd, list(args))[0]
+
+
+def _stage(env: dict[str, str], cwd: Path, *commands: list[str]) -> list[str]:
+    """Independent `adaptiveload` commands (found on PATH) side by side, as Snakemake runs the
+    jobs that are ready, each into its own log under cwd/logs/; each must exit 0."""
+    folder = cwd / "logs"
+    folder.mkdir(exist_ok=True)
+    first = len(list(folder.iterdir()))  # numbered in the order the commands ran
+    logs = [folder / f"{first + i}.log" for i in range(len(commands))]
+    procs = []
+    for command, log in zip(commands, logs, strict=True):
+        with log.open("w") as f:
+            procs.append(subprocess.Popen(["adaptiveload", *command], cwd=cwd, env=env,
+                                          stdout=f, stderr=subprocess.STDOUT))  # fmt: skip
+    for command, proc, log in zip(commands, procs, logs, strict=True):
+        assert proc.wait(timeout=300) == 0, (command, log.read_text()[-3000:])
+    return [log.read_text() for log in logs]
+
+
+def _assert_imports_the_installed_package(venv: Path, cwd: Path, env: dict[str, str]) -> None:
+    code = "import adaptiveload; print(adaptiveload.__file__)"
+    probe = subprocess.run(["python", "-c", code], cwd=cwd, env=env, capture_output=True,
+                           text=True, check=True)  # fmt: skip
+    where = Path(probe.stdout.strip())
+    assert where.is_relative_to(_purelib(venv / "bin" / "python")), where  # not the checkout
+
+
+@pytest.mark.slow
+def test_installed_package_runs_the_pipelines_commands(full_venv, tmp_path):
+    """The tiny experiment's stages, each the command its rule in workflow/rules/ runs, from a
+    folder outside the checkout: manifests, describe, tracking store, calibration, plans,
+    training, a simulation, and the analysis (aggregate, statistics, tables, figures, the
+    MLflow analysis run). Smaller than the pipeline's tiny run: one seed, 3 steps (2 timed),
+    3 calibration sizes, a 60-sample simulation, 3 figures."""
+    work = tmp_path / "work"
+    work.mkdir()
+    env = _venv_env(full_venv, XDG_CACHE_HOME=str(tmp_path / "cache"))
+    _assert_imports_the_installed_package(full_venv, work, env)
+    assert shutil.which("adaptiveload", path=env["PATH"]) == str(full_venv / "bin/adaptiveload")
+
+    sim_cal = "h200.json"  # a simulation's calibration file, as a user brings one
+    shutil.copy(ROOT / "experiments/calibration/h200-wan2.1-t2v-1.3b.json", work / sim_cal)
+    cfg = yaml.safe_load((ROOT / "tests/data/tiny.yaml").read_text())
+    cfg["seeds"] = [0]
+    cfg["train"]["steps"] = 3
+    cfg["calibration"].update(tokens=[16, 256, 2048], warmup=0)
+    cfg["simulate"] = [dict(cfg["simulate"][0], calibration=sim_cal, num_samples=60)]
+    cfg["sweeps"] = {"p": []}
+    (work / "tiny.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    cfg = load_config(work / "tiny.yaml")  # with the defaults the commands fill in
+    data, sim, policies = cfg["data"], cfg["simulate"][0], cfg["policies"]
+    frames = ["--max-frames", str(data["max_frames"])]
+    bucket = ["--bucketing", data["bucketing"], "--grid", data["grid"], *frames]
+    sim_bucket = ["--bucketing", sim["bucketing"], "--grid", sim["grid"], *frames]
+    cal, manifest, sim_manifest = "calibration.json", "data/manifest.parquet", "sim/mixture.parquet"
+    run = {p: f"runs/{p}/seed0/eager" for p in policies}
+    simd = {p: f"sim/{p}/seed0" for p in policies}
+
+    _stage(env, work,
+           ["manifest", "synth", "--mixture", data["mixture"], "-n", str(data["num_samples"]),
+            "--seed", "0", "-o", manifest],
+           ["manifest", "synth", "--mixture", sim["mixture"], "-n", str(sim["num_samples"]),
+            "--seed", "0", "-o", sim_manifest],
+           ["tracking", "init"])  # fmt: skip
+    _stage(env, work,
+           ["manifest", "describe", manifest, *bucket, "--json", "-o", "describe.json"],
+           ["calibrate", "--config", "tiny.yaml", "--threads", "1", "--manifest", manifest,
+            "-o", cal],
+           *[["plan", "--manifest", sim_manifest, "--policy", p, "--seed", "0",
+              "--calibration", sim_cal, "--world-size", str(sim["world_size"]), *sim_bucket,
+              "--allreduce-gbps", str(sim["allreduce_gbps"]), "-o", f"{simd[p]}/plan.parquet",
+              "--summary", f"{simd[p]}/plan.json"] for p in policies])  # fmt: skip
+    _stage(env, work,
+           *[["plan", "--manifest", manifest, "--policy", p, "--seed", "0", "--calibration",
+              cal, "--world-size", str(cfg["train"]["world_size"]), *bucket, "--allreduce-gbps",
+              str(cfg["train"]["allreduce_gbps"]), "-o", f"plans/{p}.parquet",
+              "--summary", f"plans/{p}.json"] for p in policies],
+           *[["simulate", "--plan", f"{simd[p]}/plan.parquet", "--calibration", sim_cal,
+              "--allreduce-gbps", str(sim["allreduce_gbps"]), "--warmup-steps",
+              str(cfg["train"]["warmup_steps"]), "--experiment", cfg["name"],
+              "-o", f"{simd[p]}/steps.parquet", "--summary", f"{simd[p]}/summary.json"]
+             for p in policies])  # fmt: skip
+    _stage(env, work,
+           *[["train", "--config", "tiny.yaml", "--policy", p, "--seed", "0", "--kernel",
+              "eager", "--emulate-world-size", str(cfg["train"]["world_size"]),
+              "--calibration", cal, "--manifest", manifest, "--out", run[p]]
+             for p in policies])  # fmt: skip
+
+    index = [dict(setup="train", variant="base", summary=f"{run[p]}/summary.json",
+                  steps=f"{run[p]}/steps.parquet", calibration=cal) for p in policies]
+    index += [dict(setup=f"sim/{sim['name']}", variant="base", experiment=cfg["name"],
+                   kernel="none", summary=f"{simd[p]}/summary.json",
+                   steps=f"{simd[p]}/steps.parquet", calibration=sim_cal) for p in policies]
+    _cli(env, work, "analyze", "aggregate", "--index", json.dumps(index),
+         "--runs-out", "runs.parquet", "--steps-out", "steps.parquet")  # fmt: skip
+    tables = ["--runs", "runs.parquet", "--steps", "steps.parquet"]
+    baseline = ["--baseline", cfg["analysis"]["baseline"]]
+    _cli(env, work, "analyze", "stats", *tables, "--csv", "stats.csv", "--md", "stats.md",
+         *baseline, "--n-boot", "200", "--seed", "0")  # fmt: skip
+    tables += ["--stats", "stats.csv"]
+    figures = ["throughput", "calibration_fit", "imbalance_distribution"]
+    _stage(env, work,
+           ["analyze", "tables", *tables, "--out-dir", "tables", *baseline],
+           ["analyze", "figures", *tables, "--describe", "describe.json", "--calibration", cal,
+            "--mixture", data["mixture"], "--out-dir", "figures",
+            *[a for f in figures for a in ("--figure", f)]])  # fmt: skip
+    _cli(env, work, "analyze", "record", "--experiment", cfg["name"], "--paper-table",
+         "tables/paper_table.csv", "--stats", "stats.csv", "--config", "tiny.yaml",
+         "-o", "analysis.json")  # fmt: skip
+
+    assert len(pd.read_parquet(work / manifest)) == data["num_samples"]
+    assert json.loads((work / "describe.json").read_text())["num_samples"] == data["num_samples"]
+    calibration = json.loads((work / cal).read_text())
+    assert all(calibration[k] > 0 for k in ("p", "m_mem", "m_comp")), calibration
+    runs = pd.read_parquet(work / "runs.parquet")
+    assert len(runs) == 4 and set(runs["policy"]) == set(policies)
+    steps = pd.read_parquet(work / "steps.parquet")
+    trained = steps[steps["setup"] == "train"]
+    assert set(trained["step"]) == {0, 1, 2} and set(trained["rank"]) == {0, 1}
+    assert (trained["tokens"] > 0).all()
+    stats = pd.read_csv(work / "stats.csv")
+    assert set(stats["setup"]) == {"train", f"sim/{sim['name']}"}
+    assert set(stats["policy"]) == {"adaptiveload"} and set(stats["baseline"]) == {"equal-token"}
+    assert all(p in (work / "tables/paper_table.md").read_text() for p in policies)
+    for name in figures:
+        assert (work / "figures" / f"{name}.png").read_bytes()[:4] == b"\x89PNG", name
+    assert json.loads((work / "analysis.json").read_text())
+    assert (work / "results" / "mlflow.db").stat().st_size > 0  # the store in the working dir
+    assert not (tmp_path / "cache" / "adaptiveload").exists()  # no kernel build ran
+
+
+@pytest.mark.slow
+def test_installed_package_builds_and_loads_the_kernel_from_the_user_cache(full_venv, tmp_path):
+    """`adaptiveload kernel build` of an installed package compiles the sources it ships into
+    the user cache folder ($XDG_CACHE_HOME/adaptiveload/kernels), where the loader then finds
+    the library with no variable set (~40 s: one nvcc build for sm_90)."""
+    if reason := kb.skip_reason():
+        pytest.skip(f"cannot build the CUDA library here: {reason}")
+    cache = tmp_path / "cache"
+    env = _venv_env(full_venv, XDG_CACHE_HOME=str(cache), TORCH_CUDA_ARCH_LIST="9.0")
+    _assert_imports_the_installed_package(full_venv, tmp_path, env)
+    log = _cli(env, tmp_path, "kernel", "build")
+    build_dir = cache / "adaptiveload" / "kernels"
+    record = json.loads((build_dir / kb.RECORD_NAME).read_text())
+    assert record["status"] == "built" and "kernel build built" in log, record
+    code = "from adaptiveload.ops import ln_modulate as lm\nprint(lm._LOAD.loaded, lm._LOAD.path)"
+    probe = subprocess.run(["python", "-c", code], cwd=tmp_path, env=env, capture_output=True,
+                           text=True, check=True)  # fmt: skip
+    assert probe.stdout.split() == ["True", str(build_dir / "adaptiveload_kernels.so")]

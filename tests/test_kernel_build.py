@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 
 def _run_with_library(built: dict, code: str) -> subprocess.CompletedProcess:
     """Run `code` in a fresh interpreter that loads the built library; it must exit 0."""
-    env = dict(os.environ, ADAPTIVELOAD_KERNEL_LIB=built["library"])
+    env = dict(os.environ, ADAPTIVELOAD_BUILD_DIR=str(Path(built["library"]).parent))
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False
     )
@@ -74,7 +74,7 @@ def test_build_skips_without_nvcc(tmp_path: Path) -> None:
     )
     env.pop("CUDA_PATH", None)
     out = subprocess.run(
-        [sys.executable, "-m", "adaptiveload", "kernel", "build", "--out", str(tmp_path)],
+        [sys.executable, "-m", "adaptiveload", "kernel", "build", "--build-dir", str(tmp_path)],
         env=env, capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr

@@ -24,7 +24,7 @@ def test_gpu_check_dry_run_packs_every_part(tmp_path: Path) -> None:
         CUDA_HOME=str(tmp_path / "no-cuda"), PATH=f"{Path(sys.executable).parent}:/usr/bin:/bin",
         NCU_TIMEOUT_S="0", OMP_NUM_THREADS="1",
     )  # fmt: skip
-    env.pop("ADAPTIVELOAD_KERNEL_LIB", None)
+    env.pop("ADAPTIVELOAD_BUILD_DIR", None)
     proc = subprocess.run(
         ["bash", str(ROOT / "kernels" / "gpu_check.sh"), str(out)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900, check=False,

@@ -7,11 +7,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from adaptiveload.ops import kernel_lib
 from adaptiveload.ops import ln_modulate as lm
 
 torch.set_num_threads(1)
@@ -135,6 +137,16 @@ def test_fused_unavailable_without_gpu_says_why():
     assert lm.fused_unavailable_reason()
 
 
+def test_build_dir_is_the_env_vars_else_the_checkouts(monkeypatch, tmp_path):
+    """One folder for the build and the loader: $ADAPTIVELOAD_BUILD_DIR, else build/kernels of
+    this checkout (an installed package's user-cache default: tests/test_install.py)."""
+    monkeypatch.delenv(kernel_lib.BUILD_DIR_ENV, raising=False)
+    root = Path(__file__).resolve().parents[1]
+    assert kernel_lib.default_build_dir() == root / "build" / "kernels"
+    monkeypatch.setenv(kernel_lib.BUILD_DIR_ENV, str(tmp_path))
+    assert kernel_lib.library_path() == tmp_path / "adaptiveload_kernels.so"
+
+
 def test_not_built_fallback_defines_the_ops():
     """Without the library the same ops exist (defined in Python) and run the reference."""
     code = (
@@ -144,7 +156,7 @@ def test_not_built_fallback_defines_the_ops():
         "torch.testing.assert_close(lm.ln_modulate(x, s, t), lm.reference(x, s, t))\n"
         "print(torch.ops.adaptiveload.ln_modulate_fwd.default._schema)\n"
     )
-    env = dict(os.environ, ADAPTIVELOAD_KERNEL_LIB="/nonexistent/adaptiveload_kernels.so")
+    env = dict(os.environ, ADAPTIVELOAD_BUILD_DIR="/nonexistent")
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     )
@@ -157,7 +169,7 @@ def test_library_built_for_another_torch_is_not_loaded(tmp_path):
     lib.write_bytes(b"not a library")
     (tmp_path / "build.json").write_text('{"torch_version": "0.0.0"}')
     code = "from adaptiveload.ops import ln_modulate as lm\nprint(lm.fused_unavailable_reason())\n"
-    env = dict(os.environ, ADAPTIVELOAD_KERNEL_LIB=str(lib))
+    env = dict(os.environ, ADAPTIVELOAD_BUILD_DIR=str(tmp_path))
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     )

@@ -2,7 +2,7 @@
 dispatcher can launch, compiled for sm_90 with `ptxas -v`, fits the SM (registers x threads
 per CTA, shared memory with or without the opt-in) and spills nothing; every dispatched
 instance is compiled and every compiled one is dispatched; the Python validator's limits are
-the header's. Compiling takes ~1-2 minutes on 2 cores, cached under build/kernel_resources/."""
+the header's. Compiling takes ~1-2 minutes on 2 cores, cached in build/kernels/resources/."""
 
 from __future__ import annotations
 

@@ -15,10 +15,15 @@ kernel = group("kernel", "Fused LayerNorm-Modulate CUDA kernel: build, benchmark
 
 
 @kernel.command("build", epilog=examples(
-    "adaptiveload kernel build", "adaptiveload kernel build --arch '9.0;8.0' --out build/k",
+    "adaptiveload kernel build", "adaptiveload kernel build --arch '9.0;8.0' --build-dir build/k",
 ))
 def build_cmd(
-    out: Annotated[Path | None, Opt(help="build directory", show_default="build/kernels")] = None,
+    build_dir: Annotated[
+        Path | None,
+        Opt(help="where the library goes (set $ADAPTIVELOAD_BUILD_DIR too, for the loader)",
+            show_default="$ADAPTIVELOAD_BUILD_DIR, else build/kernels of a checkout, "
+            "else ~/.cache/adaptiveload/kernels"),
+    ] = None,
     arch: Annotated[
         str | None,
         Opt(help="TORCH_CUDA_ARCH_LIST, e.g. '9.0;8.0'",
@@ -28,11 +33,10 @@ def build_cmd(
 ) -> None:
     """Compile the library; without nvcc/ninja/CUDA torch: status 'skipped', exit 0."""
     from adaptiveload.ops import kernel_build as kb
-    from adaptiveload.ops.kernel_lib import DEFAULT_BUILD_DIR
 
     arch = arch or os.environ.get("TORCH_CUDA_ARCH_LIST") or kb.DEFAULT_ARCH
     try:
-        record = kb.build(out or DEFAULT_BUILD_DIR, arch, verbose)
+        record = kb.build(build_dir, arch, verbose)
     except RuntimeError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from exc

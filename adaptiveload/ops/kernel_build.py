@@ -6,8 +6,12 @@ tens of seconds per architecture on a small machine. Without nvcc, ninja or a CU
 torch the build is *skipped* (status "skipped" with the reason) rather than failed, so the
 pipeline and CPU-only installs carry on with the reference implementation.
 
+The CUDA sources ship inside the package (`adaptiveload/ops/kernels/`), so an installed
+package builds as a checkout does; the library goes to the build folder of kernel_lib
+(`--build-dir`, else $ADAPTIVELOAD_BUILD_DIR, the checkout's build/kernels or the user cache).
+
 Runnable without the CLI's dependencies (the GPU check script uses this):
-    python -m adaptiveload.ops.kernel_build --out DIR --arch "9.0;8.0"
+    python -m adaptiveload.ops.kernel_build --build-dir DIR --arch "9.0;8.0"
 """
 
 from __future__ import annotations
@@ -24,9 +28,9 @@ from typing import Any
 import torch
 
 from adaptiveload.io import write_json
-from adaptiveload.ops.kernel_lib import DEFAULT_BUILD_DIR, LIB_NAME, RECORD_NAME, REPO_ROOT
+from adaptiveload.ops.kernel_lib import LIB_NAME, RECORD_NAME, default_build_dir, library_path
 
-KERNEL_DIR = REPO_ROOT / "kernels"
+KERNEL_DIR = Path(__file__).resolve().parent / "kernels"  # package data (pyproject.toml)
 SOURCES = ("ln_modulate_fwd.cu", "ln_modulate_bwd.cu", "ln_modulate_binding.cpp")
 DEFAULT_ARCH = "9.0"
 # nvcc flags of ours (cpp_extension adds its COMMON_NVCC_FLAGS and -std=c++17); the resource
@@ -90,12 +94,13 @@ def skip_reason() -> str:
 
 
 def build(
-    out_dir: Path = DEFAULT_BUILD_DIR, arch: str = DEFAULT_ARCH, verbose: bool = False
+    out_dir: Path | None = None, arch: str = DEFAULT_ARCH, verbose: bool = False
 ) -> dict[str, Any]:
-    """Build `<out_dir>/adaptiveload_kernels.so` for the `;`-separated arch list; write and
-    return the record. Raises RuntimeError (after writing a 'failed' record) if compiling fails.
+    """Build `<out_dir>/adaptiveload_kernels.so` (default: kernel_lib's build folder) for the
+    `;`-separated arch list; write and return the record. Raises RuntimeError (after writing a
+    'failed' record) if compiling fails.
     """
-    out_dir = Path(out_dir)
+    out_dir = Path(out_dir) if out_dir is not None else default_build_dir()
     out_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     record: dict[str, Any] = {
@@ -124,7 +129,7 @@ def build(
         + (["--verbose"] if verbose else []),
         env=env, capture_output=not verbose, text=True, check=False,
     )  # fmt: skip
-    library = out_dir / f"{LIB_NAME}.so"
+    library = library_path(out_dir)
     if child.returncode != 0:
         tail = (child.stderr or "")[-4000:]
         record.update(status="failed", reason=f"compiler exit {child.returncode}: {tail}")
@@ -160,7 +165,8 @@ def _compile(out_dir: Path, verbose: bool) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=DEFAULT_BUILD_DIR)
+    parser.add_argument("--build-dir", type=Path, help="default: $ADAPTIVELOAD_BUILD_DIR, else "
+                        "the checkout's build/kernels, else the user cache")  # fmt: skip
     parser.add_argument("--arch", default=os.environ.get("TORCH_CUDA_ARCH_LIST", DEFAULT_ARCH))
     parser.add_argument("--verbose", action="store_true")
     parser.add_argument("--compile-only", type=Path, help=argparse.SUPPRESS)
@@ -169,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         _compile(args.compile_only, args.verbose)
         return 0
     try:
-        record = build(args.out, args.arch, args.verbose)
+        record = build(args.build_dir, args.arch, args.verbose)
     except RuntimeError as exc:
         print(exc, file=sys.stderr)
         return 1

@@ -1,10 +1,19 @@
-"""Finding and loading the built fused-kernel library, once per process.
+"""Where the fused-kernel library is built and found, and loading it once per process.
 
-The library is the shared object `adaptiveload kernel build` writes (default
-`<repo>/build/kernels/adaptiveload_kernels.so`; the env var ADAPTIVELOAD_KERNEL_LIB names
-another file). Loading registers `torch.ops.adaptiveload.ln_modulate_{fwd,bwd}` with their CUDA
-kernels. A failed load is remembered with its reason, so callers fall back to the reference
-implementation without retrying (or re-raising) on every call.
+The library is the shared object `adaptiveload kernel build` writes into its build folder,
+beside `build.json`, the record of the build. One folder serves both the build and the loader:
+
+1. $ADAPTIVELOAD_BUILD_DIR, when set (the pipeline sets it for its jobs);
+2. else `build/kernels/` of the checkout this package runs from (a source tree with its
+   pyproject.toml one level above the package);
+3. else `adaptiveload/kernels/` in the user's cache folder ($XDG_CACHE_HOME, else ~/.cache),
+   for an installed package, whose own folder may not be writable.
+
+`adaptiveload kernel build --build-dir DIR` builds elsewhere; set $ADAPTIVELOAD_BUILD_DIR to the
+same DIR for the processes that should load it. Loading registers
+`torch.ops.adaptiveload.ln_modulate_{fwd,bwd}` with their CUDA kernels. A failed load is
+remembered with its reason, so callers fall back to the reference implementation without
+retrying (or re-raising) on every call.
 """
 
 from __future__ import annotations
@@ -16,17 +25,31 @@ from pathlib import Path
 
 import torch
 
-ENV_VAR = "ADAPTIVELOAD_KERNEL_LIB"
+BUILD_DIR_ENV = "ADAPTIVELOAD_BUILD_DIR"
 LIB_NAME = "adaptiveload_kernels"
-REPO_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_BUILD_DIR = REPO_ROOT / "build" / "kernels"
 RECORD_NAME = "build.json"  # written beside the library by the build
+PACKAGE_DIR = Path(__file__).resolve().parents[1]
 
 
-def default_library_path() -> Path:
-    """Where the library is looked for: $ADAPTIVELOAD_KERNEL_LIB, else the default build dir."""
-    env = os.environ.get(ENV_VAR)
-    return Path(env) if env else DEFAULT_BUILD_DIR / f"{LIB_NAME}.so"
+def _checkout_root() -> Path | None:
+    """The source tree this package runs from (editable install or PYTHONPATH), else None."""
+    root = PACKAGE_DIR.parent
+    return root if (root / "pyproject.toml").is_file() else None
+
+
+def default_build_dir() -> Path:
+    """The build folder of the library: see the module docstring for the order."""
+    if env := os.environ.get(BUILD_DIR_ENV):
+        return Path(env)
+    if (root := _checkout_root()) is not None:
+        return root / "build" / "kernels"
+    cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(cache) / "adaptiveload" / "kernels"
+
+
+def library_path(build_dir: Path | None = None) -> Path:
+    """The library file in `build_dir` (default: `default_build_dir()`)."""
+    return (build_dir or default_build_dir()) / f"{LIB_NAME}.so"
 
 
 @dataclass
@@ -44,10 +67,10 @@ def load() -> LoadState:
     global _STATE
     if _STATE is not None:
         return _STATE
-    path = default_library_path()
+    path = library_path()
     if not path.is_file():
         _STATE = LoadState(
-            reason=f"{path} not found: run `adaptiveload kernel build` (or set {ENV_VAR})"
+            reason=f"{path} not found: run `adaptiveload kernel build` (or set {BUILD_DIR_ENV})"
         )
     elif torch.version.cuda is None:
         _STATE = LoadState(path=path, reason="this torch build has no CUDA")

@@ -5,17 +5,19 @@ Two inputs, both produced here on the CPU:
 - `ptxas_report`: each `.cu` file compiled for one architecture (default sm_90) with
   `nvcc -Xptxas -v` and the device flags of the library build; per kernel instance the
   registers per thread, static shared memory and spill bytes ptxas reports.
-- `dispatch_table`: `kernels/ln_modulate_dispatch_table.cpp` built with the host compiler and
-  run; it prints, from the same header the kernels dispatch with, every launch the library can
-  make (kernel instance, threads per CTA, dynamic shared memory, opt-in) for every D.
+- `dispatch_table`: `kernels/ln_modulate_dispatch_table.cpp` (beside this module) built with
+  the host compiler and run; it prints, from the same header the kernels dispatch with, every
+  launch the library can make (kernel instance, threads per CTA, dynamic shared memory,
+  opt-in) for every D.
 
 `check` then holds every launch to the sm_90 limits (registers x threads per CTA <= 64 K, shared
 memory <= 48 KB or the opt-in maximum, zero spills) and every compiled instance to being
 launchable. The first H200 run failed exactly this way at D = 1536 (48 KB of pipeline plus
 128 B of static scratch without the opt-in), which a GPU-less machine can now see.
 
-Results are cached under build/kernel_resources/ keyed by a hash of the sources, the nvcc
-version, the flags and the architecture (compiling takes ~1-2 minutes on 2 cores).
+Results are cached in `resources/` of the kernel build folder (kernel_lib: build/kernels/ in
+a checkout) keyed by a hash of the sources, the nvcc version, the flags and the architecture
+(compiling takes ~1-2 minutes on 2 cores).
 
     python -m adaptiveload.ops.kernel_resources [--arch 90] [--out ptxas.txt]
 """
@@ -35,9 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from adaptiveload.ops.kernel_build import KERNEL_DIR, NVCC_FLAGS, SOURCES, nvcc_path, nvcc_version
-from adaptiveload.ops.kernel_lib import REPO_ROOT
+from adaptiveload.ops.kernel_lib import default_build_dir
 
-CACHE_DIR = REPO_ROOT / "build" / "kernel_resources"
 TABLE_SOURCE = KERNEL_DIR / "ln_modulate_dispatch_table.cpp"
 DEFAULT_SM = "90"
 REG_ALLOC_UNIT = 8  # registers per thread are allocated in steps of 8 (256 per warp)
@@ -142,8 +143,14 @@ def _compile_one(source: Path, flags: list[str], workdir: Path) -> str:
     return proc.stderr
 
 
-def ptxas_report(sm: str = DEFAULT_SM, cache_dir: Path = CACHE_DIR) -> list[Instance]:
+def default_cache_dir() -> Path:
+    """Where compiled results are kept between runs: `resources/` of the kernel build folder."""
+    return default_build_dir() / "resources"
+
+
+def ptxas_report(sm: str = DEFAULT_SM, cache_dir: Path | None = None) -> list[Instance]:
     """Every kernel instance of the library's .cu files as compiled for sm_<sm> (cached)."""
+    cache_dir = cache_dir or default_cache_dir()
     nvcc = nvcc_path()
     if nvcc is None:
         raise RuntimeError("nvcc not found")
@@ -176,8 +183,9 @@ def ptxas_report(sm: str = DEFAULT_SM, cache_dir: Path = CACHE_DIR) -> list[Inst
 # --- the dispatch table --------------------------------------------------------------------
 
 
-def dispatch_table(cache_dir: Path = CACHE_DIR) -> tuple[dict[str, int], list[dict[str, Any]]]:
+def dispatch_table(cache_dir: Path | None = None) -> tuple[dict[str, int], list[dict[str, Any]]]:
     """(limits, launches) printed by the dispatch-table program (built once per source hash)."""
+    cache_dir = cache_dir or default_cache_dir()
     cxx = _cxx()
     if cxx is None:
         raise RuntimeError("no host C++ compiler")

@@ -153,7 +153,7 @@ pack
 # --- 1. the kept kernel build for fused training (beside the parts below, before any timing)
 KLIB_DIR="$WORK/kernel-lib"
 if [ "$DRY" != 1 ] && wants train; then
-  ( timeout 240 "$PY" -m adaptiveload.ops.kernel_build --out "$KLIB_DIR" --arch "${ARCH:-9.0}" \
+  ( timeout 240 "$PY" -m adaptiveload.ops.kernel_build --build-dir "$KLIB_DIR" --arch "${ARCH:-9.0}" \
       > "$WORK/train_kernel_build.log" 2>&1; cp "$WORK/train_kernel_build.log" "$OUTDIR/" ) &
   KBUILD_PID=$!
 fi
@@ -205,7 +205,7 @@ if wants train; then
     if [ "$kernel" = fused ] && [ "$DRY" != 1 ]; then
       [ -n "${KBUILD_PID:-}" ] && wait "$KBUILD_PID"  # long done: it started before dist
       cp "$KLIB_DIR/build.json" "$OUTDIR/train/kernel_build.json" 2>/dev/null
-      KENV=(env "ADAPTIVELOAD_KERNEL_LIB=$KLIB_DIR/adaptiveload_kernels.so")
+      KENV=(env "ADAPTIVELOAD_BUILD_DIR=$KLIB_DIR")
       if ! "${KENV[@]}" "$PY" -c 'import sys; from adaptiveload.ops import ln_modulate as lm; r = lm.fused_unavailable_reason(); print("fused kernel:", r or "available"); sys.exit(1 if r else 0)' > "$OUTDIR/train/fused_check.log" 2>&1; then
         echo "== fused training skipped: $(tail -n 1 "$OUTDIR/train/fused_check.log")"
         printf 'train-fused\tskipped\t0\n' >> "$OUTDIR/steps.tsv"

@@ -1,14 +1,21 @@
 # The fused LayerNorm-Modulate CUDA extension: built where nvcc, ninja and a CUDA build of torch
 # exist, else recorded as skipped with the reason (build/kernels/build.json); benchmarked where
 # a CUDA GPU exists, else the CSV holds one `skipped` row with the reason. The library is
-# shared by all experiments (the model's fused path loads it from build/kernels).
+# shared by all experiments: every job of this workflow builds into and loads from
+# build/kernels of the working directory, named to them by $ADAPTIVELOAD_BUILD_DIR (the
+# installed package would otherwise use its own default, docs/kernel.md).
+os.environ["ADAPTIVELOAD_BUILD_DIR"] = os.path.abspath(os.path.dirname(KERNEL_BUILD))
+
+
+envvars:
+    "ADAPTIVELOAD_BUILD_DIR",
 
 
 rule kernel_build:
     output:
         KERNEL_BUILD,
     params:
-        out=lambda w, output: os.path.dirname(output[0]),
+        build_dir=lambda w, output: os.path.dirname(output[0]),
     log:
         f"{LOGS}/kernel_build.log",
     benchmark:
@@ -16,7 +23,7 @@ rule kernel_build:
     conda:
         CONDA_ENV
     shell:
-        "adaptiveload kernel build --out {params.out} > {log} 2>&1"
+        "adaptiveload kernel build --build-dir {params.build_dir} > {log} 2>&1"
 
 
 rule kernel_bench:
