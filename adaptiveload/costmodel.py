@@ -21,7 +21,9 @@ measured points with the floor, leave-one-out checked and refusing degenerate fi
 docstring); `derive_budgets` turns
 them into the policies' budgets for a manifest (rules in BUDGET_RULES): p, M_mem and M_comp
 for AdaptiveLoad and M_tok for the equal-token baseline, both calibrated to one reference batch
-(the heaviest bucket that fits alone, at its memory-limited batch size).
+(the heaviest bucket that fits alone, at its memory-limited batch size);
+`Calibration.m_comp_at` moves M_comp to another p or scale (the sweeps), `memory_budget` and
+`capacity_for` turn a capacity into M_mem and back.
 """
 
 from __future__ import annotations
@@ -176,6 +178,28 @@ class Calibration:
                 f"{origin}: calibration of {model!r} has another shape ({k} {recorded.get(k)!r} "
                 f"in the file, {expected[k]!r} in the model); {fix}"
             )
+
+    def m_comp_at(self, p: float | None = None, scale: float = 1.0) -> float:
+        """M_comp at exponent `p` (None: the calibration's own), times `scale`.
+
+        M_comp is B_ref * S_ref^p of the reference batch the budgets were derived from
+        (BUDGET_RULES["m_comp"]), a budget in tokens^p: at another p the reference batch keeps
+        its batch size and M_comp follows p, M_mem and M_tok stay. `scale` multiplies the
+        result (the M_comp sweep). Needs the reference batch the file records (`budgets`) when
+        p is not the calibration's own.
+        """
+        if p is None or p == self.p:
+            return scale * self.m_comp
+        ref = self.extra.get("budgets")
+        ref = ref if isinstance(ref, dict) else {}
+        s_ref, b_ref = ref.get("ref_tokens"), ref.get("ref_batch")
+        if not (_finite_number(s_ref) and _finite_number(b_ref) and s_ref >= 1 and b_ref >= 1):
+            raise UserError(
+                f"calibration of {self.model} ({self.label}) records no reference batch "
+                f"(fields budgets.ref_tokens, budgets.ref_batch), so M_comp cannot follow p={p}; "
+                "regenerate it with `adaptiveload calibrate` or give M_comp explicitly"
+            )
+        return scale * (b_ref * s_ref**p)
 
 
 def _finite_number(value: Any) -> bool:
@@ -536,14 +560,8 @@ def derive_budgets(
     p_raw = cost.effective_exponent(s_lo, s_hi) if s_hi > s_lo else local_exponent(cost, s_lo)
     p = min(2.0, max(1.0, p_raw))
 
-    usable = capacity_bytes * (1 - headroom) - cost.m_static
-    if usable <= 0:
-        raise UserError(
-            f"static memory {cost.m_static / 1e9:.2f} GB exceeds the usable capacity "
-            f"{capacity_bytes * (1 - headroom) / 1e9:.2f} GB; raise the capacity or shard the model"
-        )
     s_min = float(tok.min())
-    m_mem = usable / (cost.m_tok + cost.m_seq / s_min)
+    m_mem = memory_budget(cost, capacity_bytes, headroom, s_min)
     max_fits = bool(cost.memory(1, tok.max()) <= capacity_bytes * (1 - headroom))
 
     if ref_tokens is None:
@@ -558,3 +576,27 @@ def derive_budgets(
         s_lo=s_lo, s_hi=s_hi,
         ref_tokens=float(ref_tokens), ref_batch=int(ref_batch), max_fits=max_fits,
     )  # fmt: skip
+
+
+def memory_budget(cost: CostModel, capacity_bytes: float, headroom: float, s_min: float) -> float:
+    """M_mem (BUDGET_RULES["m_mem"]): the largest B*S with m(B,S) <= capacity*(1-headroom) for
+    every S >= s_min, the manifest's smallest token count (m_seq is per sample, so the smallest
+    S binds). `capacity_for` is its inverse."""
+    usable = capacity_bytes * (1 - headroom) - cost.m_static
+    if usable <= 0:
+        raise UserError(
+            f"static memory {cost.m_static / 1e9:.2f} GB exceeds the usable capacity "
+            f"{capacity_bytes * (1 - headroom) / 1e9:.2f} GB; raise the capacity or shard the model"
+        )
+    return usable / (cost.m_tok + cost.m_seq / s_min)
+
+
+def capacity_for(cost: CostModel, m_mem: float, headroom: float, s_min: float) -> float:
+    """The capacity in bytes at which `memory_budget` is `m_mem`: a pretend device sized so
+    that a short run's budgets fit a chosen micro-batch (experiments/gpu/train_budgets.py).
+    Round-tripped through `memory_budget` it gives `m_mem` back up to rounding, which
+    `reference_tokens` allows for."""
+    if not 0 <= headroom < 1:
+        raise UserError(f"headroom {headroom}: expected 0 <= headroom < 1")
+    return (cost.m_static + m_mem * (cost.m_tok + cost.m_seq / s_min)) / (1 - headroom)
+

@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 
 from adaptiveload.costmodel import (
+    Calibration,
     CostModel,
+    capacity_for,
     derive_budgets,
     fit,
     local_exponent,
@@ -97,6 +99,34 @@ def test_budgets_follow_the_documented_rules():
     assert (override.ref_tokens, override.ref_batch) == (1024, 2)
     assert override.m_tok == 2048 and override.m_comp == pytest.approx(2 * 1024**override.p)
     assert override.m_mem == budgets.m_mem
+
+
+def test_capacity_for_inverts_the_memory_budget():
+    """A pretend capacity sized for an M_mem gives that M_mem back, and its reference batch
+    is the bucket M_mem was sized to (the rounding of the round trip is allowed for)."""
+    tokens = np.array([256] * 50 + [1024] * 30 + [4096] * 20)
+    capacity = capacity_for(TRUE, 4096.0, headroom=0.1, s_min=256.0)
+    budgets = derive_budgets(TRUE, tokens, capacity, headroom=0.1)
+    assert budgets.m_mem == pytest.approx(4096.0, rel=1e-12)
+    assert (budgets.ref_tokens, budgets.ref_batch, budgets.m_tok) == (4096, 1, 4096)
+    with pytest.raises(UserError, match="headroom"):
+        capacity_for(TRUE, 4096.0, headroom=1.0, s_min=256.0)
+
+
+def test_m_comp_follows_p_along_the_reference_batch_and_scales():
+    tokens = np.array([256] * 50 + [1024] * 30 + [4096] * 20)
+    d = derive_budgets(TRUE, tokens, capacity_bytes=80e9, headroom=0.1)
+    cal = Calibration(model="m", device="d", source="model", cost=TRUE, p=d.p, m_mem=d.m_mem,
+                      m_comp=d.m_comp, m_tok=d.m_tok, extra={"budgets": d.to_dict()})  # fmt: skip
+    assert cal.m_comp_at() == cal.m_comp_at(d.p) == d.m_comp
+    assert cal.m_comp_at(1.8) == d.ref_batch * 4096**1.8
+    assert cal.m_comp_at(1.8, scale=0.5) == 0.5 * cal.m_comp_at(1.8)
+    assert cal.m_comp_at(scale=4.0) == 4.0 * d.m_comp
+    legacy = Calibration(model="m", device="d", source="model", cost=TRUE, p=d.p,
+                         m_mem=d.m_mem, m_comp=d.m_comp)  # fmt: skip
+    assert legacy.m_comp_at(d.p, 2.0) == 2.0 * d.m_comp  # its own p needs no reference
+    with pytest.raises(UserError, match="no reference batch"):
+        legacy.m_comp_at(1.8)
 
 
 def test_reference_skips_buckets_that_do_not_fit_alone():
