@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from adaptiveload.calibration.fit import fit
 from adaptiveload.costmodel import (
     Calibration,
     CostModel,
     capacity_for,
     derive_budgets,
-    fit,
     local_exponent,
     reference_tokens,
 )
@@ -261,7 +261,7 @@ def test_floor_holds_small_batches_and_leaves_large_ones_alone():
 
 
 def test_fit_measured_recovers_a_floored_model():
-    from adaptiveload.costmodel import fit_measured
+    from adaptiveload.calibration.fit import fit_measured
 
     true = CostModel(c0=0.06, a=4e-5, b=1.4e-9, t_floor=0.28)
     S = np.array([1560, 3120, 7200, 16380, 32760, 50400, 75600, 1560, 3120, 7200, 16380])
