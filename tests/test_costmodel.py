@@ -179,8 +179,9 @@ def test_single_bucket_uses_the_local_exponent():
     assert budgets.p == pytest.approx(local_exponent(TRUE, 1024))
 
 
-def test_analytic_flops_match_the_reference_notes():
-    """Derived in shared/reference/wan-and-bucketing.md §0: a, b, c of the forward pass."""
+def test_analytic_flops_match_the_hand_count():
+    """The forward FLOPs per token, per token^2 and per sample counted by hand from the model
+    shapes (docs/calibration.md, "Analytic FLOPs of a sample")."""
     small = analytic.flop_terms(get_config("wan2.1-t2v-1.3b"))
     assert small.linear == pytest.approx(2.60e9, rel=0.01)
     assert small.attention == pytest.approx(1.84e5, rel=0.01)

@@ -20,7 +20,7 @@ IMG, CLIP_17, CLIP_81, CLIP_720P = 1560, 7800, 32760, 75600  # Wan 2.1 tokens (d
 
 def test_equal_token_batch_sizes():
     b = batch_size("equal-token", [IMG, CLIP_17, CLIP_81, CLIP_720P], Budgets(m_tok=CLIP_81))
-    assert b.tolist() == [21, 4, 1, 1]  # wan-and-bucketing.md §4
+    assert b.tolist() == [21, 4, 1, 1]  # floor(32,760 / S), at least 1 (docs/definitions.md)
 
 
 def test_adaptiveload_takes_the_tighter_constraint():
