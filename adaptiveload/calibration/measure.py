@@ -32,7 +32,7 @@ from adaptiveload.calibration.validate import validate_plans
 from adaptiveload.costmodel import Calibration
 from adaptiveload.errors import UserError
 from adaptiveload.model import analytic
-from adaptiveload.model.configs import get_config
+from adaptiveload.model.configs import WanConfig, get_config
 from adaptiveload.model.wan import WanModel, count_parameters
 from adaptiveload.provenance import device_name
 
@@ -55,6 +55,71 @@ def _provenance(device: torch.device) -> dict[str, Any]:
         "load_average_1m": os.getloadavg()[0],
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
     }
+
+
+def _capacity(device: torch.device, capacity_gb: float | None) -> float:
+    """The bytes to budget against: `capacity_gb`, or on CUDA the device's own memory."""
+    if capacity_gb is None:
+        if device.type != "cuda":
+            raise UserError("--capacity-gb is required on CPU (there is no device memory to read)")
+        return float(torch.cuda.get_device_properties(device).total_memory)
+    if capacity_gb <= 0:
+        raise UserError(f"capacity {capacity_gb} GB: expected > 0")
+    return capacity_gb * 1e9
+
+
+def _checked_grid(
+    batch_sizes: Sequence[int], tokens: Sequence[int], largest: int,
+    max_batch_tokens: int | None,
+) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:  # fmt: skip
+    """`build_grid`, refused when what is left cannot give a checked fit."""
+    latent_grid(largest)
+    grid, dropped = build_grid(batch_sizes, tokens, largest, max_batch_tokens)
+    least = len(FORMS["three-term"]) + 2  # the smallest grid whose fit leave-one-out can check
+    if len(grid) < least:
+        raise UserError(
+            f"grid {sorted(set(batch_sizes))} x {sorted(set(tokens))} (cap {max_batch_tokens}) "
+            f"leaves {len(grid)} grid point(s); a checked fit needs >= {least}: add token sizes "
+            "or batch sizes, or raise --max-batch-tokens"
+        )
+    if len({b for b, _ in grid}) < 2:
+        raise UserError(
+            f"grid {sorted(set(batch_sizes))} x {sorted(set(tokens))} (cap {max_batch_tokens}) "
+            "keeps no B > 1 point: the fit cannot tell the per-micro-batch from the per-sample "
+            "cost; add a batch size > 1 or raise --max-batch-tokens"
+        )
+    return grid, dropped
+
+
+def _timer_and_threads(
+    device: torch.device, timer: str, threads: int | None
+) -> tuple[str, int | None]:
+    """The timer `auto` stands for, and the threads it needs (see `calibrate`)."""
+    if timer not in ("auto", "wall", "cpu"):
+        raise UserError(f"timer '{timer}': expected 'auto', 'wall' or 'cpu'")
+    if timer == "auto":
+        timer = "cpu" if device.type == "cpu" and threads in (None, 1) else "wall"
+        threads = 1 if timer == "cpu" else threads
+    if timer == "cpu" and (device.type == "cuda" or (threads or torch.get_num_threads()) != 1):
+        raise UserError("timer 'cpu' needs --device cpu and --threads 1")
+    if threads is not None and threads < 1:
+        raise UserError(f"threads {threads}: expected >= 1")
+    return timer, threads
+
+
+def _model_with_optimizer_state(
+    cfg: WanConfig, device: torch.device, activation_checkpointing: bool, seed: int
+) -> WanModel:
+    """The model on `device` with AdamW state allocated, as in real training (lr 0 leaves the
+    weights alone)."""
+    torch.manual_seed(seed)
+    model = WanModel(cfg, activation_checkpointing=activation_checkpointing).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.0)
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    optimizer.step()
+    model.zero_grad(set_to_none=True)
+    return model
 
 
 def calibrate(
@@ -99,55 +164,19 @@ def calibrate(
     cfg = get_config(model_name)
     dev = _resolve_device(device)
     validate_grid(batch_sizes, tokens, repeats, warmup)
-    if capacity_gb is None:
-        if dev.type != "cuda":
-            raise UserError("--capacity-gb is required on CPU (there is no device memory to read)")
-        capacity = float(torch.cuda.get_device_properties(dev).total_memory)
-    elif capacity_gb <= 0:
-        raise UserError(f"capacity {capacity_gb} GB: expected > 0")
-    else:
-        capacity = capacity_gb * 1e9
+    capacity = _capacity(dev, capacity_gb)
     mix = mix or grid_token_mix(tokens)
     largest = int(mix.tokens.max())
-    latent_grid(largest)
-    grid, dropped = build_grid(batch_sizes, tokens, largest, max_batch_tokens)
-    least = len(FORMS["three-term"]) + 2  # the smallest grid whose fit leave-one-out can check
-    if len(grid) < least:
-        raise UserError(
-            f"grid {sorted(set(batch_sizes))} x {sorted(set(tokens))} (cap {max_batch_tokens}) "
-            f"leaves {len(grid)} grid point(s); a checked fit needs >= {least}: add token sizes "
-            "or batch sizes, or raise --max-batch-tokens"
-        )
-    if len({b for b, _ in grid}) < 2:
-        raise UserError(
-            f"grid {sorted(set(batch_sizes))} x {sorted(set(tokens))} (cap {max_batch_tokens}) "
-            "keeps no B > 1 point: the fit cannot tell the per-micro-batch from the per-sample "
-            "cost; add a batch size > 1 or raise --max-batch-tokens"
-        )
-    if timer not in ("auto", "wall", "cpu"):
-        raise UserError(f"timer '{timer}': expected 'auto', 'wall' or 'cpu'")
-    if timer == "auto":
-        timer = "cpu" if dev.type == "cpu" and threads in (None, 1) else "wall"
-        threads = 1 if timer == "cpu" else threads
-    if timer == "cpu" and (dev.type == "cuda" or (threads or torch.get_num_threads()) != 1):
-        raise UserError("timer 'cpu' needs --device cpu and --threads 1")
+    grid, dropped = _checked_grid(batch_sizes, tokens, largest, max_batch_tokens)
+    timer, threads = _timer_and_threads(dev, timer, threads)
     if threads is not None:
-        if threads < 1:
-            raise UserError(f"threads {threads}: expected >= 1")
         torch.set_num_threads(threads)
     if validate < 0 or validate_world_size < 1:
         raise UserError("--validate and --validate-world-size: expected >= 0 and >= 1")
     if validate and mix.samples is None:
         raise UserError("--validate needs a --manifest or --mixture to plan micro-batches from")
 
-    torch.manual_seed(seed)
-    model = WanModel(cfg, activation_checkpointing=activation_checkpointing).to(dev)
-    # Adam state exists in real training: allocate it (lr 0 leaves the weights alone)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=0.0)
-    for p in model.parameters():
-        p.grad = torch.zeros_like(p)
-    optimizer.step()
-    model.zero_grad(set_to_none=True)
+    model = _model_with_optimizer_state(cfg, dev, activation_checkpointing, seed)
 
     process_warmup_s = warm_up_process(model, grid[0], dev, PROCESS_WARMUP_STEPS, seed)
     points = measure_grid(model, grid, dev, repeats, warmup, seed, progress=progress, timer=timer)
