@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from adaptiveload.data.bucketing import DEFAULT_GRID, DEFAULT_MAX_FRAMES, DEFAULT_MODE
 from adaptiveload.errors import UserError
 
 
@@ -42,7 +43,8 @@ def token_mix(samples: pd.DataFrame, origin: str) -> TokenMix:
 
 
 def manifest_token_mix(
-    path: str | Path, bucketing: str = "aspect", grid: str = "wan", max_frames: int = 81
+    path: str | Path, bucketing: str = DEFAULT_MODE, grid: str = DEFAULT_GRID,
+    max_frames: int = DEFAULT_MAX_FRAMES,
 ) -> TokenMix:
     """Load and bucket a manifest file (a file that already has `tokens` is used as it is)."""
     from adaptiveload.data.bucketing import bucketize
@@ -55,8 +57,8 @@ def manifest_token_mix(
 
 
 def mixture_token_mix(
-    name: str, num_samples: int, seed: int = 0, bucketing: str = "aspect", grid: str = "wan",
-    max_frames: int = 81,
+    name: str, num_samples: int, seed: int = 0, bucketing: str = DEFAULT_MODE,
+    grid: str = DEFAULT_GRID, max_frames: int = DEFAULT_MAX_FRAMES,
 ) -> TokenMix:  # fmt: skip
     """A named synthetic mixture, bucketed."""
     from adaptiveload.data.bucketing import bucketize

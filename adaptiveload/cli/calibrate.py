@@ -8,6 +8,13 @@ from typing import Annotated, Any
 import typer
 
 from adaptiveload.cli.app import app, examples
+from adaptiveload.data.bucketing import (
+    DEFAULT_GRID,
+    DEFAULT_MAX_FRAMES,
+    DEFAULT_MODE,
+    GRIDS,
+    MODES,
+)
 from adaptiveload.errors import UserError
 
 Opt = typer.Option
@@ -141,9 +148,9 @@ def calibrate_cmd(
         typer.echo(f"{output}: copied {cal_section['file']} ({cal.label})", err=True)
         return
 
-    grid_name = grid or data.get("grid") or ("wan" if model_name in RELEASED else "tiny")
-    mode = bucketing or data.get("bucketing", "aspect")
-    max_frames = data.get("max_frames", 81)
+    grid_name = grid or data.get("grid") or (DEFAULT_GRID if model_name in RELEASED else "tiny")
+    mode = bucketing or data.get("bucketing", DEFAULT_MODE)
+    max_frames = data.get("max_frames", DEFAULT_MAX_FRAMES)
     if manifest is None and mixture is None:  # no flag: the experiment's data, if any
         manifest, mixture = data.get("manifest") or None, data.get("mixture") or None
         num_samples = data.get("num_samples", num_samples)
@@ -226,9 +233,11 @@ def budgets_cmd(
     ] = None,
     mixture: Annotated[str | None, Opt(help="or a named synthetic mixture")] = None,
     num_samples: Annotated[int, Opt(help="samples drawn from --mixture")] = 20000,
-    grid: Annotated[str, Opt(help="bucket grid for raw manifests: wan | tiny")] = "wan",
-    bucketing: Annotated[str, Opt(help="aspect | exact")] = "aspect",
-    max_frames: Annotated[int, Opt(help="frames cap of the bucket grid")] = 81,
+    grid: Annotated[
+        str, Opt(help="bucket grid for raw manifests: " + " | ".join(GRIDS))
+    ] = DEFAULT_GRID,
+    bucketing: Annotated[str, Opt(help=" | ".join(MODES))] = DEFAULT_MODE,
+    max_frames: Annotated[int, Opt(help="frames cap of the bucket grid")] = DEFAULT_MAX_FRAMES,
     m_mem: Annotated[
         float | None, Opt(help="size the device for this M_mem (tokens) instead of its capacity")
     ] = None,
