@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from adaptiveload import calibration
-from adaptiveload.costmodel import Calibration, _problems, fit, fit_measured
+from adaptiveload.calibration.fit import _problems, fit, fit_measured
+from adaptiveload.costmodel import Calibration
 from adaptiveload.errors import UserError
 
 DATA = Path(__file__).resolve().parent / "data" / "h200-2026-11-30"

@@ -95,7 +95,7 @@ def test_interrupted_writes_leave_no_litter(tmp_path):
 
 @pytest.mark.slow
 def test_planted_checkpoint_in_a_run_folder_does_not_run(tmp_path):
-    """The issue's attack end to end: `adaptiveload train` over a folder holding a crafted
+    """The attack end to end: `adaptiveload train` over a folder holding a crafted
     ckpt-*.pt trains from step 0, says so in one line, and the payload never runs."""
     exp = write_experiment(tmp_path, steps=2, warmup_steps=1, checkpoint_every=2, world_size=2)
     out, marker = tmp_path / "run", tmp_path / "marker"

@@ -5,10 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from adaptiveload.calibration.fit import fit
 from adaptiveload.costmodel import (
+    Calibration,
     CostModel,
+    capacity_for,
     derive_budgets,
-    fit,
     local_exponent,
     reference_tokens,
 )
@@ -99,6 +101,34 @@ def test_budgets_follow_the_documented_rules():
     assert override.m_mem == budgets.m_mem
 
 
+def test_capacity_for_inverts_the_memory_budget():
+    """A pretend capacity sized for an M_mem gives that M_mem back, and its reference batch
+    is the bucket M_mem was sized to (the rounding of the round trip is allowed for)."""
+    tokens = np.array([256] * 50 + [1024] * 30 + [4096] * 20)
+    capacity = capacity_for(TRUE, 4096.0, headroom=0.1, s_min=256.0)
+    budgets = derive_budgets(TRUE, tokens, capacity, headroom=0.1)
+    assert budgets.m_mem == pytest.approx(4096.0, rel=1e-12)
+    assert (budgets.ref_tokens, budgets.ref_batch, budgets.m_tok) == (4096, 1, 4096)
+    with pytest.raises(UserError, match="headroom"):
+        capacity_for(TRUE, 4096.0, headroom=1.0, s_min=256.0)
+
+
+def test_m_comp_follows_p_along_the_reference_batch_and_scales():
+    tokens = np.array([256] * 50 + [1024] * 30 + [4096] * 20)
+    d = derive_budgets(TRUE, tokens, capacity_bytes=80e9, headroom=0.1)
+    cal = Calibration(model="m", device="d", source="model", cost=TRUE, p=d.p, m_mem=d.m_mem,
+                      m_comp=d.m_comp, m_tok=d.m_tok, extra={"budgets": d.to_dict()})  # fmt: skip
+    assert cal.m_comp_at() == cal.m_comp_at(d.p) == d.m_comp
+    assert cal.m_comp_at(1.8) == d.ref_batch * 4096**1.8
+    assert cal.m_comp_at(1.8, scale=0.5) == 0.5 * cal.m_comp_at(1.8)
+    assert cal.m_comp_at(scale=4.0) == 4.0 * d.m_comp
+    legacy = Calibration(model="m", device="d", source="model", cost=TRUE, p=d.p,
+                         m_mem=d.m_mem, m_comp=d.m_comp)  # fmt: skip
+    assert legacy.m_comp_at(d.p, 2.0) == 2.0 * d.m_comp  # its own p needs no reference
+    with pytest.raises(UserError, match="no reference batch"):
+        legacy.m_comp_at(1.8)
+
+
 def test_reference_skips_buckets_that_do_not_fit_alone():
     tokens = [256] * 5 + [1024] * 3 + [4096] * 2
     # 3 GB: one 4096-token sample needs 3.23 GB > 2.7 GB usable -> the next bucket, 1024
@@ -149,8 +179,9 @@ def test_single_bucket_uses_the_local_exponent():
     assert budgets.p == pytest.approx(local_exponent(TRUE, 1024))
 
 
-def test_analytic_flops_match_the_reference_notes():
-    """Derived in shared/reference/wan-and-bucketing.md §0: a, b, c of the forward pass."""
+def test_analytic_flops_match_the_hand_count():
+    """The forward FLOPs per token, per token^2 and per sample counted by hand from the model
+    shapes (docs/calibration.md, "Analytic FLOPs of a sample")."""
     small = analytic.flop_terms(get_config("wan2.1-t2v-1.3b"))
     assert small.linear == pytest.approx(2.60e9, rel=0.01)
     assert small.attention == pytest.approx(1.84e5, rel=0.01)
@@ -231,7 +262,7 @@ def test_floor_holds_small_batches_and_leaves_large_ones_alone():
 
 
 def test_fit_measured_recovers_a_floored_model():
-    from adaptiveload.costmodel import fit_measured
+    from adaptiveload.calibration.fit import fit_measured
 
     true = CostModel(c0=0.06, a=4e-5, b=1.4e-9, t_floor=0.28)
     S = np.array([1560, 3120, 7200, 16380, 32760, 50400, 75600, 1560, 3120, 7200, 16380])
@@ -268,3 +299,24 @@ def test_samples_over_the_device_capacity_are_excluded_and_counted():
     assert plan.summary["num_over_capacity"] == 6 and plan.summary["num_excluded"] == 6
     assert plan.summary["num_samples"] == 66 and plan.summary["num_planned"] == 60
     assert real["tokens"].max() == 1024
+
+
+def test_budgets_cli_sizes_the_device_for_an_m_mem():
+    """`adaptiveload budgets --m-mem`: the capacity at which M_mem is the given tokens, and the
+    budgets there (what experiments/gpu/train_budgets.py gives a short device run)."""
+    import json
+    import subprocess
+    import sys
+
+    cal = "experiments/calibration/h200-wan2.1-t2v-1.3b-measured.json"
+    args = [sys.executable, "-m", "adaptiveload", "budgets", "--calibration", cal,
+            "--mixture", "paper-mixed", "--num-samples", "500", "--max-frames", "5"]  # fmt: skip
+    done = subprocess.run([*args, "--m-mem", "18000"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out["m_mem"] == pytest.approx(18000, rel=1e-12)
+    assert (out["ref_tokens"], out["ref_batch"]) == (7200, 2) and out["m_tok"] == 14400
+    assert 0 < out["capacity_gb"] < 141
+    both = subprocess.run([*args, "--m-mem", "1", "--capacity-gb", "1"], capture_output=True,
+                          text=True)  # fmt: skip
+    assert both.returncode == 2 and "not both" in both.stderr and not both.stdout

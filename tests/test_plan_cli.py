@@ -150,6 +150,15 @@ def test_plan_then_simulate(inputs):
             ["--policy", "adaptiveload", "--calibration", "CAL", "--model", "wan2.1-t2v-14b"],
             "not 'wan2.1-t2v-14b'",
         ),
+        # the fixture's calibration records no reference batch: M_comp cannot follow p
+        (["--policy", "adaptiveload", "--calibration", "CAL", "--p", "1.6"], "no reference batch"),
+        (
+            [
+                "--policy", "adaptiveload", "--m-mem", "1e5", "--m-comp", "1e7",
+                "--m-comp-scale", "2",
+            ],
+            "m_comp_scale=2.0 scales the calibration's M_comp",
+        ),
     ],
 )
 def test_plan_refuses_bad_input_without_writing(inputs, flags, message):
@@ -173,6 +182,31 @@ def test_plan_refuses_bad_input_without_writing(inputs, flags, message):
     assert message in done.stderr and "Traceback" not in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
     assert not out.exists()
+
+
+def test_sweep_flags_resolve_m_comp_from_the_calibrations_reference_batch(inputs):
+    """--p moves an auto M_comp along the reference batch (B_ref * S_ref^p), --m-comp-scale
+    multiplies it; M_mem and M_tok stay the calibration's (the pipeline's p and M_comp sweeps)."""
+    cal = json.loads(inputs["calibration"].read_text())
+    cal.update(m_tok=2 * 30_000, m_comp=2 * 30_000**1.36,
+               budgets={"ref_tokens": 30_000, "ref_batch": 2})  # fmt: skip
+    path = inputs["root"] / "cal_ref.json"
+    path.write_text(json.dumps(cal))
+
+    def summary(*flags: str) -> dict:
+        out = inputs["root"] / "sweep.json"
+        done = cli("plan", "--manifest", str(inputs["manifest"]), "--policy", "adaptiveload",
+                   "--world-size", "4", "--seed", "0", "--calibration", str(path), *flags,
+                   "-o", str(inputs["root"] / "sweep.parquet"), "--summary", str(out))  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return json.loads(out.read_text())
+
+    base, swept, scaled = summary(), summary("--p", "1.8"), summary("--m-comp-scale", "0.5")
+    assert base["m_comp"] == cal["m_comp"] and base["p"] == 1.36
+    assert (swept["p"], swept["m_comp"]) == (1.8, 2 * 30_000**1.8)
+    assert (scaled["p"], scaled["m_comp"]) == (1.36, 0.5 * cal["m_comp"])
+    for s in (swept, scaled):
+        assert (s["m_mem"], s["m_tok"]) == (base["m_mem"], base["m_tok"])
 
 
 def test_simulate_refuses_a_missing_plan(inputs):

@@ -20,7 +20,7 @@ IMG, CLIP_17, CLIP_81, CLIP_720P = 1560, 7800, 32760, 75600  # Wan 2.1 tokens (d
 
 def test_equal_token_batch_sizes():
     b = batch_size("equal-token", [IMG, CLIP_17, CLIP_81, CLIP_720P], Budgets(m_tok=CLIP_81))
-    assert b.tolist() == [21, 4, 1, 1]  # wan-and-bucketing.md §4
+    assert b.tolist() == [21, 4, 1, 1]  # floor(32,760 / S), at least 1 (docs/definitions.md)
 
 
 def test_adaptiveload_takes_the_tighter_constraint():
@@ -61,12 +61,17 @@ def test_unknown_policy_and_missing_budget():
 
 
 def test_budgets_resolve_from_calibration():
+    # reference batch 2 x 2000 tokens: M_tok = 4000, M_comp = 2 * 2000^p
     cal = Calibration("wan2.1-tiny", "cpu", "measured", CostModel(0.1, 1e-3, 1e-6),
-                      p=1.4, m_mem=5000.0, m_comp=2e5, m_tok=4000.0)  # fmt: skip
+                      p=1.4, m_mem=5000.0, m_comp=2 * 2000**1.4, m_tok=4000.0,
+                      extra={"budgets": {"ref_tokens": 2000.0, "ref_batch": 2}})  # fmt: skip
     auto = Budgets.resolve(calibration=cal)
-    assert auto == Budgets(m_tok=4000.0, m_mem=5000.0, m_comp=2e5, p=1.4)
+    assert auto == Budgets(m_tok=4000.0, m_mem=5000.0, m_comp=2 * 2000**1.4, p=1.4)
+    # an explicit p moves the auto M_comp along the reference batch; an explicit one stays
     mixed = Budgets.resolve(m_mem=100, p="1.2", calibration=cal)
-    assert mixed == Budgets(m_tok=4000.0, m_mem=100.0, m_comp=2e5, p=1.2)
+    assert mixed == Budgets(m_tok=4000.0, m_mem=100.0, m_comp=2 * 2000**1.2, p=1.2)
+    assert Budgets.resolve(m_comp=3e5, p=1.2, calibration=cal).m_comp == 3e5
+    assert Budgets.resolve(calibration=cal, m_comp_scale=0.5).m_comp == 2000**1.4
     # a calibration file older than the m_tok rule: the baseline gets M_mem
     old = replace(cal, m_tok=None)
     assert Budgets.resolve(calibration=old) == replace(auto, m_tok=5000.0)

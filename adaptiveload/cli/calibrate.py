@@ -8,6 +8,13 @@ from typing import Annotated, Any
 import typer
 
 from adaptiveload.cli.app import app, examples
+from adaptiveload.data.bucketing import (
+    DEFAULT_GRID,
+    DEFAULT_MAX_FRAMES,
+    DEFAULT_MODE,
+    GRIDS,
+    MODES,
+)
 from adaptiveload.errors import UserError
 
 Opt = typer.Option
@@ -141,9 +148,9 @@ def calibrate_cmd(
         typer.echo(f"{output}: copied {cal_section['file']} ({cal.label})", err=True)
         return
 
-    grid_name = grid or data.get("grid") or ("wan" if model_name in RELEASED else "tiny")
-    mode = bucketing or data.get("bucketing", "aspect")
-    max_frames = data.get("max_frames", 81)
+    grid_name = grid or data.get("grid") or (DEFAULT_GRID if model_name in RELEASED else "tiny")
+    mode = bucketing or data.get("bucketing", DEFAULT_MODE)
+    max_frames = data.get("max_frames", DEFAULT_MAX_FRAMES)
     if manifest is None and mixture is None:  # no flag: the experiment's data, if any
         manifest, mixture = data.get("manifest") or None, data.get("mixture") or None
         num_samples = data.get("num_samples", num_samples)
@@ -211,3 +218,67 @@ def calibrate_cmd(
             f"{100 * val['median_rel_err']:.1f}% p95 {100 * val['p95_rel_err']:.1f}%",
             err=True,
         )
+
+
+@app.command("budgets", epilog=examples(
+    "adaptiveload budgets --calibration experiments/calibration/h200-wan2.1-t2v-1.3b.json "
+    "--mixture paper-mixed",
+    "adaptiveload budgets --calibration CAL.json --mixture paper-mixed --max-frames 5 "
+    "--m-mem 18000",
+))
+def budgets_cmd(
+    calibration: Annotated[Path, Opt(help="calibration JSON: the cost and memory model")],
+    manifest: Annotated[
+        Path | None, Opt(help="manifest whose token range sets p and the reference bucket")
+    ] = None,
+    mixture: Annotated[str | None, Opt(help="or a named synthetic mixture")] = None,
+    num_samples: Annotated[int, Opt(help="samples drawn from --mixture")] = 20000,
+    grid: Annotated[
+        str, Opt(help="bucket grid for raw manifests: " + " | ".join(GRIDS))
+    ] = DEFAULT_GRID,
+    bucketing: Annotated[str, Opt(help=" | ".join(MODES))] = DEFAULT_MODE,
+    max_frames: Annotated[int, Opt(help="frames cap of the bucket grid")] = DEFAULT_MAX_FRAMES,
+    m_mem: Annotated[
+        float | None, Opt(help="size the device for this M_mem (tokens) instead of its capacity")
+    ] = None,
+    capacity_gb: Annotated[
+        float | None, Opt(help="memory to budget against, GB", show_default="the calibration's")
+    ] = None,
+    headroom: Annotated[
+        float | None, Opt(help="fraction of capacity kept free", show_default="the calibration's")
+    ] = None,
+) -> None:
+    """Print the budgets a calibration's cost model derives for a token mix, as JSON.
+
+    With --m-mem, the capacity (GB) at which M_mem is that many tokens comes first
+    (`costmodel.capacity_for`), then the budgets at that capacity: how a short run on a real
+    device is given a pretend smaller one.
+    """
+    import json
+
+    from adaptiveload import calibration as cal_lib
+    from adaptiveload.costmodel import Calibration, capacity_for, derive_budgets
+
+    cal = Calibration.load(calibration)
+    if (manifest is None) == (mixture is None):
+        raise UserError("budgets: give exactly one of --manifest or --mixture (the token mix)")
+    if m_mem is not None and capacity_gb is not None:
+        raise UserError("budgets: give --m-mem or --capacity-gb, not both")
+    mix = (
+        cal_lib.manifest_token_mix(manifest, bucketing, grid, max_frames)
+        if manifest is not None
+        else cal_lib.mixture_token_mix(mixture, num_samples, 0, bucketing, grid, max_frames)
+    )
+    head = float(cal.extra.get("headroom", 0.1)) if headroom is None else headroom
+    if m_mem is not None:
+        capacity = capacity_for(cal.cost, m_mem, head, float(mix.tokens.min()))
+    elif capacity_gb is not None:
+        capacity = capacity_gb * 1e9
+    elif cal.capacity_bytes:
+        capacity = float(cal.capacity_bytes)
+    else:
+        raise UserError(f"{calibration}: no capacity_bytes; give --capacity-gb or --m-mem")
+    derived = derive_budgets(cal.cost, mix.tokens, capacity, head)
+    out = {"calibration": str(calibration), "label": cal.label, "manifest": mix.to_dict(),
+           "capacity_gb": capacity / 1e9, "headroom": head, **derived.to_dict()}  # fmt: skip
+    typer.echo(json.dumps(out, indent=2))

@@ -62,8 +62,17 @@ def plan_cmd(
         str, Opt(help="equal-token budget, tokens per batch (auto: calibration, else m_mem)")
     ] = AUTO,
     m_mem: Annotated[str, Opt(help="memory budget, tokens per batch (auto: calibration)")] = AUTO,
-    m_comp: Annotated[str, Opt(help="compute budget, B*S^p per batch (auto: calibration)")] = AUTO,
-    p: Annotated[str, Opt(help="compute exponent in [1, 3] (auto: calibration)")] = AUTO,
+    m_comp: Annotated[
+        str, Opt(help="compute budget, B*S^p per batch (auto: calibration's, at --p)")
+    ] = AUTO,
+    p: Annotated[
+        str,
+        Opt(help="compute exponent in [1, 3] (auto: calibration); an auto --m-comp follows it, "
+            "the calibration's reference batch kept (the p sweep)"),
+    ] = AUTO,
+    m_comp_scale: Annotated[
+        float, Opt(help="multiply the calibration's M_comp (auto --m-comp only; the M_comp sweep)")
+    ] = 1.0,
     bucketing: Annotated[str, Opt(help=" | ".join(MODES))] = DEFAULT_MODE,
     grid: Annotated[str, Opt(help=" | ".join(GRIDS))] = DEFAULT_GRID,
     max_frames: Annotated[int, Opt(help="frames cap of the bucket grid")] = DEFAULT_MAX_FRAMES,
@@ -80,7 +89,7 @@ def plan_cmd(
 
     pol = get_policy(policy)
     cal = _calibration(calibration, model)
-    budgets = Budgets.resolve(m_tok, m_mem, m_comp, p, calibration=cal)
+    budgets = Budgets.resolve(m_tok, m_mem, m_comp, p, calibration=cal, m_comp_scale=m_comp_scale)
     try:
         pol.check(budgets)
     except MissingBudgetError as exc:  # the library's message names Budgets; here: the flags

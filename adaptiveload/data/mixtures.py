@@ -104,7 +104,7 @@ PAPER_MIXED = Mixture(
         "short clips, few are long high-resolution clips, which dominate compute. Shares "
         "(35% images, 45% short clips, 20% long clips of which 7 points at 720p+) are our "
         "assumption; the paper does not publish its mix. Under the Wan grid this covers every "
-        "row of the Wan 2.1 token table (reference notes section 1.9): 1,560..75,600 tokens."
+        "row of the Wan 2.1 token table (docs/definitions.md): 1,560..75,600 tokens."
     ),
 )
 

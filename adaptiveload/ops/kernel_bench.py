@@ -284,7 +284,7 @@ def run_e2e(
         "B": 1, "steps": steps,
     }  # fmt: skip
     for s in seq_lens:
-        inputs = calibration._inputs(cfg, 1, s, dev, seed)
+        inputs = calibration.random_batch(cfg, 1, s, dev, seed)
         base = dict(stamp, S=s, grid="x".join(map(str, calibration.latent_grid(s))))
         rows: list[dict[str, Any]] = []
         for kernel in ("eager", "fused"):
@@ -292,11 +292,11 @@ def run_e2e(
             impl = fused_impl if kernel == "fused" else "Wan eager ops"
             try:
                 for _ in range(warmup):
-                    calibration._step(model, inputs, dev)
+                    calibration.train_step(model, inputs, dev)
                 if cuda:
                     torch.cuda.synchronize(dev)
                     torch.cuda.reset_peak_memory_stats(dev)
-                times = [calibration._timed(model, inputs, dev, 1)[0] for _ in range(steps)]
+                times = [calibration.timed(model, inputs, dev, 1)[0] for _ in range(steps)]
                 peak = torch.cuda.max_memory_allocated(dev) / 2**30 if cuda else None
                 rows.append(dict(base, kernel=kernel, fused_impl=impl,
                                  step_s=statistics.median(times), step_s_min=min(times),

@@ -41,14 +41,13 @@ class Budgets:
     p: float | None = None
 
     def __post_init__(self) -> None:
+        _check_exponent(self.p)
         for name in ("m_mem", "m_comp", "m_tok"):  # m_tok may be m_mem's value: name m_mem
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and 0 < value <= MAX_BUDGET):
                 raise UserError(
                     f"budget {name}={value}: must be a positive number up to {MAX_BUDGET:g}"
                 )
-        if self.p is not None and not (P_RANGE[0] <= self.p <= P_RANGE[1]):
-            raise UserError(f"budget p={self.p}: must lie in [{P_RANGE[0]:g}, {P_RANGE[1]:g}]")
 
     def as_dict(self) -> dict[str, float | None]:
         return asdict(self)
@@ -61,6 +60,7 @@ class Budgets:
         m_comp: float | str | None = AUTO,
         p: float | str | None = AUTO,
         calibration: Calibration | None = None,
+        m_comp_scale: float = 1.0,
     ) -> Budgets:
         """Budgets from explicit numbers, with ``"auto"``/None taken from `calibration`.
 
@@ -68,8 +68,10 @@ class Budgets:
         derived from the same reference batch as ``m_comp``. Where there is none (calibration
         files older than that rule, or no calibration but an explicit ``m_mem``), ``m_tok``
         falls back to the resolved ``m_mem``: the baseline then gets AdaptiveLoad's memory
-        budget. Without a calibration, other ``"auto"`` values stay unset and the policy
-        reports which one it needs.
+        budget. An ``"auto"`` ``m_comp`` is the calibration's at the resolved ``p``, times
+        `m_comp_scale` (``Calibration.m_comp_at``: an explicit ``p`` keeps the reference
+        batch, as the p sweep does). Without a calibration, other ``"auto"`` values stay unset
+        and the policy reports which one it needs.
         """
 
         def pick(name: str, value: Any, from_calibration: float | None) -> float | None:
@@ -83,12 +85,24 @@ class Budgets:
         cal = calibration
         mem = pick("m_mem", m_mem, cal.m_mem if cal else None)
         tok = cal.m_tok if cal and cal.m_tok is not None else mem
-        return cls(
-            m_tok=pick("m_tok", m_tok, tok),
-            m_mem=mem,
-            m_comp=pick("m_comp", m_comp, cal.m_comp if cal else None),
-            p=pick("p", p, cal.p if cal else None),
-        )
+        exponent = pick("p", p, cal.p if cal else None)
+        comp_auto = m_comp is None or m_comp == AUTO
+        if m_comp_scale != 1.0 and not (cal and comp_auto):
+            raise UserError(
+                f"m_comp_scale={m_comp_scale} scales the calibration's M_comp: it needs a "
+                "calibration and m_comp 'auto'"
+            )
+        if cal and comp_auto:
+            _check_exponent(exponent)
+            comp = cal.m_comp_at(exponent, m_comp_scale)
+        else:
+            comp = pick("m_comp", m_comp, None)
+        return cls(m_tok=pick("m_tok", m_tok, tok), m_mem=mem, m_comp=comp, p=exponent)
+
+
+def _check_exponent(p: float | None) -> None:
+    if p is not None and not (P_RANGE[0] <= p <= P_RANGE[1]):
+        raise UserError(f"budget p={p}: must lie in [{P_RANGE[0]:g}, {P_RANGE[1]:g}]")
 
 
 class MissingBudgetError(UserError):

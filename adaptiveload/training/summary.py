@@ -100,7 +100,7 @@ def run_summary(
     calibration: Calibration | None,
     capacity_bytes: float | None,
 ) -> dict[str, Any]:
-    """The JSON summary of one measured run (schema in the team brief)."""
+    """The JSON summary of one measured run (its metrics: docs/tracking.md)."""
     summary: dict[str, Any] = {
         "experiment": cfg.experiment,
         "policy": cfg.policy,

@@ -9,8 +9,9 @@ follow the calibration's own rules (`derive_budgets`) on the training data's tok
 longest bucket at B = 1 is the reference batch of both policies, so with `--fill 1` M_mem
 binds before M_comp everywhere and AdaptiveLoad's batches equal equal-token's; the default
 1.5 leaves AdaptiveLoad room to grow short-bucket batches. The cost and memory model stay
-the measured ones. The output is a calibration file for
-`adaptiveload train --calibration`, labelled with what was changed.
+the measured ones. The capacity comes from `costmodel.capacity_for` (as `adaptiveload budgets
+--m-mem` prints it). The output is a calibration file for `adaptiveload train --calibration`,
+labelled with what was changed.
 
     python experiments/gpu/train_budgets.py --calibration CAL.json --config EXP.yaml -o OUT.json
 """
@@ -24,7 +25,7 @@ from pathlib import Path
 
 from adaptiveload import config as experiment_config
 from adaptiveload.calibration import mixture_token_mix
-from adaptiveload.costmodel import Calibration, derive_budgets
+from adaptiveload.costmodel import Calibration, capacity_for, derive_budgets
 from adaptiveload.errors import UserError
 from adaptiveload.io import write_json
 
@@ -41,11 +42,9 @@ def scaled(cal: Calibration, exp: dict, fill: float) -> Calibration:
         data["max_frames"],
     )  # fmt: skip
     headroom = float(cal.extra.get("headroom", 0.1))
-    cost = cal.cost
     m_mem = fill * float(mix.tokens.max())
-    s_min = float(mix.tokens.min())
-    capacity = (cost.m_static + m_mem * (cost.m_tok + cost.m_seq / s_min)) / (1 - headroom)
-    budgets = derive_budgets(cost, mix.tokens, capacity, headroom)
+    capacity = capacity_for(cal.cost, m_mem, headroom, float(mix.tokens.min()))
+    budgets = derive_budgets(cal.cost, mix.tokens, capacity, headroom)
     note = (
         f"budgets for a pretend capacity of {capacity / 1e9:.2f} GB (M_mem = {fill:g} x the "
         f"longest training bucket, {int(mix.tokens.max())} tokens) so that a short emulated "

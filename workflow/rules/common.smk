@@ -104,22 +104,16 @@ def sim_manifest(wildcards):
 
 
 def sim_flags(wildcards):
-    """The plan flags of one sweep point of one simulate entry."""
+    """The plan flags of one sweep point of one simulate entry. `adaptiveload plan` resolves
+    the budgets of a p or M_comp point from the calibration (`Calibration.m_comp_at`)."""
     sim = SIMS[wildcards.sim]
     axis, _, value = wildcards.variant.partition("=")
     world = int(value) if axis == "world_size" else sim["world_size"]
     flags = f"--world-size {world} {bucket_flags(sim)} --allreduce-gbps {sim['allreduce_gbps']}"
-    if axis in ("p", "m_comp"):
-        cal = json.loads(open(sim["calibration"]).read())
-        if axis == "m_comp":
-            flags += f" --m-comp {float(value) * cal['m_comp']:.6g}"
-        else:
-            # the calibration derives M_comp = ref_batch * ref_tokens^p; at the swept p the
-            # reference bucket keeps its batch size
-            ref = cal.get("budgets", {})
-            s_ref = ref.get("ref_tokens", cal["m_mem"])
-            b_ref = ref.get("ref_batch", 1)
-            flags += f" --p {value} --m-comp {b_ref * s_ref ** float(value):.6g}"
+    if axis == "p":
+        flags += f" --p {value}"
+    elif axis == "m_comp":
+        flags += f" --m-comp-scale {value}"
     return flags
 
 

@@ -1,0 +1,202 @@
+"""From fitted points to a calibration file and back: `fit_points` turns measured points into
+a `Calibration` (fit, budgets, provenance), `refit` pools the points of existing measured files
+and fits them again by today's rules."""
+
+from __future__ import annotations
+
+import datetime as dt
+import statistics
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from adaptiveload.calibration.fit import DEFAULT_MAX_LOO, fit_measured, required_terms
+from adaptiveload.calibration.mix import TokenMix
+from adaptiveload.calibration.timing import pass_spread
+from adaptiveload.costmodel import Calibration, CostModel, derive_budgets
+from adaptiveload.errors import UserError
+from adaptiveload.model import analytic
+from adaptiveload.model.configs import WanConfig, get_config
+from adaptiveload.model.wan import build_on_meta, count_parameters
+
+
+def fit_points(
+    cfg: WanConfig, device: str, points: list[dict[str, Any]], mix: TokenMix, capacity: float,
+    headroom: float, setup: analytic.TrainingSetup, num_params: int, memory_measured: bool,
+    max_loo: float | None = None, ref_tokens: float | None = None,
+    ref_batch: int | None = None, extra: dict[str, Any] | None = None,
+) -> Calibration:  # fmt: skip
+    """Fit measured points (`time_s`, and `peak_bytes` if `memory_measured`), derive budgets.
+
+    The fit is `fit.fit_measured` (floored form, leave-one-out checked, refused when
+    degenerate); a derived p at a clamp bound is refused too. Without measured memory the
+    memory terms come from the analytic model (`memory_source: model`). `max_loo` None: the
+    device type's DEFAULT_MAX_LOO.
+    """
+    if max_loo is None:
+        max_loo = DEFAULT_MAX_LOO["cuda" if device.startswith("cuda") else "cpu"]
+    ok = [p for p in points if p["status"] == "ok" and p.get("time_s")]
+    B = np.array([p["batch"] for p in ok], dtype=np.float64)
+    S = np.array([p["tokens"] for p in ok], dtype=np.float64)
+    T = np.array([p["time_s"] for p in ok], dtype=np.float64)
+    if len(ok) < 4:
+        raise UserError(
+            f"only {len(ok)} of {len(points)} grid points ran on {device} ({len(points) - len(ok)}"
+            " ran out of memory); use smaller batch sizes or token counts"
+        )
+    mem = np.array([p["peak_bytes"] for p in ok]) if memory_measured else None
+    required = required_terms(cfg, float(S.max()))
+    cost, stats = fit_measured(B, S, T, mem, required=required, max_loo=max_loo)
+    if not memory_measured:
+        m_static, m_tok, m_seq = analytic.memory_terms(cfg, num_params, setup)
+        cost = replace(cost, m_static=m_static, m_tok=m_tok, m_seq=m_seq)
+        for p in points:
+            p["peak_bytes_model"] = float(cost.memory(p["batch"], p["tokens"]))
+    loo = iter(stats.loo_rel_err or [])
+    for p in ok:
+        p["loo_rel_err"] = next(loo)
+    budgets = derive_budgets(cost, mix.tokens, capacity, headroom, ref_tokens, ref_batch)
+    if not 1.0 < budgets.p_unclamped < 2.0:
+        raise UserError(
+            f"derived p {budgets.p_unclamped:.3f} lies at or beyond the clamp [1, 2] over the "
+            f"manifest's tokens {budgets.s_lo:.0f}..{budgets.s_hi:.0f}: the fitted per-sample "
+            "cost does not bend like GEMMs plus attention there; add B = 1 points spanning "
+            "that range"
+        )
+    return calibration_record(
+        cfg, device, "measured", cost, budgets, capacity, headroom, num_params, mix,
+        extra={
+            "memory_source": "measured" if memory_measured else "model",
+            "fit": {**stats.to_dict(), "required_terms": list(required), "max_loo": max_loo},
+            "points": points,
+            **(extra or {}),
+        },
+    )  # fmt: skip
+
+
+def refit(
+    paths: Sequence[str | Path], mix: TokenMix, headroom: float = 0.1,
+    max_loo: float | None = None, ref_tokens: float | None = None,
+    ref_batch: int | None = None,
+) -> Calibration:  # fmt: skip
+    """Refit the points of measured calibration files with today's form, checks and budgets.
+
+    Several files of the same model, device and setup are pooled: every pass of a (B, S)
+    point counts, its time is the minimum over all of them (as in `measure_grid`) and its
+    peak memory the maximum. The budgets are derived for `mix`; the provenance lists the
+    source files and what their grids lacked by today's rules (docs/calibration.md).
+    """
+    if not paths:
+        raise UserError("--refit needs at least one measured calibration file")
+    sources = [(str(path), Calibration.load(path)) for path in paths]
+    first = sources[0][1]
+    for path, cal in sources:
+        if cal.source != "measured" or not cal.extra.get("points"):
+            raise UserError(f"{path}: not a measured calibration with points; cannot refit it")
+        same = (cal.model, cal.device, cal.extra.get("setup"), cal.capacity_bytes)
+        if same != (first.model, first.device, first.extra.get("setup"), first.capacity_bytes):
+            raise UserError(
+                f"{path}: model, device, setup or capacity differ from {sources[0][0]}; "
+                "refit files of one measurement setup together"
+            )
+    timer = first.extra.get("grid", {}).get("timer", "wall")
+    pooled: dict[tuple[int, int], dict[str, Any]] = {}
+    for _, cal in sources:
+        for point in cal.extra["points"]:
+            key = (int(point["batch"]), int(point["tokens"]))
+            into = pooled.setdefault(key, {
+                "batch": key[0], "tokens": key[1], "status": "oom", "peak_bytes": None,
+                f"{timer}_s_passes": [],
+            })  # fmt: skip
+            passes = point.get(f"{timer}_s_passes") or []
+            if point.get("status") == "ok" and passes:
+                into["status"] = "ok"
+                into[f"{timer}_s_passes"] += passes
+                peak = point.get("peak_bytes")
+                if peak is not None:
+                    into["peak_bytes"] = max(into["peak_bytes"] or 0.0, float(peak))
+    points = sorted(pooled.values(), key=lambda p: (p["batch"] * p["tokens"], p["batch"]))
+    for point in points:
+        passes = point[f"{timer}_s_passes"]
+        point["time_s"] = min(passes) if passes else None
+        point[f"{timer}_s_median"] = statistics.median(passes) if passes else None
+        point["spread"] = pass_spread(passes)
+    cfg = get_config(first.model)
+    setup_info = first.extra.get("setup", {})
+    setup = analytic.TrainingSetup(
+        compute_bytes=2 if first.device.startswith("cuda") else 4,
+        activation_checkpointing=bool(setup_info.get("activation_checkpointing")),
+        shard_world_size=int(setup_info.get("shard_world_size", 1)),
+    )
+    memory_measured = first.extra.get("memory_source") == "measured"
+    grids = [cal.extra.get("grid", {}) for _, cal in sources]
+    lacking = []
+    if any(g.get("warmup", 1) < 1 for g in grids):
+        lacking.append("no per-point warm-up and no process warm-up (cold first points)")
+    if any(g.get("max_batch_tokens") for g in grids):
+        measured_b1 = {k[1] for k, p in pooled.items() if k[0] == 1 and p["status"] == "ok"}
+        if int(mix.tokens.max()) not in measured_b1:
+            lacking.append(
+                f"B = 1 at the largest bucket ({int(mix.tokens.max())} tokens) was not measured "
+                "(dropped by a batch-token cap): the reference bucket is extrapolated"
+            )
+    return fit_points(
+        cfg, first.device, points, mix, float(first.capacity_bytes), headroom, setup,
+        int(first.extra.get("num_params") or count_parameters(build_on_meta(cfg))),
+        memory_measured=memory_measured, max_loo=max_loo, ref_tokens=ref_tokens,
+        ref_batch=ref_batch,
+        extra={
+            "provenance": {
+                "generator": "adaptiveload.calibration.refit",
+                "refit_of": [
+                    {"file": path, "date": cal.extra.get("provenance", {}).get("date"),
+                     "torch": cal.extra.get("provenance", {}).get("torch"),
+                     "cuda": cal.extra.get("provenance", {}).get("cuda")}
+                    for path, cal in sources
+                ],
+                "refit_date": dt.datetime.now(dt.timezone.utc).date().isoformat(),
+            },
+            "setup": setup_info,
+            "grid": {**grids[0], "statistic": "min over passes (pooled over the source files)",
+                     "pooled_files": len(sources)},
+            "notes": [f"grid lacked by today's rules: {what}" for what in lacking],
+        },
+    )  # fmt: skip
+
+
+def setup_dict(setup: analytic.TrainingSetup, precision: str) -> dict[str, Any]:
+    return {
+        "precision": precision,
+        "activation_checkpointing": setup.activation_checkpointing,
+        "optimizer": "AdamW (fp32 states)",
+        "shard_world_size": setup.shard_world_size,
+    }
+
+
+def calibration_record(
+    cfg: WanConfig, device: str, source: str, cost: CostModel, budgets: Any, capacity: float,
+    headroom: float, num_params: int, mix: TokenMix, extra: dict[str, Any],
+) -> Calibration:  # fmt: skip
+    return Calibration(
+        model=cfg.name,
+        device=device,
+        source=source,
+        cost=cost,
+        p=budgets.p,
+        m_mem=budgets.m_mem,
+        m_comp=budgets.m_comp,
+        m_tok=budgets.m_tok,
+        capacity_bytes=capacity,
+        extra={
+            "headroom": headroom,
+            "num_params": num_params,
+            "grad_bytes": num_params * 4,
+            "model_config": cfg.to_dict(),
+            "budgets": budgets.to_dict(),
+            "manifest": mix.to_dict(),
+            **extra,
+        },
+    )
