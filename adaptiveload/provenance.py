@@ -30,15 +30,22 @@ def device_name(device: str) -> str:
 
 
 def git_commit() -> str:
-    """The commit of the checkout this package runs from, or 'unknown' outside git."""
+    """The commit of the checkout this package runs from, or 'unknown' outside git.
+
+    Only when git tracks this very file: an installed copy inside some other work tree (a
+    virtualenv in a checkout) would otherwise report that checkout's commit as its own."""
+    here = Path(__file__).resolve()
     try:
         out = subprocess.run(
+            ["git", "ls-files", "--error-unmatch", here.name],
+            capture_output=True, text=True, timeout=10, cwd=here.parent,
+        )  # fmt: skip
+        if out.returncode != 0:
+            return "unknown"
+        out = subprocess.run(
             ["git", "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            cwd=Path(__file__).resolve().parent,
-        )
+            capture_output=True, text=True, timeout=10, cwd=here.parent,
+        )  # fmt: skip
         return out.stdout.strip() or "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"

@@ -132,6 +132,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calibration", type=Path, default=H200_CALIBRATION)
     parser.add_argument("--json", action="store_true", help="print the whole estimate as JSON")
     args = parser.parse_args(argv)
+    if not args.calibration.is_file():  # the default is a measured file of the checkout
+        print(f"{args.calibration}: calibration file not found; pass --calibration FILE "
+              "(a measured calibration JSON)", file=sys.stderr)  # fmt: skip
+        return 2
     cost = experiment_cost(args.experiment, args.calibration)
     if args.json:
         json.dump(cost, sys.stdout, indent=1)
