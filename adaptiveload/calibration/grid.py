@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from adaptiveload.config import schema_default
 from adaptiveload.errors import UserError
 from adaptiveload.tokens import FRAME_STEP, PIXEL_STEP
 
-DEFAULT_BATCH_SIZES = (1, 2, 4)
-DEFAULT_TOKENS = (16, 64, 256, 1024, 4096)
+DEFAULT_BATCH_SIZES = tuple(schema_default("calibration.batch_sizes"))
+DEFAULT_TOKENS = tuple(schema_default("calibration.tokens"))
 MAX_AXIS = 1024  # Wan's RoPE tables cover 1024 positions per axis
 MIN_PASSES = 2  # a single pass cannot tell a point's spread, nor survive one burst of load
 

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from adaptiveload.cli.app import app, examples
+from adaptiveload.config import schema_default
 from adaptiveload.data.bucketing import (
     DEFAULT_GRID,
     DEFAULT_MAX_FRAMES,
@@ -30,11 +31,63 @@ def _ints(text: str | None, flag: str) -> list[int] | None:
         raise UserError(f"{flag} {text!r}: expected comma-separated integers, e.g. 1,2,4") from None
 
 
-def _pick(flag: Any, section: dict[str, Any], key: str, default: Any) -> Any:
-    """An explicit flag wins over the experiment file, which wins over the default."""
+_SCHEMA = object()  # `_pick`'s default: the schema's default of calibration.<key>
+
+
+def _pick(flag: Any, section: dict[str, Any], key: str, default: Any = _SCHEMA) -> Any:
+    """An explicit flag wins over the experiment file, which wins over the default (the
+    schema's, unless the command line alone means something else)."""
     if flag is not None:
         return flag
+    if default is _SCHEMA:
+        default = schema_default(f"calibration.{key}")
     return section.get(key, default)
+
+
+def _token_mix(
+    manifest: Path | None, mixture: str | None, num_samples: int, seed: int,
+    data: dict[str, Any], model_name: str, grid: str | None, bucketing: str | None,
+) -> Any:  # fmt: skip
+    """The token mix the budgets are derived for: --manifest, --mixture, else the experiment's
+    data; None when there is none (the calibration then budgets its own grid)."""
+    from adaptiveload import calibration
+
+    grid_name = grid or data.get("grid") or (DEFAULT_GRID if model_name in RELEASED else "tiny")
+    mode = bucketing or data.get("bucketing", DEFAULT_MODE)
+    max_frames = data.get("max_frames", DEFAULT_MAX_FRAMES)
+    if manifest is None and mixture is None:  # no flag: the experiment's data, if any
+        manifest, mixture = data.get("manifest") or None, data.get("mixture") or None
+        num_samples = data.get("num_samples", num_samples)
+    if manifest is not None:
+        return calibration.manifest_token_mix(manifest, mode, grid_name, max_frames)
+    if mixture is not None:
+        return calibration.mixture_token_mix(mixture, num_samples, seed, mode, grid_name,
+                                             max_frames)  # fmt: skip
+    return None
+
+
+def _report(output: Path, cal: Any) -> None:
+    """One line on the fit and the budgets (and one on the validation, when it ran)."""
+    fit = cal.extra["fit"]
+    loo = (
+        f", {fit['form']} form, leave-one-out median {100 * fit['loo_median']:.1f}% max "
+        f"{100 * fit['loo_max']:.1f}%"
+        if fit.get("loo_max") is not None
+        else ""
+    )
+    typer.echo(
+        f"{output}: {cal.label} {cal.model}: p={cal.p:.3f} M_tok={cal.m_tok:.4g} "
+        f"M_mem={cal.m_mem:.4g} M_comp={cal.m_comp:.4g} (fit R^2={fit['r2']:.4f}, worst point "
+        f"{100 * fit['max_rel_err']:.1f}%{loo}; memory: {cal.extra['memory_source']})",
+        err=True,
+    )
+    val = cal.extra.get("validation")
+    if val and val["num_measured"]:
+        typer.echo(
+            f"validation: {val['num_measured']} planned micro-batches, |pred-meas|/meas median "
+            f"{100 * val['median_rel_err']:.1f}% p95 {100 * val['p95_rel_err']:.1f}%",
+            err=True,
+        )
 
 
 @app.command("calibrate", epilog=examples(
@@ -148,20 +201,9 @@ def calibrate_cmd(
         typer.echo(f"{output}: copied {cal_section['file']} ({cal.label})", err=True)
         return
 
-    grid_name = grid or data.get("grid") or (DEFAULT_GRID if model_name in RELEASED else "tiny")
-    mode = bucketing or data.get("bucketing", DEFAULT_MODE)
-    max_frames = data.get("max_frames", DEFAULT_MAX_FRAMES)
-    if manifest is None and mixture is None:  # no flag: the experiment's data, if any
-        manifest, mixture = data.get("manifest") or None, data.get("mixture") or None
-        num_samples = data.get("num_samples", num_samples)
-    mix = None
-    if manifest is not None:
-        mix = calibration.manifest_token_mix(manifest, mode, grid_name, max_frames)
-    elif mixture is not None:
-        mix = calibration.mixture_token_mix(mixture, num_samples, seed, mode, grid_name, max_frames)
-
-    head = _pick(headroom, cal_section, "headroom", 0.1)
-    max_loo = _pick(max_loo_error, cal_section, "max_loo_error", None)
+    mix = _token_mix(manifest, mixture, num_samples, seed, data, model_name, grid, bucketing)
+    head = _pick(headroom, cal_section, "headroom")
+    max_loo = _pick(max_loo_error, cal_section, "max_loo_error")
     if refit:
         if mix is None:
             raise UserError("--refit needs --manifest or --mixture (the budgets' token range)")
@@ -171,53 +213,30 @@ def calibrate_cmd(
     else:
         cal = calibration.calibrate(
             model_name,
-            device=_pick(device, cal_section, "device", "cpu"),
-            batch_sizes=_pick(
-                _ints(batch_sizes, "--batch-sizes"), cal_section, "batch_sizes",
-                calibration.DEFAULT_BATCH_SIZES,
-            ),
-            tokens=_pick(
-                _ints(tokens, "--tokens"), cal_section, "tokens", calibration.DEFAULT_TOKENS
-            ),
+            device=_pick(device, cal_section, "device"),
+            batch_sizes=_pick(_ints(batch_sizes, "--batch-sizes"), cal_section, "batch_sizes"),
+            tokens=_pick(_ints(tokens, "--tokens"), cal_section, "tokens"),
             mix=mix,
+            # no --config: None, i.e. a CUDA device's own memory (the schema's 4 GB is a file's)
             capacity_gb=_pick(capacity_gb, cal_section, "capacity_gb", None),
             headroom=head,
-            repeats=_pick(repeats, cal_section, "repeats", 3),
-            warmup=_pick(warmup, cal_section, "warmup", 1),
+            repeats=_pick(repeats, cal_section, "repeats"),
+            warmup=_pick(warmup, cal_section, "warmup"),
             activation_checkpointing=activation_checkpointing,
             ref_tokens=ref_tokens,
             ref_batch=ref_batch,
             seed=seed,
-            threads=_pick(threads, cal_section, "threads", None),
-            timer=_pick(timer, cal_section, "timer", "auto"),
+            threads=_pick(threads, cal_section, "threads"),
+            timer=_pick(timer, cal_section, "timer"),
             progress=not quiet,
-            max_batch_tokens=_pick(max_batch_tokens, cal_section, "max_batch_tokens", None),
+            max_batch_tokens=_pick(max_batch_tokens, cal_section, "max_batch_tokens"),
             max_loo=max_loo,
             validate=validate,
             validate_world_size=validate_world_size,
             validate_max_seconds=validate_max_seconds,
         )  # fmt: skip
     write_json(output, cal.to_dict())
-    fit = cal.extra["fit"]
-    loo = (
-        f", {fit['form']} form, leave-one-out median {100 * fit['loo_median']:.1f}% max "
-        f"{100 * fit['loo_max']:.1f}%"
-        if fit.get("loo_max") is not None
-        else ""
-    )
-    typer.echo(
-        f"{output}: {cal.label} {cal.model}: p={cal.p:.3f} M_tok={cal.m_tok:.4g} "
-        f"M_mem={cal.m_mem:.4g} M_comp={cal.m_comp:.4g} (fit R^2={fit['r2']:.4f}, worst point "
-        f"{100 * fit['max_rel_err']:.1f}%{loo}; memory: {cal.extra['memory_source']})",
-        err=True,
-    )
-    val = cal.extra.get("validation")
-    if val and val["num_measured"]:
-        typer.echo(
-            f"validation: {val['num_measured']} planned micro-batches, |pred-meas|/meas median "
-            f"{100 * val['median_rel_err']:.1f}% p95 {100 * val['p95_rel_err']:.1f}%",
-            err=True,
-        )
+    _report(output, cal)
 
 
 @app.command("budgets", epilog=examples(
