@@ -24,7 +24,7 @@ from adaptiveload.errors import UserError
 from adaptiveload.io import read_json
 from adaptiveload.planning.simulate import STEP_COLUMNS
 
-# fields every run summary must carry (the BRIEF's run-summary schema)
+# fields every run summary must carry (the trainer's and the simulator's; docs/tracking.md)
 SUMMARY_KEYS = (
     "experiment", "policy", "seed", "kernel", "launch_mode", "world_size", "device", "source",
     "warmup_steps",
