@@ -28,7 +28,7 @@ import pandas as pd
 from scipy import stats as sps
 
 from adaptiveload.analysis.aggregate import per_step
-from adaptiveload.config import schema_default
+from adaptiveload.config import WHOLE_EPOCH, schema_default
 from adaptiveload.metrics import throughput
 
 GROUP = ("setup", "variant", "kernel")
@@ -119,7 +119,7 @@ def _run_stats(run: pd.DataFrame, draws: np.ndarray) -> dict[str, np.ndarray]:
     v = {c: run[c].to_numpy(float)[draws]
          for c in ("samples", "tokens", "step_time_s", "step_wall_s", "imbalance")}
     timed = v["step_time_s"].sum(axis=-1)
-    if (run["timed_window"] == "epoch").all():
+    if (run["timed_window"] == WHOLE_EPOCH).all():
         shape = timed.shape
         samples = np.full(shape, run["samples"].sum(), dtype=float)
         tokens = np.full(shape, run["tokens"].sum(), dtype=float)

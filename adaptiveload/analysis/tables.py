@@ -13,7 +13,7 @@ import pandas as pd
 
 from adaptiveload.analysis.aggregate import per_step
 from adaptiveload.analysis.stats import LEVELS, headline
-from adaptiveload.config import schema_default
+from adaptiveload.config import WHOLE_EPOCH, schema_default
 
 # arXiv 2605.17923 (abstract; 16 GPUs per a secondary source): what the paper reports
 PAPER = {
@@ -172,7 +172,7 @@ def _shown(n: pd.DataFrame, baseline: str) -> pd.DataFrame:
         "source": n["label"],
         "seeds": n["seeds"],
         "timed steps/seed": [
-            _steps_range(lo, hi) + (" (1 epoch)" if window == "epoch" else "")
+            _steps_range(lo, hi) + (" (1 epoch)" if window == WHOLE_EPOCH else "")
             for lo, hi, window in zip(n["timed_steps_min"], n["timed_steps_max"],
                                       n["timed_window"], strict=True)
         ],

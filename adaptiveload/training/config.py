@@ -92,7 +92,7 @@ class TrainConfig:
     def timed_window(self) -> str:
         """"epoch": the timed steps are one whole epoch (every policy then processes the same
         samples); "steps": a fixed number of steps, whatever samples they hold."""
-        return "epoch" if self.steps == WHOLE_EPOCH else "steps"
+        return WHOLE_EPOCH if self.steps == WHOLE_EPOCH else "steps"
 
     @property
     def run_name(self) -> str:

@@ -17,6 +17,7 @@ import pandas as pd
 import torch
 
 from adaptiveload import metrics
+from adaptiveload.config import WHOLE_EPOCH
 from adaptiveload.costmodel import Calibration
 from adaptiveload.planning.sampler import PlanBuilder
 from adaptiveload.planning.simulate import simulate
@@ -126,7 +127,7 @@ def run_summary(
     if calibration is not None:
         summary.update(
             simulator_error(
-                table, builder, calibration, cfg.warmup_steps, cfg.timed_window == "epoch"
+                table, builder, calibration, cfg.warmup_steps, cfg.steps == WHOLE_EPOCH
             )
         )
         summary["sim_source"] = calibration.label
