@@ -6,6 +6,18 @@ The fitted form (per rank, one micro-batch of B samples of S tokens each, forwar
     t(B, S) = max(t_floor, c0 + B * (c_seq + a*S + b*S^2))    seconds
     m(B, S) = m_static + B * (m_tok*S + m_seq)                  bytes
 
+A packed micro-batch (samples of different lengths S_i in one token stream, varlen attention)
+costs the sum of its samples' terms, since attention is per sample (sum S_i^2, not (sum S_i)^2):
+
+    t(set) = max(t_floor, c0 + sum_i (c_seq + a*S_i + b*S_i^2))
+    m(set) = m_static + sum_i (m_tok*S_i + m_seq)
+
+so a set is described by three sufficient statistics (n, sum S_i, sum S_i^2): `pack_time` and
+`pack_memory` take them (vectorised over many sets), `set_time` and `set_memory` take one set's
+token counts. For B samples of one shape they are t(B, S) and m(B, S), so every calibration
+fitted on homogeneous batches prices packs too; whether a device is additive on short
+segments is what calibrating mixed packs measures (docs/calibration.md).
+
 `a` carries the linear layers (GEMMs grow with tokens), `b` self-attention (quadratic in S),
 `c0` the per-micro-batch fixed cost the device itself pays, `c_seq` the per-sample constant
 (Wan's text embedding and cross-attention keys/values of the 512 text tokens: 2.2 TFLOP forward
@@ -65,6 +77,37 @@ class CostModel:
         """Predicted peak bytes of micro-batches; broadcasts over arrays."""
         s = np.asarray(tokens, dtype=np.float64)
         return self.m_static + np.asarray(batch, dtype=np.float64) * (self.m_tok * s + self.m_seq)
+
+    def pack_time(self, count: Any, sum_tokens: Any, sum_tokens_sq: Any) -> Any:
+        """Predicted forward+backward seconds of packs of `count` samples whose token counts
+        sum to `sum_tokens` and whose squares sum to `sum_tokens_sq`; broadcasts over arrays.
+        An empty pack (count 0) costs nothing: no micro-batch runs."""
+        n = np.asarray(count, dtype=np.float64)
+        work = (
+            self.c0
+            + self.c_seq * n
+            + self.a * np.asarray(sum_tokens, dtype=np.float64)
+            + self.b * np.asarray(sum_tokens_sq, dtype=np.float64)
+        )
+        return np.where(n > 0, np.maximum(self.t_floor, work), 0.0)
+
+    def pack_memory(self, count: Any, sum_tokens: Any) -> Any:
+        """Predicted peak bytes of packs of `count` samples holding `sum_tokens` tokens in all;
+        broadcasts over arrays."""
+        n = np.asarray(count, dtype=np.float64)
+        return self.m_static + self.m_tok * np.asarray(sum_tokens, dtype=np.float64) + (
+            self.m_seq * n
+        )
+
+    def set_time(self, tokens: Any) -> float:
+        """`pack_time` of one set of samples, given their token counts."""
+        s = np.asarray(tokens, dtype=np.float64).ravel()
+        return float(self.pack_time(s.size, s.sum(), (s * s).sum()))
+
+    def set_memory(self, tokens: Any) -> float:
+        """`pack_memory` of one set of samples, given their token counts."""
+        s = np.asarray(tokens, dtype=np.float64).ravel()
+        return float(self.pack_memory(s.size, s.sum()))
 
     def effective_exponent(self, s_lo: float, s_hi: float) -> float:
         """p such that the per-sample cost grows like S^p between s_lo and s_hi."""

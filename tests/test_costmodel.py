@@ -320,3 +320,25 @@ def test_budgets_cli_sizes_the_device_for_an_m_mem():
     both = subprocess.run([*args, "--m-mem", "1", "--capacity-gb", "1"], capture_output=True,
                           text=True)  # fmt: skip
     assert both.returncode == 2 and "not both" in both.stderr and not both.stdout
+
+
+def test_cost_of_a_set_is_additive_and_equals_the_batch_form_for_one_shape():
+    floored = CostModel(**{**TRUE.__dict__, "t_floor": 0.05})
+    for batch, tokens in zip(*_grid(), strict=True):
+        same = [tokens] * batch
+        assert floored.set_time(same) == pytest.approx(float(floored.step_time(batch, tokens)))
+        assert TRUE.set_memory(same) == pytest.approx(float(TRUE.memory(batch, tokens)))
+    mixed = [1560, 1560, 7200, 32760]
+    by_sample = TRUE.c0 + sum(float(TRUE.per_sample_time(s)) for s in mixed)
+    assert TRUE.set_time(mixed) == pytest.approx(by_sample)
+    # attention is per sample: a pack costs sum S_i^2, far below one sample of sum S_i
+    assert TRUE.set_time(mixed) < float(TRUE.step_time(1, sum(mixed)))
+    assert TRUE.set_memory(mixed) == pytest.approx(
+        TRUE.m_static + sum(TRUE.m_tok * s + TRUE.m_seq for s in mixed)
+    )
+    # vectorised over packs by their sufficient statistics; an empty pack costs nothing
+    n, s1 = np.array([0, 4]), np.array([0, sum(mixed)])
+    s2 = np.array([0, sum(s * s for s in mixed)])
+    assert floored.pack_time(n, s1, s2)[0] == 0.0
+    assert floored.pack_time(n, s1, s2)[1] == pytest.approx(floored.set_time(mixed))
+    assert floored.set_time([1560]) == pytest.approx(0.05)  # the floor holds a small pack too
