@@ -6,7 +6,7 @@ Three implementations of one op:
 - `reference`: fp32 math in plain PyTorch ops, the tests' oracle;
 - `ln_modulate`: the custom op `adaptiveload::ln_modulate_fwd` with its own backward
   (`adaptiveload::ln_modulate_bwd`), autograd and fake kernels, so it works under
-  torch.compile. On CUDA it runs the fused kernel (`kernels/`, built by `adaptiveload kernel
+  torch.compile. On CUDA it runs the fused kernel (`csrc/`, built by `adaptiveload kernel
   build`); on CPU, or when the library is not built, the same op runs fp32 reference math.
 
 x is ``[B, S, D]``; scale and shift are ``[B, 1, D]`` (per sample, Wan 2.1) or ``[B, S, D]``
@@ -36,7 +36,7 @@ BWD_SCHEMA = (
 )
 FWD_OP = "adaptiveload::ln_modulate_fwd"
 BWD_OP = "adaptiveload::ln_modulate_bwd"
-# The kernels' limits (kernels/ln_modulate_dispatch.h: kPack, kMaxD; the resource check test
+# The kernels' limits (csrc/ln_modulate_dispatch.h: kPack, kMaxD; the resource check test
 # asserts they agree): D a multiple of PACK in [PACK, MAX_D].
 PACK = 8
 MAX_D = 8192
