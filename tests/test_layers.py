@@ -14,7 +14,8 @@ PACKAGE = Path(adaptiveload.__file__).resolve().parent
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("base", ("adaptiveload", "adaptiveload.errors", "adaptiveload.io", "adaptiveload.progress",
               "adaptiveload.tokens", "adaptiveload.metrics", "adaptiveload.extras",
-              "adaptiveload.provenance", "adaptiveload.experiment", "adaptiveload.step_table")),
+              "adaptiveload.provenance", "adaptiveload.experiment", "adaptiveload.step_table",
+              "adaptiveload.pipeline")),
     ("ops", ("adaptiveload.ops",)),
     ("model", ("adaptiveload.model",)),
     ("data", ("adaptiveload.data",)),
@@ -89,7 +90,8 @@ def test_the_checker_sees_an_upward_import(tmp_path):
     """The test above can fail: a function-level import of the CLI from `ops` is caught."""
     fake = tmp_path / "adaptiveload" / "ops" / "bad.py"
     fake.parent.mkdir(parents=True)
-    fake.write_text("def f():\n    from adaptiveload.cli import app\n    from . import ln_modulate\n")
+    fake.write_text("def f():\n    from adaptiveload.cli import app\n"
+                    "    from . import ln_modulate\n")
     module = ".".join(fake.relative_to(tmp_path).with_suffix("").parts)
     assert imports(fake, module) == {"adaptiveload.cli", "adaptiveload.ops"}
     assert layer_of("adaptiveload.cli") > layer_of(module) == layer_of("adaptiveload.ops")
