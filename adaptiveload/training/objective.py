@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from adaptiveload.training.config import ObjectiveConfig
+from adaptiveload.training.settings import ObjectiveConfig
 
 
 def shift_sigma(sigma: torch.Tensor, shift: float) -> torch.Tensor:

@@ -17,17 +17,17 @@ import pandas as pd
 import torch
 
 from adaptiveload import metrics
-from adaptiveload.config import WHOLE_EPOCH
 from adaptiveload.costmodel import Calibration
 from adaptiveload.planning.sampler import PlanBuilder
 from adaptiveload.planning.simulate import simulate
 from adaptiveload.provenance import device_name
-from adaptiveload.training.config import TrainConfig
+from adaptiveload.step_table import WHOLE_EPOCH, timed
 from adaptiveload.training.distributed import timer_of
+from adaptiveload.training.settings import TrainConfig
 
 
 def timed_window(table: pd.DataFrame, warmup_steps: int) -> pd.DataFrame:
-    return table[table["step"] >= warmup_steps]
+    return table[timed(table["step"], warmup_steps)]
 
 
 def measured_metrics(
