@@ -8,6 +8,9 @@ experiment axis rather than a code fork:
 - "fused": the custom op `adaptiveload.ops.ln_modulate.ln_modulate`: the CUDA kernel on CUDA
   tensors when the library is built, its fp32 reference math otherwise (so the switch works
   everywhere; `adaptiveload kernel status` says which runs).
+
+On a packed stream (`Segments`) x is [L, D] and scale/shift hold one row per segment
+[G, 1, D]; each run of equal-length segments is modulated as the dense batch it views as.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from collections.abc import Callable
 
 import torch
 
+from adaptiveload.model.segments import Segments
 from adaptiveload.ops import ln_modulate as ops
 
 LnModulateFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]
@@ -33,10 +37,20 @@ def resolve(impl: str) -> LnModulateFn:
 
 
 def ln_modulate(
-    x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, eps: float, impl: str
+    x: torch.Tensor,
+    scale: torch.Tensor,
+    shift: torch.Tensor,
+    eps: float,
+    impl: str,
+    segments: Segments | None = None,
 ) -> torch.Tensor:
-    """LayerNorm (no affine, fp32 statistics) of x, modulated per sample; output fp32 like Wan."""
-    return resolve(impl)(x, scale, shift, eps).float()
+    """LayerNorm (no affine, fp32 statistics) of x, modulated per sample; output fp32 like Wan.
+
+    Dense: x [B, S, D], scale/shift [B, 1, D]. Packed: x [L, D], scale/shift [G, 1, D]."""
+    fn = resolve(impl)
+    if segments is None:
+        return fn(x, scale, shift, eps).float()
+    return segments.per_run(lambda xr, sc, sh: fn(xr, sc, sh, eps), [x], [scale, shift]).float()
 
 
 class LnModulate(torch.nn.Module):
@@ -48,8 +62,14 @@ class LnModulate(torch.nn.Module):
         self.impl = impl
         resolve(impl)
 
-    def forward(self, x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
-        return ln_modulate(x, scale, shift, self.eps, self.impl)
+    def forward(
+        self,
+        x: torch.Tensor,
+        scale: torch.Tensor,
+        shift: torch.Tensor,
+        segments: Segments | None = None,
+    ) -> torch.Tensor:
+        return ln_modulate(x, scale, shift, self.eps, self.impl, segments)
 
     def extra_repr(self) -> str:
         return f"eps={self.eps}, impl={self.impl}"

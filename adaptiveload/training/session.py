@@ -35,9 +35,9 @@ from adaptiveload.provenance import device_name, git_commit
 from adaptiveload.training import checkpoint
 from adaptiveload.training.config import TrainConfig, from_experiment
 from adaptiveload.training.distributed import Ranks, resolve_ranks, timer_of
-from adaptiveload.training.inputs import prepare_data, run_identity
+from adaptiveload.training.inputs import check_layout, prepare_data, run_identity
 from adaptiveload.training.loop import StepSink, Trainer
-from adaptiveload.training.summary import run_summary
+from adaptiveload.training.summary import attention_backend, run_summary
 
 
 @dataclass
@@ -124,6 +124,7 @@ def train(req: Request, open_sink: OpenSink | None = None) -> dict[str, Any]:
     input is checked and before training starts, so an unreachable store fails early."""
     exp, cfg, ranks, calibration, out = resolve(req)
     data = prepare_data(exp, cfg, calibration, req.manifest, req.plan)
+    check_layout(data.builder(0).table, cfg, req.config)
     ckpt_dir = out / "checkpoints" if req.checkpoint else None
     main = ranks.is_main
     identity = run_identity(cfg, data)
@@ -153,6 +154,8 @@ def train(req: Request, open_sink: OpenSink | None = None) -> dict[str, Any]:
                 "policy": cfg.policy,
                 "seed": str(cfg.seed),
                 "kernel": cfg.kernel,
+                "batch_layout": cfg.batch_layout,
+                "attention_backend": attention_backend(cfg),
                 "launch_mode": cfg.launch_mode,
                 "world_size": str(cfg.world_size),
                 "source": "measured",
