@@ -9,8 +9,10 @@ experiment axis rather than a code fork:
   tensors when the library is built, its fp32 reference math otherwise (so the switch works
   everywhere; `adaptiveload kernel status` says which runs).
 
-On a packed stream (`Segments`) x is [L, D] and scale/shift hold one row per segment
-[G, 1, D]; each run of equal-length segments is modulated as the dense batch it views as.
+On a packed stream (`Segments`) x is [L, D] and scale/shift hold one row per segment: the
+segment forms of the same two, `wan_eager_segments` (Wan's ops after gathering each token's
+row) and `ln_modulate_segments` (the kernel reads its segment's row itself, int32
+`cu_seqlens`), one call for the whole stream.
 """
 
 from __future__ import annotations
@@ -24,12 +26,20 @@ from adaptiveload.ops import ln_modulate as ops
 
 LnModulateFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]
 
-_FNS: dict[str, LnModulateFn] = {"eager": ops.wan_eager, "fused": ops.ln_modulate}
+SegmentsFn = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor
+]
+
+# impl -> (dense form, segment form)
+_FNS: dict[str, tuple[LnModulateFn, SegmentsFn]] = {
+    "eager": (ops.wan_eager, ops.wan_eager_segments),
+    "fused": (ops.ln_modulate, ops.ln_modulate_segments),
+}
 IMPLS = tuple(_FNS)
 
 
-def resolve(impl: str) -> LnModulateFn:
-    """The function behind `impl`; ValueError naming the choices if it is unknown."""
+def resolve(impl: str) -> tuple[LnModulateFn, SegmentsFn]:
+    """The (dense, segment) functions behind `impl`; ValueError naming the choices if unknown."""
     try:
         return _FNS[impl]
     except KeyError:
@@ -47,10 +57,10 @@ def ln_modulate(
     """LayerNorm (no affine, fp32 statistics) of x, modulated per sample; output fp32 like Wan.
 
     Dense: x [B, S, D], scale/shift [B, 1, D]. Packed: x [L, D], scale/shift [G, 1, D]."""
-    fn = resolve(impl)
+    dense, per_segment = resolve(impl)
     if segments is None:
-        return fn(x, scale, shift, eps).float()
-    return segments.per_run(lambda xr, sc, sh: fn(xr, sc, sh, eps), [x], [scale, shift]).float()
+        return dense(x, scale, shift, eps).float()
+    return per_segment(x, scale[:, 0], shift[:, 0], segments.cu_seqlens, eps).float()
 
 
 class LnModulate(torch.nn.Module):

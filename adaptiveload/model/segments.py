@@ -7,11 +7,12 @@ Segment i is sample i's S_i tokens, rows ``cu_seqlens[i] : cu_seqlens[i + 1]`` (
 layout flash-attn's `flash_attn_varlen_func`, torch's varlen attention and the segment-mode
 LayerNorm-Modulate take).
 
-Token-wise layers (Linear, RMSNorm, FFN) run on the whole stream. What is per sample runs per
-**run**: a maximal stretch of adjacent segments of equal length, which views as a dense
-[n, S, ...] tensor without a copy (`per_run`). Per-sample rows (modulation, gates, the text
-context) then broadcast over their own segment's tokens exactly as in the dense model, with
-no per-token gather; a stream of one shape is one run, the dense batch itself.
+Token-wise layers (Linear, RMSNorm, FFN) run on the whole stream, and the LayerNorm-Modulate
+takes `cu_seqlens` itself (its segment form). Attention (on CPU) and the gated residuals run
+per **run**: a maximal stretch of adjacent segments of equal length, which views as a dense
+[n, S, ...] tensor without a copy (`per_run`); per-sample rows (gates, the text context) then
+broadcast over their own segment's tokens as in the dense model, with no per-token gather. A
+stream of one shape is one run, the dense batch itself.
 """
 
 from __future__ import annotations
