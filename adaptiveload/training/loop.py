@@ -1,8 +1,10 @@
 """The training loop: one code path for emulated and distributed ranks.
 
 Per step, every rank this process runs (all N when emulated, its own when distributed) takes
-its micro-batch from its PlanBatchSampler, runs forward+backward with its loss scaled so that
-the step's gradient is the mean over ALL samples of the step (docs/definitions.md, loss weighting):
+its micro-batch from its PlanBatchSampler (collated by `data.packed.collate`, fed to the model
+dense or as shape groups of one token stream by `model.batch_layout`, docs/packing.md), runs
+forward+backward with its loss scaled so that the step's gradient is the mean over ALL
+samples of the step (docs/definitions.md, loss weighting):
 
     loss_r = sum_{i in r} l_i / G * k,   G = samples of the step over all ranks,
 
