@@ -13,11 +13,11 @@ import torch.nn.functional as F
 
 from adaptiveload.data.packed import collate
 from adaptiveload.model import attention as attn
-from adaptiveload.model.configs import get_config
+from adaptiveload.model.architectures import get_config
 from adaptiveload.model.segments import Segments
 from adaptiveload.model.wan import WanModel
-from adaptiveload.training.config import ObjectiveConfig
 from adaptiveload.training.objective import per_sample_loss, step_generator
+from adaptiveload.training.settings import ObjectiveConfig
 
 torch.set_num_threads(2)
 CFG = get_config("wan2.1-micro")

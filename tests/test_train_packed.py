@@ -18,18 +18,18 @@ import torch
 from mlflow.tracking import MlflowClient
 from training_setup import ROOT, adaptiveload, cli_env, free_port, write_experiment
 
-from adaptiveload import config as experiment_config
+from adaptiveload import experiment as experiment_config
 from adaptiveload.costmodel import Calibration, CostModel
 from adaptiveload.data.packed import collate
 from adaptiveload.errors import UserError
 from adaptiveload.io import read_json
 from adaptiveload.planning.plan import Plan
 from adaptiveload.planning.sampler import PlanBuilder
-from adaptiveload.training.config import from_experiment
 from adaptiveload.training.distributed import Ranks
 from adaptiveload.training.inputs import check_layout, prepare_data
 from adaptiveload.training.loop import TrainData, Trainer
 from adaptiveload.training.objective import per_sample_loss, step_generator
+from adaptiveload.training.settings import from_experiment
 
 TORCHRUN = Path(sys.executable).parent / "torchrun"
 SAME = ["step", "rank", "samples", "tokens", "frames", "height", "width"]

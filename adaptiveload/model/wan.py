@@ -27,8 +27,8 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from adaptiveload.model.architectures import WanConfig
 from adaptiveload.model.attention import attention
-from adaptiveload.model.configs import WanConfig
 from adaptiveload.model.modulate import LnModulate, resolve
 from adaptiveload.model.rope import apply_rope, rope_angles
 from adaptiveload.model.segments import Grid, Segments

@@ -5,7 +5,7 @@ Two inputs, both produced here on the CPU:
 - `ptxas_report`: each `.cu` file compiled for one architecture (default sm_90) with
   `nvcc -Xptxas -v` and the device flags of the library build; per kernel instance the
   registers per thread, static shared memory and spill bytes ptxas reports.
-- `dispatch_table`: `kernels/ln_modulate_dispatch_table.cpp` (beside this module) built with
+- `dispatch_table`: `csrc/ln_modulate_dispatch_table.cpp` (beside this module) built with
   the host compiler and run; it prints, from the same header the kernels dispatch with, every
   launch the library can make (kernel instance, threads per CTA, dynamic shared memory,
   opt-in) for every D.

@@ -16,12 +16,12 @@ from adaptiveload.data.manifest import load_manifest
 from adaptiveload.data.mixtures import synthesize
 from adaptiveload.errors import UserError
 from adaptiveload.io import read_json
-from adaptiveload.model.configs import get_config
+from adaptiveload.model.architectures import get_config
 from adaptiveload.planning.policies import Budgets
 from adaptiveload.planning.sampler import PlanBuilder
 from adaptiveload.provenance import code_version
-from adaptiveload.training.config import TrainConfig
 from adaptiveload.training.loop import TrainData
+from adaptiveload.training.settings import TrainConfig
 
 DATA_SEED = 0  # the dataset is fixed per experiment; the run seed varies plan, init and noise
 

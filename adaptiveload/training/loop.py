@@ -40,20 +40,19 @@ import pandas as pd
 import torch
 
 from adaptiveload import metrics
-from adaptiveload.config import WHOLE_EPOCH, run_steps
 from adaptiveload.costmodel import Calibration
 from adaptiveload.data.dataset import LatentDataset
 from adaptiveload.data.packed import collate
 from adaptiveload.errors import UserError
-from adaptiveload.model.configs import get_config
+from adaptiveload.model.architectures import get_config
 from adaptiveload.model.wan import WanModel
 from adaptiveload.planning.sampler import PlanBatchSampler, PlanBuilder
-from adaptiveload.planning.simulate import STEP_COLUMNS
 from adaptiveload.progress import progress_bar
+from adaptiveload.step_table import STEP_COLUMNS, WHOLE_EPOCH, run_steps
 from adaptiveload.training import checkpoint
 from adaptiveload.training import distributed as dd
-from adaptiveload.training.config import TrainConfig
 from adaptiveload.training.objective import per_sample_loss, step_generator
+from adaptiveload.training.settings import TrainConfig
 
 
 class StepSink(Protocol):

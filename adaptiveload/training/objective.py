@@ -24,7 +24,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from adaptiveload.training.config import ObjectiveConfig
+from adaptiveload.training.settings import ObjectiveConfig
 
 
 def shift_sigma(sigma: torch.Tensor, shift: float) -> torch.Tensor:

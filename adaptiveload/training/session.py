@@ -27,16 +27,16 @@ from typing import Any, Protocol
 
 import torch
 
-from adaptiveload import config as experiment_config
+from adaptiveload import experiment
 from adaptiveload.costmodel import Calibration
 from adaptiveload.errors import UserError
 from adaptiveload.io import write_json, write_parquet
 from adaptiveload.provenance import device_name, git_commit
 from adaptiveload.training import checkpoint
-from adaptiveload.training.config import TrainConfig, from_experiment
 from adaptiveload.training.distributed import Ranks, resolve_ranks, timer_of
 from adaptiveload.training.inputs import check_layout, prepare_data, run_identity
 from adaptiveload.training.loop import StepSink, Trainer
+from adaptiveload.training.settings import TrainConfig, from_experiment
 from adaptiveload.training.summary import attention_backend, run_summary
 
 
@@ -47,7 +47,7 @@ class Request:
     config: Path
     policy: str
     seed: int
-    steps: int | str | None = None  # a count or config.WHOLE_EPOCH
+    steps: int | str | None = None  # a count or WHOLE_EPOCH
     emulate_world_size: int | None = None
     kernel: str | None = None
     calibration: Path | None = None
@@ -63,7 +63,7 @@ def resolve(
     req: Request,
 ) -> tuple[dict[str, Any], TrainConfig, Ranks, Calibration | None, Path]:
     """Validate everything (files, fields, flags) before any output is written."""
-    exp = experiment_config.load(req.config)
+    exp = experiment.load(req.config)
     ranks = resolve_ranks(req.emulate_world_size, exp["train"]["world_size"])
     cfg = from_experiment(
         exp, req.policy, req.seed, launch_mode=ranks.launch_mode, world_size=ranks.world_size,

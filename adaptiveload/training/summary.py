@@ -17,14 +17,14 @@ import pandas as pd
 import torch
 
 from adaptiveload import metrics
-from adaptiveload.config import WHOLE_EPOCH
 from adaptiveload.costmodel import Calibration
 from adaptiveload.model.attention import dense_backend, packed_backend
 from adaptiveload.planning.sampler import PlanBuilder
 from adaptiveload.planning.simulate import simulate
 from adaptiveload.provenance import device_name
-from adaptiveload.training.config import TrainConfig
+from adaptiveload.step_table import WHOLE_EPOCH, timed
 from adaptiveload.training.distributed import timer_of
+from adaptiveload.training.settings import TrainConfig
 
 
 def attention_backend(cfg: TrainConfig) -> str:
@@ -34,7 +34,7 @@ def attention_backend(cfg: TrainConfig) -> str:
 
 
 def timed_window(table: pd.DataFrame, warmup_steps: int) -> pd.DataFrame:
-    return table[table["step"] >= warmup_steps]
+    return table[timed(table["step"], warmup_steps)]
 
 
 def measured_metrics(

@@ -29,17 +29,17 @@ import numpy as np
 import torch
 from stamp import stamp
 
-from adaptiveload.config import load
 from adaptiveload.data.bucketing import bucketize
 from adaptiveload.data.dataset import LatentDataset
 from adaptiveload.data.mixtures import synthesize
 from adaptiveload.data.packed import PackedBatch, collate
+from adaptiveload.experiment import load
 from adaptiveload.io import write_json
+from adaptiveload.model.architectures import get_config
 from adaptiveload.model.attention import packed_backend
-from adaptiveload.model.configs import get_config
 from adaptiveload.model.wan import WanModel
-from adaptiveload.training.config import ObjectiveConfig
 from adaptiveload.training.objective import per_sample_loss, step_generator
+from adaptiveload.training.settings import ObjectiveConfig
 
 TARGET = 1.10  # packed / homogeneous seconds per sample
 MODELS = ("wan2.1-tiny", "wan2.1-micro")

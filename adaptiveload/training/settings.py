@@ -3,7 +3,7 @@
 Grouped like torchtitan's job config (optimizer, objective, run), frozen so that nothing
 changes them mid-run; `fingerprint()` is the config's part of a run's identity
 (`training.inputs.run_identity`), which a checkpoint must match to be resumed. Defaults are
-the experiment schema's (`adaptiveload.config.schema_default`), so a field left out of an
+the experiment schema's (`adaptiveload.experiment.schema_default`), so a field left out of an
 experiment file and a field left out of a constructor call agree.
 """
 
@@ -14,8 +14,9 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from adaptiveload.config import WHOLE_EPOCH, schema_default
 from adaptiveload.errors import UserError
+from adaptiveload.experiment import schema_default
+from adaptiveload.step_table import WHOLE_EPOCH, window_kind
 
 LAUNCH_MODES = ("emulated", "distributed")
 KERNELS = ("eager", "fused")
@@ -97,7 +98,7 @@ class TrainConfig:
     def timed_window(self) -> str:
         """"epoch": the timed steps are one whole epoch (every policy then processes the same
         samples); "steps": a fixed number of steps, whatever samples they hold."""
-        return WHOLE_EPOCH if self.steps == WHOLE_EPOCH else "steps"
+        return window_kind(self.steps)
 
     @property
     def run_name(self) -> str:
@@ -126,7 +127,7 @@ def from_experiment(
     kernel: str | None = None,
     device: str | None = None,
 ) -> TrainConfig:
-    """TrainConfig from `adaptiveload.config.load(...)` output plus command-line overrides."""
+    """TrainConfig from `adaptiveload.experiment.load(...)` output plus command-line overrides."""
     if policy not in experiment["policies"]:
         raise UserError(
             f"--policy {policy}: not among this experiment's policies {experiment['policies']}"
