@@ -64,7 +64,9 @@ class MixedCells(PlanBuilder):
 
 
 def _mixed_run(tmp_path: Path, kernel: str) -> tuple:
-    exp = experiment_config.load(write_experiment(tmp_path, model={"batch_layout": "packed"}))
+    exp = experiment_config.load(
+        write_experiment(tmp_path, model={"batch_layout": "packed"}, steps=3)
+    )
     cfg = from_experiment(exp, "adaptiveload", 0, launch_mode="emulated", world_size=3,
                           kernel=kernel)  # fmt: skip
     base = prepare_data(exp, cfg)
