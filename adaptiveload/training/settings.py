@@ -20,6 +20,9 @@ from adaptiveload.step_table import WHOLE_EPOCH, window_kind
 
 LAUNCH_MODES = ("emulated", "distributed")
 KERNELS = ("eager", "fused")
+# dense: one bucket shape per micro-batch, a [B, C, T', H', W'] tensor; packed: any shapes as
+# one token stream (docs/packing.md)
+BATCH_LAYOUTS = ("dense", "packed")
 DEVICES = ("cpu", "cuda")
 # ranks one process emulates in turn (each holds its micro-batch); the schema's
 # train.world_size maximum is the same number
@@ -54,6 +57,7 @@ class TrainConfig:
     seed: int
     model: str
     kernel: str = schema_default("model.kernels")[0]
+    batch_layout: str = schema_default("model.batch_layout")
     launch_mode: str = "emulated"
     world_size: int = schema_default("train.world_size")
     device: str = schema_default("calibration.device")
@@ -69,6 +73,7 @@ class TrainConfig:
         for name, allowed in (
             ("launch_mode", LAUNCH_MODES),
             ("kernel", KERNELS),
+            ("batch_layout", BATCH_LAYOUTS),
             ("device", DEVICES),
         ):
             if getattr(self, name) not in allowed:
@@ -135,6 +140,7 @@ def from_experiment(
         seed=seed,
         model=experiment["model"]["config"],
         kernel=kernel or kernels[0],
+        batch_layout=experiment["model"]["batch_layout"],
         launch_mode=launch_mode,
         world_size=world_size,
         device=device or experiment["calibration"]["device"],
