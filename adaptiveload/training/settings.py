@@ -21,6 +21,9 @@ from adaptiveload.step_table import WHOLE_EPOCH, window_kind
 
 LAUNCH_MODES = ("emulated", "distributed")
 KERNELS = ("eager", "fused")
+# dense: one bucket shape per micro-batch, a [B, C, T', H', W'] tensor; packed: any shapes as
+# one token stream (docs/packing.md)
+BATCH_LAYOUTS = ("dense", "packed")
 DEVICES = ("cpu", "cuda")
 
 
@@ -52,6 +55,7 @@ class TrainConfig:
     seed: int
     model: str
     kernel: str = schema_default("model.kernels")[0]
+    batch_layout: str = schema_default("model.batch_layout")
     launch_mode: str = "emulated"
     world_size: int = schema_default("train.world_size")
     device: str = schema_default("calibration.device")
@@ -67,6 +71,7 @@ class TrainConfig:
         for name, allowed in (
             ("launch_mode", LAUNCH_MODES),
             ("kernel", KERNELS),
+            ("batch_layout", BATCH_LAYOUTS),
             ("device", DEVICES),
         ):
             if getattr(self, name) not in allowed:
@@ -132,6 +137,7 @@ def from_experiment(
         seed=seed,
         model=experiment["model"]["config"],
         kernel=kernel or kernels[0],
+        batch_layout=experiment["model"]["batch_layout"],
         launch_mode=launch_mode,
         world_size=world_size,
         device=device or experiment["calibration"]["device"],
