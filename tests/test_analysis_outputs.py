@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pandas as pd
+import pytest
 from analysis_synth import planted_runs, write_run
 
 from adaptiveload.analysis.figures import FIGURES
@@ -18,6 +19,7 @@ def _cli(*args):
     return out
 
 
+@pytest.mark.slow
 def test_tables_and_figures_from_synthetic_runs(tmp_path):
     index = planted_runs(tmp_path / "runs", planted=True, seeds=(0, 1))
     for p in (1.0, 1.5, 2.0):  # a simulated p sweep, labelled `model`
@@ -67,6 +69,7 @@ def test_tables_and_figures_from_synthetic_runs(tmp_path):
         assert png.stat().st_size > 5000, name
 
 
+@pytest.mark.slow
 def test_unknown_figure_is_a_user_error(tmp_path):
     out = subprocess.run([*CLI, "figures", "--runs", "x", "--steps", "y", "--stats", "z",
                           "--out-dir", str(tmp_path), "--figure", "nope"],

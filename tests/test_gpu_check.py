@@ -61,6 +61,7 @@ def test_training_budgets_fit_the_longest_bucket_and_keep_the_measured_model():
         train_budgets.scaled(prior, exp, fill=0.5)
 
 
+@pytest.mark.slow
 def test_training_without_checkpoints_writes_none(tmp_path):
     cal = tmp_path / "cal.json"
     cal_out = tmp_path / "cal-train.json"

@@ -63,6 +63,7 @@ def _metadata(whl: Path) -> email.message.Message:
         return email.message_from_bytes(zf.read(name))
 
 
+@pytest.mark.slow
 def test_wheel_metadata_core_vs_extras(wheel):
     meta = _metadata(wheel)
     assert meta["License-Expression"] == "Apache-2.0"
@@ -156,6 +157,7 @@ def _run(python: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
     )  # fmt: skip
 
 
+@pytest.mark.slow
 def test_core_venv_plans_a_manifest_with_empty_fps(core_python, tmp_path):
     probe = subprocess.run(
         [str(core_python), "-c",

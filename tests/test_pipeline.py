@@ -8,6 +8,8 @@ import json
 import pytest
 from workflow_setup import REPO, copy_workflow, snakemake
 
+pytestmark = pytest.mark.slow  # every test here runs Snakemake
+
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
@@ -17,7 +19,6 @@ def tiny_run(tmp_path_factory):
     return work
 
 
-@pytest.mark.slow
 def test_pipeline_produces_tables_figures_and_mlflow_runs(tiny_run):
     res = tiny_run / "results" / "tiny"
     table = (res / "tables" / "paper_table.md").read_text()
@@ -66,7 +67,6 @@ def test_pipeline_produces_tables_figures_and_mlflow_runs(tiny_run):
     assert {"figures/throughput.png", "tables/stats.csv", "tables/paper_table.csv"} <= arts
 
 
-@pytest.mark.slow
 def test_second_run_is_a_noop_and_report_renders(tiny_run):
     out = snakemake(tiny_run, "-n", "--configfile", "experiments/tiny.yaml")
     assert out.returncode == 0, out.stderr[-3000:]

@@ -32,6 +32,7 @@ def test_doc_has_the_two_examples():
     assert "from accelerate import Accelerator" in blocks[1] and "rank=None" in blocks[1]
 
 
+@pytest.mark.slow
 def test_plain_pytorch_example_runs(tmp_path):
     script = tmp_path / "plain.py"
     script.write_text(examples()[0])

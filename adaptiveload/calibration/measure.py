@@ -103,6 +103,7 @@ def calibrate(cfg: CalibrationConfig, progress: bool = True) -> Calibration:
     micro-batches from the plans of every policy (`validate.validate_plans`); those predicted
     above its `max_seconds` are not drawn (their count is recorded).
     """
+    cfg.check_measurement()
     arch = get_config(cfg.model)
     dev = _resolve_device(cfg.device)
     capacity = cfg.budgets.capacity_bytes(_own_memory(dev))
@@ -110,8 +111,6 @@ def calibrate(cfg: CalibrationConfig, progress: bool = True) -> Calibration:
     largest = int(mix.tokens.max())
     points, dropped = _checked_grid(cfg.grid, largest)
     timer, threads = cfg.clock()
-    if cfg.validation.micro_batches and mix.samples is None:
-        raise UserError("--validate needs a --manifest or --mixture to plan micro-batches from")
     if threads is not None:
         torch.set_num_threads(threads)
     if timer == "cpu" and torch.get_num_threads() != 1:

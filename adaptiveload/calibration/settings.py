@@ -31,6 +31,7 @@ from adaptiveload.costmodel import DEFAULT_HEADROOM
 from adaptiveload.data.bucketing import DEFAULT_MAX_FRAMES, DEFAULT_MODE, GRIDS, MODES
 from adaptiveload.errors import UserError
 from adaptiveload.experiment import schema_default
+from adaptiveload.model.architectures import get_config
 
 TIMERS = ("auto", "wall", "cpu")
 DEVICES = ("cpu", "cuda")
@@ -159,9 +160,19 @@ class CalibrationConfig:
     validation: PlanValidation = field(default_factory=PlanValidation)
 
     def __post_init__(self) -> None:
+        get_config(self.model)  # UserError naming the known configs
         if self.device not in DEVICES:
             raise UserError(f"device '{self.device}': expected 'cpu' or 'cuda'")
         self.clock()  # refuses a timer/threads pair that cannot measure
+
+    def check_measurement(self) -> None:
+        """UserError unless a measurement can give a result (a refit or a prior reads only
+        the mix and the budget rules): a capacity where the device has none to read, a mix
+        to plan the validated micro-batches from."""
+        if self.device == "cpu" and self.budgets.capacity_gb is None:
+            raise UserError("--capacity-gb is required on CPU (there is no device memory to read)")
+        if self.validation.micro_batches and self.mix.manifest is None and not self.mix.mixture:
+            raise UserError("--validate needs a --manifest or --mixture to plan micro-batches from")
 
     @classmethod
     def from_experiment(cls, exp: dict[str, Any]) -> CalibrationConfig:

@@ -50,7 +50,8 @@ Grid = Annotated[
 Bucketing = Annotated[str | None, Opt(help="aspect | exact")]
 CapacityGb = Annotated[
     float | None,
-    Opt(help="memory to budget against, GB", show_default="the device's own (CUDA, prior's)"),
+    Opt(help="memory to budget against, GB",
+        show_default="the device's own: measure on CUDA, the files' (refit), the rates' (prior)"),
 ]
 Headroom = Annotated[float | None, Opt(help="fraction of capacity kept free")]
 RefTokens = Annotated[
@@ -186,10 +187,11 @@ def measure_cmd(
     Flags override the experiment file given with --config. The file is written only after
     everything succeeded.
     """
-    flags = dict(locals(), max_loo=max_loo_error)  # every option, by its name
-    from adaptiveload.calibration.measure import calibrate as measure
+    cfg = _settings(config, dict(locals(), max_loo=max_loo_error))  # every option, by its name
+    cfg.check_measurement()
+    from adaptiveload.calibration.measure import calibrate as measure  # torch: after the checks
 
-    _write(output, measure(_settings(config, flags), progress=not quiet))
+    _write(output, measure(cfg, progress=not quiet))
 
 
 @calibrate.command("refit", epilog=examples(
@@ -207,9 +209,7 @@ def refit_cmd(
     num_samples: NumSamples = None,
     grid: Grid = None,
     bucketing: Bucketing = None,
-    capacity_gb: Annotated[
-        float | None, Opt(help="memory to budget against, GB", show_default="the files'")
-    ] = None,
+    capacity_gb: CapacityGb = None,
     headroom: Headroom = None,
     ref_tokens: RefTokens = None,
     ref_batch: RefBatch = None,
@@ -247,9 +247,7 @@ def prior_cmd(
     num_samples: NumSamples = None,
     grid: Grid = None,
     bucketing: Bucketing = None,
-    capacity_gb: Annotated[
-        float | None, Opt(help="memory to budget against, GB", show_default="the device's")
-    ] = None,
+    capacity_gb: CapacityGb = None,
     headroom: Headroom = None,
     ref_tokens: RefTokens = None,
     ref_batch: RefBatch = None,

@@ -5,7 +5,8 @@
 - ``plan``: ``build_plan`` -> ``Plan(table, summary)``, one epoch, identical on every rank;
 - ``dealing``: how batches are dealt to (step, rank) slots (balanced: sort-and-chunk);
 - ``sampler``: ``PlanBatchSampler``, a ``torch.utils.data`` batch sampler over a plan;
-- ``simulate``: the plan through a cost model -> per-step table and metrics (``model``).
+- ``simulate``: the plan through a cost model -> per-step table and metrics (``model``);
+- ``paper_map``: the grid of the paper's unpublished choices, planned and simulated.
 
 In your own trainer (docs/sampler.md has runnable examples for PyTorch, DDP and Accelerate)::
 
