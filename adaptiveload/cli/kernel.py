@@ -54,6 +54,7 @@ def _config(cls: type, **flags: object) -> object:
 @kernel.command("bench", epilog=examples(
     "adaptiveload kernel bench -o results/kernels/bench.csv --skip-ok",
     "adaptiveload kernel bench --dims 1536,5120 --seq-lens 16384,75600 --repeats 15",
+    "adaptiveload kernel bench --segment-counts 1,8,64 --segment-lens 75600 --seq-lens 75600",
 ))
 def bench_cmd(
     out: Annotated[Path | None, Opt("-o", "--out", help="CSV to write",
@@ -68,10 +69,21 @@ def bench_cmd(
     impls: Annotated[
         str | None, Opt(help="comma-separated: fused, eager, compile", show_default="all three")
     ] = None,
+    segment_counts: Annotated[str | None, Opt(
+        help="comma-separated segment counts G of the packed shapes ('' for none)",
+        show_default="1,8,64")] = None,
+    segment_dims: Annotated[
+        str | None, Opt(help="comma-separated D values of the packed shapes",
+                        show_default="1536,5120")
+    ] = None,
+    segment_lens: Annotated[
+        str | None, Opt(help="comma-separated tokens L per pack", show_default="16384,75600")
+    ] = None,
     skip_ok: Annotated[bool, Opt(help="without CUDA write a skip record and exit 0")] = False,
 ) -> None:
-    """Time fused vs Wan eager vs torch.compile vs copy bandwidth on the GPU (needs CUDA):
-    TB/s, fraction of the copy bandwidth, speed-ups, saved activations."""
+    """Time fused vs Wan eager vs torch.compile vs copy bandwidth on the GPU (needs CUDA), for
+    dense batches and packed token streams of G segments: TB/s, fraction of the copy
+    bandwidth, speed-ups, saved activations."""
     from adaptiveload.ops import kernel_bench as kb
 
     cfg = _config(
@@ -80,6 +92,9 @@ def bench_cmd(
         dims=kb.parse_ints(dims) if dims else None,
         repeats=repeats,
         impls=tuple(impls.split(",")) if impls else None,
+        segment_counts=kb.parse_ints(segment_counts) if segment_counts is not None else None,
+        segment_dims=kb.parse_ints(segment_dims) if segment_dims else None,
+        segment_lens=kb.parse_ints(segment_lens) if segment_lens else None,
     )
     raise typer.Exit(kb.bench_to_file(out or kb.DEFAULT_OUT, cfg, skip_ok))
 
