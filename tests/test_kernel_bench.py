@@ -95,6 +95,7 @@ def test_segment_offsets_are_an_uneven_reproducible_pack(total, count):
     ("make", "fragment"),
     [
         (lambda: kernel_bench.KernelBenchConfig(segment_counts=(8, 0)), "segment_counts"),
+        (lambda: kernel_bench.KernelBenchConfig(dims=(), segment_counts=()), "no shape"),
         (lambda: kernel_bench.KernelBenchConfig(segment_counts=(64,), segment_lens=(32,)),
          "64 segments in a pack of 32 tokens"),
         (lambda: kernel_bench.KernelBenchConfig(dims=(1536, 0)), "dims"),

@@ -63,7 +63,8 @@ def bench_cmd(
         str | None, Opt(help="comma-separated S values", show_default="8k .. 75.6k")
     ] = None,
     dims: Annotated[
-        str | None, Opt(help="comma-separated D values", show_default="the six Wan/DiT widths")
+        str | None, Opt(help="comma-separated D values ('' for no dense shape)",
+                        show_default="the six Wan/DiT widths")
     ] = None,
     repeats: Annotated[int | None, Opt(help="timed repeats per measurement (median)")] = None,
     impls: Annotated[
@@ -89,7 +90,7 @@ def bench_cmd(
     cfg = _config(
         kb.KernelBenchConfig,
         seq_lens=kb.parse_ints(seq_lens) if seq_lens else None,
-        dims=kb.parse_ints(dims) if dims else None,
+        dims=kb.parse_ints(dims) if dims is not None else None,
         repeats=repeats,
         impls=tuple(impls.split(",")) if impls else None,
         segment_counts=kb.parse_ints(segment_counts) if segment_counts is not None else None,

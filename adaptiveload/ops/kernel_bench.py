@@ -71,10 +71,10 @@ DEFAULT_OUT = Path("results/kernels/bench.csv")
 
 @dataclass(frozen=True)
 class KernelBenchConfig:
-    """What one op benchmark measures: every (D, S) of `dims` x `seq_lens` in the dense layout,
-    then every (D, L, G) of `segment_dims` x `segment_lens` x `segment_counts` in the segment
-    layout (no segment counts: dense only), each of `impls`, `repeats` timed calls after
-    `warmup` (medians reported)."""
+    """What one op benchmark measures: every (D, S) of `dims` x `seq_lens` in the dense layout
+    (none if either is empty), then every (D, L, G) of `segment_dims` x `segment_lens` x
+    `segment_counts` in the segment layout (none without segment counts), each of `impls`,
+    `repeats` timed calls after `warmup` (medians reported)."""
 
     seq_lens: tuple[int, ...] = SEQ_LENS
     dims: tuple[int, ...] = DIMS
@@ -87,7 +87,12 @@ class KernelBenchConfig:
     segment_lens: tuple[int, ...] = SEGMENT_LENS
 
     def __post_init__(self) -> None:
-        check_positive(seq_lens=self.seq_lens, dims=self.dims, repeats=(self.repeats,))
+        check_positive(repeats=(self.repeats,))
+        if self.seq_lens and self.dims:
+            check_positive(seq_lens=self.seq_lens, dims=self.dims)
+        elif not self.segment_counts:
+            raise UserError("kernel bench: no shape to measure: give dims and seq_lens (dense), "
+                            "or segment counts (packed)")  # fmt: skip
         if self.segment_counts:
             check_positive(segment_counts=self.segment_counts, segment_dims=self.segment_dims,
                            segment_lens=self.segment_lens)  # fmt: skip
@@ -219,7 +224,7 @@ def run(cfg: KernelBenchConfig) -> Iterator[list[dict[str, Any]]]:
         "mod_dtype": "float32",
         "repeats": cfg.repeats,
     }
-    for d in cfg.dims:
+    for d in cfg.dims if cfg.seq_lens else ():
         for s in cfg.seq_lens:
             torch._dynamo.reset()  # a fresh static compile per shape
             fns = {name: _MAKERS[name]() for name in cfg.impls}
@@ -395,7 +400,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-o", "--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--seq-lens", type=parse_ints, help="comma-separated S values")
-    parser.add_argument("--dims", type=parse_ints, help="comma-separated D values")
+    parser.add_argument("--dims", type=parse_ints,
+                        help="comma-separated D values ('' for no dense shape)")
     parser.add_argument("--repeats", type=int, help="timed repeats per measurement (median)")
     parser.add_argument("--impls", type=lambda v: tuple(v.split(",")), help="comma-separated")
     parser.add_argument("--segment-counts", type=parse_ints,
