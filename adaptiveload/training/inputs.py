@@ -96,6 +96,23 @@ def check_plan(path: Path, planned: dict[str, Any]) -> None:
     )
 
 
+def check_layout(plan: pd.DataFrame, cfg: TrainConfig, origin: str | Path) -> None:
+    """UserError unless the run's batch layout can hold the plan's micro-batches: a dense
+    micro-batch is one [B, C, T', H', W'] tensor, so a cell of several bucket shapes needs
+    the packed layout (`origin`: the experiment file, named in the message)."""
+    if cfg.batch_layout == "packed" or plan.empty:
+        return
+    # two shapes differ in frames, height or width: a cell mixes shapes iff a column varies
+    varies = plan.groupby(["step", "rank"])[["frames", "height", "width"]].nunique().max(axis=1)
+    if varies.max() > 1:
+        step, rank = varies.idxmax()
+        raise UserError(
+            f"{origin}: field model.batch_layout is 'dense' but policy {cfg.policy} plans "
+            f"micro-batches of several bucket shapes (the first at step {step}, rank {rank}); "
+            "set model.batch_layout: packed"
+        )
+
+
 def run_identity(cfg: TrainConfig, data: TrainData) -> dict[str, str]:
     """Everything that determines a run's results, each part hashed; `identity` hashes them
     all. A checkpoint is resumed only by a run of the same identity, so a changed budget,

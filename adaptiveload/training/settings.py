@@ -16,14 +16,15 @@ from typing import Any
 
 from adaptiveload.errors import UserError
 from adaptiveload.experiment import schema_default
+from adaptiveload.pipeline import check_world_size
 from adaptiveload.step_table import WHOLE_EPOCH, window_kind
 
 LAUNCH_MODES = ("emulated", "distributed")
 KERNELS = ("eager", "fused")
+# dense: one bucket shape per micro-batch, a [B, C, T', H', W'] tensor; packed: any shapes as
+# one token stream (docs/packing.md)
+BATCH_LAYOUTS = ("dense", "packed")
 DEVICES = ("cpu", "cuda")
-# ranks one process emulates in turn (each holds its micro-batch); the schema's
-# train.world_size maximum is the same number
-MAX_WORLD_SIZE = 1024
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,7 @@ class TrainConfig:
     seed: int
     model: str
     kernel: str = schema_default("model.kernels")[0]
+    batch_layout: str = schema_default("model.batch_layout")
     launch_mode: str = "emulated"
     world_size: int = schema_default("train.world_size")
     device: str = schema_default("calibration.device")
@@ -69,12 +71,12 @@ class TrainConfig:
         for name, allowed in (
             ("launch_mode", LAUNCH_MODES),
             ("kernel", KERNELS),
+            ("batch_layout", BATCH_LAYOUTS),
             ("device", DEVICES),
         ):
             if getattr(self, name) not in allowed:
                 raise UserError(f"{name} '{getattr(self, name)}': expected one of {allowed}")
-        if not 1 <= self.world_size <= MAX_WORLD_SIZE:
-            raise UserError(f"world_size {self.world_size}: must be between 1 and {MAX_WORLD_SIZE}")
+        check_world_size(self.world_size)
         if not 0 <= self.seed < 2**32:
             raise UserError(f"--seed {self.seed}: must be between 0 and {2**32 - 1}")
         if self.fsdp and self.launch_mode != "distributed":
@@ -135,6 +137,7 @@ def from_experiment(
         seed=seed,
         model=experiment["model"]["config"],
         kernel=kernel or kernels[0],
+        batch_layout=experiment["model"]["batch_layout"],
         launch_mode=launch_mode,
         world_size=world_size,
         device=device or experiment["calibration"]["device"],
