@@ -171,7 +171,7 @@ def test_the_schema_declares_packs_and_refuses_bad_ones():
     assert CalibrationConfig.from_experiment(exp).grid.packs == (Pack("m", (16, 64)),)
     for bad in ([{"name": "m", "tokens": [16]}], [{"name": "m"}], [{"name": "m", "tokens": [16, 64],
                                                                     "batch": 2}]):  # fmt: skip
-        with pytest.raises(UserError, match="exp.yaml.*calibration.packs"):
+        with pytest.raises(UserError, match=r"exp\.yaml.*calibration\.packs"):
             validate({"name": "x", "calibration": {"packs": bad}}, "exp.yaml")
 
 
