@@ -252,6 +252,9 @@ BAD_SEGMENT_INPUTS = [  # (x, scale, shift, cu_seqlens, error type, message)
     (_t(6, 16), _t(2, 16, device="meta"), _t(2, 16, device="meta"), _cu(0, 3, 6), ValueError,
      "scale is on meta"),
     (_t(6, 16), _t(2, 16), _t(2, 16), [0, 3, 6], TypeError, "cu_seqlens must be a torch.Tensor"),
+    (_t(6, 16), _t(0, 16), _t(0, 16), _cu(0), ValueError, r"L = 6 rows but .* no segment"),
+    (_t(6, 16, device="meta"), _t(65536, 16, device="meta"), _t(65536, 16, device="meta"),
+     _t(65537, dtype=torch.int32, device="meta"), ValueError, "G = 65536 segments; .* 65535"),
     (_t(2**31, 8, device="meta"), _t(1, 8, device="meta"), _t(1, 8, device="meta"),
      _cu(0, 1, device="meta"), ValueError, r"int32 offsets address < 2\*\*31"),
 ]  # fmt: skip

@@ -89,7 +89,8 @@ def test_the_checker_sees_an_upward_import(tmp_path):
     """The test above can fail: a function-level import of the CLI from `ops` is caught."""
     fake = tmp_path / "adaptiveload" / "ops" / "bad.py"
     fake.parent.mkdir(parents=True)
-    fake.write_text("def f():\n    from adaptiveload.cli import app\n    from . import ln_modulate\n")
+    fake.write_text("def f():\n    from adaptiveload.cli import app\n"
+                    "    from . import ln_modulate\n")
     module = ".".join(fake.relative_to(tmp_path).with_suffix("").parts)
     assert imports(fake, module) == {"adaptiveload.cli", "adaptiveload.ops"}
     assert layer_of("adaptiveload.cli") > layer_of(module) == layer_of("adaptiveload.ops")

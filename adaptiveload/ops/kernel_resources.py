@@ -97,7 +97,8 @@ _ENTRY = re.compile(r"Compiling entry function '([^']+)'")
 _FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _USED = re.compile(r"Used (\d+) registers")
 _SMEM = re.compile(r"(\d+) bytes smem")
-_INSTANCE = re.compile(r"(\w+<[^()]*>)\(")  # template arguments hold no parentheses
+# a kernel's name with its template arguments (which hold no parentheses), if any
+_INSTANCE = re.compile(r"(\w+(?:<[^()]*>)?)\(")
 
 
 def parse_ptxas(text: str) -> list[dict[str, Any]]:
@@ -118,7 +119,8 @@ def parse_ptxas(text: str) -> list[dict[str, Any]]:
 
 
 def short_name(demangled: str) -> str:
-    """`void ns::(anonymous namespace)::k<float, 2>(ns::P)` -> `k<float, 2>`."""
+    """`void ns::(anonymous namespace)::k<float, 2>(ns::P)` -> `k<float, 2>`; `... ns::k(int)`
+    -> `k`."""
     m = _INSTANCE.search(demangled)
     return m.group(1) if m else demangled
 

@@ -62,6 +62,7 @@ PACK = 8
 MAX_D = 8192
 KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_ROWS = 2**31 - 1  # the largest L int32 offsets can address
+MAX_SEGMENTS = 65535  # segments per call (kMaxGridY: the backward's finalize grid rows)
 
 
 def wan_eager(
@@ -276,9 +277,9 @@ def check_segment_inputs(
     device_type: str | None = None,
 ) -> None:
     """`check_inputs` for the segment layout: x [L, D] (L < 2**31) under the same dtype and
-    width rules; scale and shift [G, D] under the same modulation rules; cu_seqlens an int32
-    vector of G + 1 offsets on x's device. Shapes and dtypes only: `check_offsets` checks the
-    values (it reads them)."""
+    width rules; scale and shift [G, D] (1 <= G <= MAX_SEGMENTS, or G = 0 for an empty stream)
+    under the same modulation rules; cu_seqlens an int32 vector of G + 1 offsets on x's
+    device. Shapes and dtypes only: `check_offsets` checks the values (it reads them)."""
     op = "ln_modulate_segments"
     _require_tensors(op, x=x, scale=scale, shift=shift, cu_seqlens=cu_seqlens)
     _check_x(op, x, "L, D", device_type or x.device.type)
@@ -286,6 +287,10 @@ def check_segment_inputs(
         raise ValueError(f"{op}: L = {x.shape[0]} rows; int32 offsets address < 2**31")
     g = scale.shape[0] if scale.dim() == 2 else -1
     _check_modulation(op, x, scale, shift, {"[G, D]": (g, x.shape[1])})
+    if g == 0 and x.shape[0] > 0:
+        raise ValueError(f"{op}: x has L = {x.shape[0]} rows but scale has no segment (G = 0)")
+    if g > MAX_SEGMENTS:
+        raise ValueError(f"{op}: G = {g} segments; the kernels take at most {MAX_SEGMENTS}")
     if cu_seqlens.dim() != 1 or cu_seqlens.shape[0] != g + 1 or cu_seqlens.dtype != torch.int32:
         raise ValueError(
             f"{op}: cu_seqlens must be int32 [G + 1] = [{g + 1}] for scale {tuple(scale.shape)}, "
