@@ -1,9 +1,11 @@
 """A plan through the cost model: predicted per-step, per-rank times and the metrics of
 docs/definitions.md.
 
-Per (step, rank) the rank's micro-batch of B samples of S tokens costs
-``compute_s = cost.step_time(B, S)`` (forward + backward, no communication). The step then
-waits for its slowest rank and for the gradient all-reduce:
+Per (step, rank) the rank's micro-batch costs what its samples cost together,
+``compute_s = cost.pack_time(n, Σ S, Σ S²)`` (forward + backward, no communication; for B
+samples of one shape that is ``cost.step_time(B, S)``), so a cell of the plan table may hold
+samples of several shapes (a pack). The step then waits for its slowest rank and for the
+gradient all-reduce:
 
     step_time_s = max_r compute_s + allreduce_s,
     allreduce_s = 2 (N - 1) / N * grad_bytes / (allreduce_gbps * 1e9 / 8)
@@ -15,6 +17,9 @@ calibration's ``grad_bytes`` field, else ``num_params * 4`` (fp32 gradients), el
 
 Every number here is a prediction: the output is labelled ``source: "model"``. Throughput
 counts the samples the ranks process, the padding repeats of the last step included.
+``vs_lower_bound`` is the window's summed ``max_r compute_s`` over the sum of each step's
+``CostModel.step_lower_bound`` (its samples' per-sample costs, however they were packed):
+1.0 means no plan of the same steps could do better.
 """
 
 from __future__ import annotations
@@ -34,10 +39,13 @@ FP32_BYTES = 4
 # The per-step table, one row per (step, rank), that the simulator and the trainer write and
 # the analysis reads (`analysis.aggregate`). compute_s / step_time_s: by the run's timer (a
 # prediction here); compute_wall_s / step_wall_s: by the wall clock beside it (measured runs
-# only, empty in a simulation)
+# only, empty in a simulation). samples, tokens, tokens_sq: n, Σ S and Σ S² of the rank's
+# micro-batch (what its cost depends on); frames, height, width: the bucket shape of its
+# largest sample (the shape of all of them unless it is a pack)
 STEP_COLUMNS = (
-    "step", "rank", "compute_s", "compute_wall_s", "wait_s", "samples", "tokens", "frames",
-    "height", "width", "peak_bytes", "peak_bytes_model", "loss", "step_time_s", "step_wall_s",
+    "step", "rank", "compute_s", "compute_wall_s", "wait_s", "samples", "tokens", "tokens_sq",
+    "frames", "height", "width", "peak_bytes", "peak_bytes_model", "loss", "step_time_s",
+    "step_wall_s",
 )  # fmt: skip
 
 
@@ -100,37 +108,31 @@ def simulate(
     if key.size and np.any(np.diff(key) < 0):
         order = np.argsort(key, kind="stable")
         key, table = key[order], table.iloc[order]
-    cells = steps * n
-    batch = np.bincount(key, minlength=cells)
-    first = np.minimum(np.concatenate(([0], np.cumsum(batch)[:-1])), max(key.size - 1, 0))
-    has = batch > 0
-
-    def first_of(col: str) -> np.ndarray:
-        return np.where(has, table[col].to_numpy(np.int64)[first], 0)
-
-    s_tok, frames, height, width = (first_of(c) for c in ("tokens", "frames", "height", "width"))
-    compute = np.where(has, cost.step_time(batch, s_tok), 0.0).reshape(steps, n)
-    peak_model = np.where(has, cost.memory(batch, s_tok), np.nan)
+    cell = _cells(table, key, steps * n)
+    compute = cost.pack_time(cell.samples, cell.tokens, cell.tokens_sq).reshape(steps, n)
+    peak_model = np.where(cell.samples > 0, cost.pack_memory(cell.samples, cell.tokens), np.nan)
     t_step = compute.max(axis=1)
     ar_s = allreduce_seconds(grad_bytes, n, allreduce_gbps)
     step_time = t_step + ar_s
+    empty = pd.array([pd.NA] * (steps * n), dtype="Float64")
     frame = pd.DataFrame(
         {
             "step": np.repeat(np.arange(steps), n),
             "rank": np.tile(np.arange(n), steps),
             "compute_s": compute.ravel(),
-            "compute_wall_s": pd.array([pd.NA] * cells, dtype="Float64"),
+            "compute_wall_s": empty,
             "wait_s": (t_step[:, None] - compute).ravel(),
-            "samples": batch,
-            "tokens": batch * s_tok,
-            "frames": frames,
-            "height": height,
-            "width": width,
-            "peak_bytes": pd.array([pd.NA] * cells, dtype="Float64"),
+            "samples": cell.samples,
+            "tokens": cell.tokens,
+            "tokens_sq": cell.tokens_sq,
+            "frames": cell.shape[:, 0],
+            "height": cell.shape[:, 1],
+            "width": cell.shape[:, 2],
+            "peak_bytes": empty,
             "peak_bytes_model": peak_model,
-            "loss": pd.array([pd.NA] * cells, dtype="Float64"),
+            "loss": empty,
             "step_time_s": np.repeat(step_time, n),
-            "step_wall_s": pd.array([pd.NA] * cells, dtype="Float64"),
+            "step_wall_s": empty,
         },
         columns=list(STEP_COLUMNS),
     )
@@ -145,10 +147,56 @@ def simulate(
         "grad_bytes": grad_bytes,
         "allreduce_s": ar_s,
     }
-    summary.update(
-        _metrics(compute, batch, s_tok, step_time, peak_model, capacity_bytes, warmup_steps)
-    )
+    summary.update(_metrics(compute, cell, step_time, peak_model, capacity_bytes, warmup_steps))
+    summary.update(_lower_bound(table, cost, compute, steps, n, warmup_steps))
     return Simulation(steps=frame, summary=summary)
+
+
+@dataclass(frozen=True)
+class _Cells:
+    """Per (step, rank) cell, step-major: its samples n, Σ S, Σ S² and its largest sample's
+    bucket shape [cells, 3] (zeros for an empty cell)."""
+
+    samples: np.ndarray
+    tokens: np.ndarray
+    tokens_sq: np.ndarray
+    shape: np.ndarray
+
+
+def _cells(table: pd.DataFrame, key: np.ndarray, cells: int) -> _Cells:
+    """The cells of a plan table sorted by `key` (step * N + rank)."""
+    tok = table["tokens"].to_numpy(np.int64)
+    samples = np.bincount(key, minlength=cells)
+    sum_s = np.bincount(key, weights=tok, minlength=cells).astype(np.int64)
+    sum_sq = np.bincount(key, weights=tok.astype(np.float64) ** 2, minlength=cells)
+    shape = np.zeros((cells, 3), dtype=np.int64)
+    if tok.size:
+        starts = np.flatnonzero(np.diff(key, prepend=-1))  # each non-empty cell's first row
+        largest = np.repeat(np.maximum.reduceat(tok, starts), samples[key[starts]])
+        at = np.flatnonzero(tok == largest)
+        first = at[np.diff(key[at], prepend=-1) != 0]  # the first row of each cell's largest
+        cols = np.stack([table[c].to_numpy(np.int64) for c in ("frames", "height", "width")], 1)
+        shape[key[first]] = cols[first]
+    return _Cells(samples, sum_s, sum_sq.round().astype(np.int64), shape)
+
+
+def _lower_bound(
+    table: pd.DataFrame, cost: CostModel, compute: np.ndarray, steps: int, n: int,
+    warmup_steps: int,
+) -> dict[str, float]:  # fmt: skip
+    """The window's summed step lower bound (``CostModel.step_lower_bound`` of each step's
+    samples) and the plan's compute critical path over it."""
+    step = table["step"].to_numpy(np.int64)
+    work = cost.per_sample_time(table["tokens"].to_numpy(np.int64))
+    work_sum = np.bincount(step, weights=work, minlength=steps)
+    work_max = np.zeros(steps)
+    if step.size:  # rows come step-major (sorted by cell)
+        starts = np.flatnonzero(np.diff(step, prepend=-1))
+        work_max[step[starts]] = np.maximum.reduceat(work, starts)
+    bound = np.where(work_sum > 0, cost.step_lower_bound(work_sum, work_max, n), 0.0)
+    keep = slice(min(warmup_steps, steps), steps)
+    lower, path = float(bound[keep].sum()), float(compute[keep].max(axis=1, initial=0.0).sum())
+    return {"lower_bound_s": lower, "vs_lower_bound": path / lower if lower > 0 else np.nan}
 
 
 def _split(cost_model: CostModel | Calibration) -> tuple[CostModel, Calibration | None]:
@@ -159,8 +207,7 @@ def _split(cost_model: CostModel | Calibration) -> tuple[CostModel, Calibration 
 
 def _metrics(
     compute: np.ndarray,
-    batch: np.ndarray,
-    s_tok: np.ndarray,
+    cell: _Cells,
     step_time: np.ndarray,
     peak_model: np.ndarray,
     capacity_bytes: float | None,
@@ -176,8 +223,8 @@ def _metrics(
     peak = peak_model.reshape(steps, n)[keep]
     out: dict[str, Any] = metrics.window_metrics(
         window,
-        samples=float(batch[cells].sum()),
-        tokens=float((batch * s_tok)[cells].sum()),
+        samples=float(cell.samples[cells].sum()),
+        tokens=float(cell.tokens[cells].sum()),
         seconds=wall_s,
         peak_bytes=np.where(np.isnan(peak), 0.0, peak),  # a rank without a batch: no memory
         capacity_bytes=capacity_bytes,
