@@ -257,6 +257,7 @@ class Trainer:
             "wait_s": wait,
             "samples": b,
             "tokens": b * tokens,
+            "tokens_sq": b * tokens * tokens,
             "frames": int(frames),
             "height": int(height),
             "width": int(width),
