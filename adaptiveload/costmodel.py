@@ -47,10 +47,12 @@ from typing import Any
 import numpy as np
 
 from adaptiveload.errors import UserError
+from adaptiveload.experiment import schema_default
 from adaptiveload.io import read_json
 
-# the share of a device's capacity every budget leaves free (config `calibration.headroom`)
-DEFAULT_HEADROOM = 0.1
+# the fraction of a device's memory the budgets leave free (an experiment's
+# calibration.headroom; files that do not record theirs were made with it)
+DEFAULT_HEADROOM = schema_default("calibration.headroom")
 
 
 @dataclass(frozen=True)
@@ -165,6 +167,11 @@ class Calibration:
         """'measured (DEVICE)' or 'model (DEVICE)': how numbers derived from this are tagged."""
         return f"{self.source} ({self.device})"
 
+    @property
+    def headroom(self) -> float:
+        """The fraction of the capacity its budgets left free."""
+        return float(self.extra.get("headroom", DEFAULT_HEADROOM))
+
     def to_dict(self) -> dict[str, Any]:
         out = {k: v for k, v in asdict(self).items() if k not in ("cost", "extra")}
         out["cost"] = asdict(self.cost)
@@ -230,7 +237,7 @@ class Calibration:
         recorded = self.extra.get("model_config")
         if not isinstance(recorded, dict):
             return
-        from adaptiveload.model.configs import get_config
+        from adaptiveload.model.architectures import get_config
 
         expected = json.loads(json.dumps(get_config(model).to_dict()))
         differ = [k for k, v in expected.items() if k != "name" and recorded.get(k) != v]

@@ -14,7 +14,11 @@ import pytest
 import torch
 import yaml
 
-from adaptiveload import calibration
+from adaptiveload.calibration.grid import MAX_AXIS, bucket_shape, build_grid, latent_grid
+from adaptiveload.calibration.measure import calibrate
+from adaptiveload.calibration.mix import mixture_token_mix
+from adaptiveload.calibration.prior import prior
+from adaptiveload.calibration.settings import BudgetRules, CalibrationConfig, Grid
 from adaptiveload.costmodel import Calibration
 from adaptiveload.errors import UserError
 from adaptiveload.planning.policies import POLICIES
@@ -25,8 +29,9 @@ PRIORS = ROOT / "experiments" / "calibration"
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "adaptiveload", *args], capture_output=True, text=True, cwd=ROOT
-    )
+        [sys.executable, "-m", "adaptiveload", "calibrate", *args], capture_output=True,
+        text=True, cwd=ROOT,
+    )  # fmt: skip
 
 
 # These tests check what a calibration writes, not how good this machine's timings are (a
@@ -38,7 +43,7 @@ ROBUST = ("--threads", "1", "--timer", "cpu", "--max-loo-error", "10", "--quiet"
 def test_tiny_cpu_calibration_follows_the_grid_rules_and_writes_a_valid_file(tmp_path):
     out = tmp_path / "cal.json"
     proc = run_cli(
-        "calibrate", "--model", "wan2.1-tiny", "--device", "cpu", "--batch-sizes", "2,4",
+        "measure", "--model", "wan2.1-tiny", "--device", "cpu", "--batch-sizes", "2,4",
         "--tokens", "16,64,256,1024", "--repeats", "2", "--capacity-gb", "0.5",
         "--max-batch-tokens", "2048", "--mixture", "tiny-cpu", "--num-samples", "300", *ROBUST,
         "-o", str(out),
@@ -77,7 +82,7 @@ def test_tiny_cpu_calibration_follows_the_grid_rules_and_writes_a_valid_file(tmp
 def test_validate_times_micro_batches_drawn_from_every_policys_plan(tmp_path):
     out = tmp_path / "cal.json"
     proc = run_cli(
-        "calibrate", "--model", "wan2.1-micro", "--batch-sizes", "1,2", "--tokens",
+        "measure", "--model", "wan2.1-micro", "--batch-sizes", "1,2", "--tokens",
         "16,64,256,1024", "--repeats", "2", "--capacity-gb", "0.05", "--mixture", "tiny-cpu",
         "--num-samples", "200", "--validate", "6", "--validate-world-size", "4",
         "--validate-max-seconds", "0.2", *ROBUST, "-o", str(out),
@@ -108,13 +113,12 @@ def test_calibrate_takes_its_settings_from_an_experiment_file(tmp_path):
         "calibration": {"batch_sizes": [1, 2], "tokens": [16, 64, 256, 1024], "repeats": 2,
                         "capacity_gb": 0.1, "threads": 1, "timer": "cpu", "warmup": 2,
                         "max_loo_error": 10},
-        # spelled out: config.load cannot fill this section's $ref defaults yet
         "budgets": {"m_tok": "auto", "m_mem": "auto", "m_comp": "auto", "p": "auto"},
     }  # fmt: skip
     path = tmp_path / "exp.yaml"
     path.write_text(yaml.safe_dump(exp))
     out = tmp_path / "cal.json"
-    proc = run_cli("calibrate", "--config", str(path), "--quiet", "-o", str(out))
+    proc = run_cli("measure", "--config", str(path), "--quiet", "-o", str(out))
     assert proc.returncode == 0, proc.stderr
     data = json.loads(out.read_text())
     assert data["model"] == "wan2.1-micro"
@@ -122,6 +126,37 @@ def test_calibrate_takes_its_settings_from_an_experiment_file(tmp_path):
     assert (data["grid"]["timer"], data["grid"]["warmup"], data["fit"]["max_loo"]) == ("cpu", 2, 10)
     assert data["provenance"]["cpu_threads"] == 1 and data["manifest"]["num_samples"] == 200
     assert data["capacity_bytes"] == pytest.approx(0.1e9)
+    # a flag wins over the file
+    again = run_cli("measure", "--config", str(path), "--repeats", "3", "--quiet", "-o", str(out))
+    assert again.returncode == 0, again.stderr
+    assert json.loads(out.read_text())["grid"]["repeats"] == 3
+
+
+def test_an_experiment_becomes_one_calibration_config():
+    """Every field of a measurement comes from the experiment's sections (the workflow's
+    thread rule too); the step measured is the one training runs (activation checkpointing)."""
+    from adaptiveload.experiment import validate
+
+    exp = validate({"name": "x", "calibration": {"tokens": [16, 64, 256], "capacity_gb": 0.2,
+                                                 "ref_tokens": 200, "repeats": 4},
+                    "data": {"mixture": "tiny-cpu", "num_samples": 50},
+                    "train": {"activation_checkpointing": True}}, "test")  # fmt: skip
+    cfg = CalibrationConfig.from_experiment(exp)
+    assert cfg.grid == Grid(batch_sizes=(1, 2, 4), tokens=(16, 64, 256), repeats=4)
+    assert cfg.budgets == BudgetRules(capacity_gb=0.2, ref_tokens=200)
+    assert (cfg.mix.mixture, cfg.mix.num_samples, cfg.mix.grid) == ("tiny-cpu", 50, "tiny")
+    assert cfg.activation_checkpointing and cfg.model == "wan2.1-tiny"
+    assert cfg.clock() == ("cpu", 1) and cfg.job_threads(16) == 1
+    wall = CalibrationConfig.from_experiment(
+        validate({"name": "x", "calibration": {"timer": "wall"}}, "test")
+    )
+    assert wall.clock() == ("wall", None) and wall.job_threads(16) == 16
+    cuda = CalibrationConfig(device="cuda", threads=8)
+    assert cuda.clock() == ("wall", 8)
+    with pytest.raises(UserError, match="timer 'cpu' needs"):
+        CalibrationConfig(timer="cpu", threads=2)
+    with pytest.raises(UserError, match="headroom"):
+        BudgetRules(headroom=1.0)
 
 
 @pytest.mark.parametrize(
@@ -141,7 +176,7 @@ def test_bad_input_exits_2_and_writes_nothing(tmp_path, args, message):
     base = ["--model", "wan2.1-micro", "--batch-sizes", "1,2", "--tokens", "16,64,256"]
     if "--capacity-gb is required" not in message:
         base += ["--capacity-gb", "0.1"]
-    proc = run_cli("calibrate", *base, *args, "--quiet", "-o", str(out))
+    proc = run_cli("measure", *base, *args, "--quiet", "-o", str(out))
     assert proc.returncode == 2
     assert message in proc.stderr and "Traceback" not in proc.stderr
     assert not out.exists()
@@ -154,7 +189,7 @@ def test_empty_manifest_is_rejected_before_writing(tmp_path):
     )
     out = tmp_path / "cal.json"
     proc = run_cli(
-        "calibrate", "--model", "wan2.1-micro", "--batch-sizes", "1,2", "--tokens", "16,64",
+        "measure", "--model", "wan2.1-micro", "--batch-sizes", "1,2", "--tokens", "16,64",
         "--capacity-gb", "0.1", "--manifest", str(manifest), "--quiet", "-o", str(out),
     )  # fmt: skip
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
@@ -164,14 +199,15 @@ def test_empty_manifest_is_rejected_before_writing(tmp_path):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error")
 def test_cuda_without_a_gpu_is_a_user_error():
     with pytest.raises(UserError, match="no CUDA GPU"):
-        calibration.calibrate("wan2.1-micro", device="cuda", batch_sizes=[1, 2], tokens=[16, 64])
+        calibrate(CalibrationConfig(model="wan2.1-micro", device="cuda", budgets=BudgetRules(1.0),
+                                    grid=Grid(batch_sizes=(1, 2), tokens=(16, 64))))
 
 
 @pytest.mark.parametrize("tokens", [1, 16, 221, 1547, 3740, 4096, 32760, 75600, 97])
 def test_latent_grid_has_the_requested_tokens(tokens):
-    f, h, w = calibration.latent_grid(tokens)
-    assert f * h * w == tokens and max(f, h, w) <= calibration.MAX_AXIS
-    frames, height, width = calibration.bucket_shape(tokens)
+    f, h, w = latent_grid(tokens)
+    assert f * h * w == tokens and max(f, h, w) <= MAX_AXIS
+    frames, height, width = bucket_shape(tokens)
     from adaptiveload.tokens import token_count
 
     assert token_count(frames, height, width) == tokens
@@ -185,12 +221,34 @@ def test_old_calibration_files_without_m_tok_still_load(tmp_path):
         Calibration.from_dict({**data, "m_tok": -1})
 
 
+def test_prior_budgets_at_the_capacity_it_is_given(tmp_path):
+    """`calibrate prior --capacity-gb 80` derives the budgets for 80 GB (the H200's own 141 GB
+    without it), as `budgets --capacity-gb` does from the same cost model."""
+    out = tmp_path / "p80.json"
+    common = ["--model", "wan2.1-t2v-1.3b", "--mixture", "paper-mixed"]
+    proc = run_cli("prior", *common, "--capacity-gb", "80", "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    cal = Calibration.load(out)
+    assert cal.capacity_bytes == pytest.approx(80e9)
+    budgets = subprocess.run(
+        [sys.executable, "-m", "adaptiveload", "budgets", "--calibration",
+         str(PRIORS / "h200-wan2.1-t2v-1.3b.json"), "--mixture", "paper-mixed",
+         "--capacity-gb", "80"],
+        capture_output=True, text=True, cwd=ROOT, check=True,
+    )  # fmt: skip
+    derived = json.loads(budgets.stdout)
+    for name in ("m_mem", "m_tok", "m_comp", "p"):
+        assert getattr(cal, name) == pytest.approx(derived[name], rel=1e-9), name
+    shipped = Calibration.load(PRIORS / "h200-wan2.1-t2v-1.3b.json")
+    assert cal.m_mem < 0.6 * shipped.m_mem  # not the 141 GB device's
+
+
 @pytest.mark.parametrize("model", ["wan2.1-t2v-1.3b", "wan2.1-t2v-14b"])
 def test_shipped_priors_are_reproducible(model):
     shipped = Calibration.load(PRIORS / f"h200-{model}.json")
     assert shipped.source == "model" and "analytic prior" in shipped.device
-    mix = calibration.mixture_token_mix("paper-mixed", 20000, seed=0, grid="wan")
-    fresh = calibration.prior(model, "h200", mix)
+    mix = mixture_token_mix("paper-mixed", 20000, seed=0, grid="wan")
+    fresh = prior(model, "h200", mix)
     assert fresh.p == pytest.approx(shipped.p, rel=1e-9)
     assert fresh.m_mem == pytest.approx(shipped.m_mem, rel=1e-9)
     assert fresh.m_comp == pytest.approx(shipped.m_comp, rel=1e-9)
@@ -213,22 +271,21 @@ def test_shipped_priors_are_reproducible(model):
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_calibration_measures_memory():
-    cal = calibration.calibrate(
-        "wan2.1-tiny", device="cuda", batch_sizes=[1, 2], tokens=[256, 1024, 4096, 8192],
-        repeats=2, progress=False,
-    )  # fmt: skip
+    grid = Grid(batch_sizes=(1, 2), tokens=(256, 1024, 4096, 8192), repeats=2)
+    cal = calibrate(CalibrationConfig(model="wan2.1-tiny", device="cuda", grid=grid),
+                    progress=False)  # fmt: skip
     assert cal.extra["memory_source"] == "measured" and cal.source == "measured"
     assert all(p["peak_bytes"] > 0 for p in cal.extra["points"])
     assert cal.cost.m_tok > 0 and cal.extra["fit"]["mem_r2"] is not None
 
 
 def test_grid_rules():
-    grid, dropped = calibration.build_grid(
+    grid, dropped = build_grid(
         [2, 4], [16, 256], largest_bucket=1000, max_batch_tokens=600
     )
     assert (1, 16) in grid and (1, 256) in grid and (1, 1000) in grid
     assert dropped == [(4, 256)] and (2, 256) in grid and (4, 16) in grid
     assert all(b == 1 for b, s in grid if s == 1000)  # the largest bucket: B = 1 only
     # a cap below a B = 1 point never drops it
-    grid, dropped = calibration.build_grid([2], [16, 256], 256, max_batch_tokens=10)
+    grid, dropped = build_grid([2], [16, 256], 256, max_batch_tokens=10)
     assert grid == [(1, 16), (1, 256)] and dropped == [(2, 16), (2, 256)]

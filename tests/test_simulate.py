@@ -12,12 +12,8 @@ from planning_data import bucketed
 from adaptiveload.costmodel import Calibration, CostModel
 from adaptiveload.planning.plan import build_plan
 from adaptiveload.planning.policies import Budgets
-from adaptiveload.planning.simulate import (
-    STEP_COLUMNS,
-    allreduce_seconds,
-    grad_bytes_of,
-    simulate,
-)
+from adaptiveload.planning.simulate import allreduce_seconds, grad_bytes_of, simulate
+from adaptiveload.step_table import STEP_COLUMNS
 
 COST = CostModel(c0=1.0, a=0.01, b=1e-4, m_static=10.0, m_tok=1.0, m_seq=0.0)
 
@@ -121,3 +117,18 @@ def test_homogeneous_cells_price_as_before():
     expect = COST.step_time(cells["size"].to_numpy(), cells["first"].to_numpy())
     np.testing.assert_allclose(st["compute_s"], expect, rtol=1e-12)
     np.testing.assert_array_equal(st["tokens_sq"], cells["size"] * cells["first"] ** 2)
+
+
+def test_another_timed_window_needs_no_second_simulation():
+    """`Simulation.timed(w)` summarizes the same per-step predictions over steps >= w: what
+    simulating again with warmup_steps=w gives."""
+    plan = build_plan(bucketed(400), "adaptiveload", Budgets(m_mem=4000, m_comp=4000**1.5, p=1.5),
+                      4, 0)  # fmt: skip
+    cal = Calibration(model="wan2.1-micro", device="cpu", source="model", cost=COST, p=1.5,
+                      m_mem=4000, m_comp=4000**1.5, m_tok=4000, capacity_bytes=5e4)  # fmt: skip
+    whole = simulate(plan.table, cal)
+    again = simulate(plan.table, cal, warmup_steps=3)
+    assert whole.timed(3).summary == again.summary
+    assert whole.timed(3).summary["steps"] == whole.summary["steps"] - 3
+    assert whole.timed(0).summary == whole.summary
+    pd.testing.assert_frame_equal(whole.timed(3).steps, again.steps)

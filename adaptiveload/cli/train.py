@@ -11,9 +11,10 @@ from typing import Annotated
 import typer
 
 from adaptiveload.cli.app import app, examples, group
-from adaptiveload.config import WHOLE_EPOCH
 from adaptiveload.errors import UserError
+from adaptiveload.pipeline import Layout
 from adaptiveload.planning.policies import POLICIES
+from adaptiveload.step_table import WHOLE_EPOCH
 
 tracking_app = group("tracking", "The MLflow tracking store.")
 
@@ -80,7 +81,7 @@ def train(
     out: Annotated[
         Path | None, typer.Option(
             "--out", help="run directory",
-            show_default="results/<experiment>/runs/<policy>/seed<seed>/<kernel>",
+            show_default=Layout("<experiment>").run_dir("<policy>", "<seed>", "<kernel>"),
         )
     ] = None,
     device: Annotated[str | None, typer.Option("--device", help="cpu | cuda")] = None,

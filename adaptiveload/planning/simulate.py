@@ -32,30 +32,36 @@ import pandas as pd
 
 from adaptiveload import metrics
 from adaptiveload.costmodel import Calibration, CostModel
+from adaptiveload.experiment import schema_default
+from adaptiveload.step_table import STEP_COLUMNS, timed
 
-DEFAULT_ALLREDUCE_GBPS = 100.0
+DEFAULT_ALLREDUCE_GBPS = schema_default("train.allreduce_gbps")  # an experiment's default
 FP32_BYTES = 4
-
-# The per-step table, one row per (step, rank), that the simulator and the trainer write and
-# the analysis reads (`analysis.aggregate`). compute_s / step_time_s: by the run's timer (a
-# prediction here); compute_wall_s / step_wall_s: by the wall clock beside it (measured runs
-# only, empty in a simulation). samples, tokens, tokens_sq: n, Σ S and Σ S² of the rank's
-# micro-batch (what its cost depends on); frames, height, width: the bucket shape of its
-# largest sample (the shape of all of them unless it is a pack)
-STEP_COLUMNS = (
-    "step", "rank", "compute_s", "compute_wall_s", "wait_s", "samples", "tokens", "tokens_sq",
-    "frames", "height", "width", "peak_bytes", "peak_bytes_model", "loss", "step_time_s",
-    "step_wall_s",
-)  # fmt: skip
 
 
 @dataclass
 class Simulation:
-    """`steps`: one row per (step, rank) in the shared per-step schema; `summary`: the run
-    summary (metrics over steps >= warmup_steps, labelled source "model")."""
+    """`steps`: one row per (step, rank) in the shared per-step schema (`step_table`);
+    `summary`: the run summary (metrics over steps >= warmup_steps, labelled source "model")."""
 
     steps: pd.DataFrame
     summary: dict[str, Any]
+    capacity_bytes: float | None = None
+    step_bound: np.ndarray | None = None  # each step's lower bound (CostModel.step_lower_bound)
+
+    def timed(self, warmup_steps: int) -> Simulation:
+        """The same simulation summarized over another timed window (nothing is simulated
+        again: a plan's per-step predictions do not depend on the window)."""
+        summary = {k: v for k, v in self.summary.items() if k in _HEADER}
+        summary["warmup_steps"] = warmup_steps
+        summary.update(_metrics(self.steps, summary["world_size"], self.capacity_bytes,
+                                warmup_steps, self.step_bound))  # fmt: skip
+        return Simulation(self.steps, summary, self.capacity_bytes, self.step_bound)
+
+
+# the summary fields that describe the simulation itself (the rest are its window's metrics)
+_HEADER = ("launch_mode", "source", "device", "calibration", "world_size", "warmup_steps",
+           "allreduce_gbps", "grad_bytes", "allreduce_s")  # fmt: skip
 
 
 def allreduce_seconds(grad_bytes: float, world_size: int, gbps: float) -> float:
@@ -96,9 +102,32 @@ def simulate(
         grad_bytes = grad_bytes_of(calibration) if grad_bytes is None else grad_bytes
         capacity_bytes = capacity_bytes or calibration.capacity_bytes
     grad_bytes = grad_bytes or 0.0
-    table = plan_table
-    n = world_size or int(table.attrs.get("plan", {}).get("world_size") or 0)
-    n = n or int(table["rank"].max()) + 1
+    n = world_size or int(plan_table.attrs.get("plan", {}).get("world_size") or 0)
+    n = n or int(plan_table["rank"].max()) + 1
+    ar_s = allreduce_seconds(grad_bytes, n, allreduce_gbps)
+    summary: dict[str, Any] = {
+        "launch_mode": "simulated",
+        "source": "model",
+        "device": calibration.device if calibration else None,
+        "calibration": calibration.label if calibration else None,
+        "world_size": n,
+        "warmup_steps": warmup_steps,
+        "allreduce_gbps": allreduce_gbps,
+        "grad_bytes": grad_bytes,
+        "allreduce_s": ar_s,
+    }
+    frame, bound = _step_table(plan_table, cost, n, ar_s)
+    summary.update(_metrics(frame, n, capacity_bytes, warmup_steps, bound))
+    return Simulation(steps=frame, summary=summary, capacity_bytes=capacity_bytes,
+                      step_bound=bound)  # fmt: skip
+
+
+def _step_table(
+    table: pd.DataFrame, cost: CostModel, n: int, allreduce_s: float
+) -> tuple[pd.DataFrame, np.ndarray]:
+    """The per-(step, rank) predictions: each rank's micro-batch (n, Σ S, Σ S² of its rows)
+    through the cost model, every step waiting for its slowest rank; and each step's lower
+    bound."""
     step = table["step"].to_numpy(np.int64)
     rank = table["rank"].to_numpy(np.int64)
     if rank.size and rank.max() >= n:
@@ -110,11 +139,8 @@ def simulate(
         key, table = key[order], table.iloc[order]
     cell = _cells(table, key, steps * n)
     compute = cost.pack_time(cell.samples, cell.tokens, cell.tokens_sq).reshape(steps, n)
-    peak_model = np.where(cell.samples > 0, cost.pack_memory(cell.samples, cell.tokens), np.nan)
     t_step = compute.max(axis=1)
-    ar_s = allreduce_seconds(grad_bytes, n, allreduce_gbps)
-    step_time = t_step + ar_s
-    empty = pd.array([pd.NA] * (steps * n), dtype="Float64")
+    empty = pd.array([pd.NA] * (steps * n), dtype="Float64")  # what only a measurement has
     frame = pd.DataFrame(
         {
             "step": np.repeat(np.arange(steps), n),
@@ -128,28 +154,17 @@ def simulate(
             "frames": cell.shape[:, 0],
             "height": cell.shape[:, 1],
             "width": cell.shape[:, 2],
-            "peak_bytes": empty,
-            "peak_bytes_model": peak_model,
-            "loss": empty,
-            "step_time_s": np.repeat(step_time, n),
-            "step_wall_s": empty,
+            "peak_bytes": empty.copy(),
+            "peak_bytes_model": np.where(
+                cell.samples > 0, cost.pack_memory(cell.samples, cell.tokens), np.nan
+            ),
+            "loss": empty.copy(),
+            "step_time_s": np.repeat(t_step + allreduce_s, n),
+            "step_wall_s": empty.copy(),
         },
         columns=list(STEP_COLUMNS),
     )
-    summary: dict[str, Any] = {
-        "launch_mode": "simulated",
-        "source": "model",
-        "device": calibration.device if calibration else None,
-        "calibration": calibration.label if calibration else None,
-        "world_size": n,
-        "warmup_steps": warmup_steps,
-        "allreduce_gbps": allreduce_gbps,
-        "grad_bytes": grad_bytes,
-        "allreduce_s": ar_s,
-    }
-    summary.update(_metrics(compute, cell, step_time, peak_model, capacity_bytes, warmup_steps))
-    summary.update(_lower_bound(table, cost, compute, steps, n, warmup_steps))
-    return Simulation(steps=frame, summary=summary)
+    return frame, _step_bounds(table, cost, steps, n)
 
 
 @dataclass(frozen=True)
@@ -180,23 +195,17 @@ def _cells(table: pd.DataFrame, key: np.ndarray, cells: int) -> _Cells:
     return _Cells(samples, sum_s, sum_sq.round().astype(np.int64), shape)
 
 
-def _lower_bound(
-    table: pd.DataFrame, cost: CostModel, compute: np.ndarray, steps: int, n: int,
-    warmup_steps: int,
-) -> dict[str, float]:  # fmt: skip
-    """The window's summed step lower bound (``CostModel.step_lower_bound`` of each step's
-    samples) and the plan's compute critical path over it."""
+def _step_bounds(table: pd.DataFrame, cost: CostModel, steps: int, n: int) -> np.ndarray:
+    """Each step's ``CostModel.step_lower_bound`` over its samples (rows sorted by cell, so
+    step-major); 0 for a step without samples."""
     step = table["step"].to_numpy(np.int64)
     work = cost.per_sample_time(table["tokens"].to_numpy(np.int64))
     work_sum = np.bincount(step, weights=work, minlength=steps)
     work_max = np.zeros(steps)
-    if step.size:  # rows come step-major (sorted by cell)
+    if step.size:
         starts = np.flatnonzero(np.diff(step, prepend=-1))
         work_max[step[starts]] = np.maximum.reduceat(work, starts)
-    bound = np.where(work_sum > 0, cost.step_lower_bound(work_sum, work_max, n), 0.0)
-    keep = slice(min(warmup_steps, steps), steps)
-    lower, path = float(bound[keep].sum()), float(compute[keep].max(axis=1, initial=0.0).sum())
-    return {"lower_bound_s": lower, "vs_lower_bound": path / lower if lower > 0 else np.nan}
+    return np.where(work_sum > 0, cost.step_lower_bound(work_sum, work_max, n), 0.0)
 
 
 def _split(cost_model: CostModel | Calibration) -> tuple[CostModel, Calibration | None]:
@@ -206,28 +215,31 @@ def _split(cost_model: CostModel | Calibration) -> tuple[CostModel, Calibration 
 
 
 def _metrics(
-    compute: np.ndarray,
-    cell: _Cells,
-    step_time: np.ndarray,
-    peak_model: np.ndarray,
-    capacity_bytes: float | None,
-    warmup_steps: int,
-) -> dict[str, Any]:
-    steps, n = compute.shape
-    keep = slice(min(warmup_steps, steps), steps)
+    frame: pd.DataFrame, n: int, capacity_bytes: float | None, warmup_steps: int,
+    step_bound: np.ndarray | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """The run-summary metrics of the predicted per-step table over its timed window, with
+    the window's lower bound and the plan's distance from it where the bounds are given."""
+    compute = frame["compute_s"].to_numpy(np.float64).reshape(-1, n)
+    steps = compute.shape[0]
+    keep = timed(np.arange(steps), warmup_steps)
     window = compute[keep]
     if window.shape[0] == 0:
         return {"steps": 0}
-    cells = slice(keep.start * n, steps * n)
-    wall_s = float(step_time[keep].sum())
-    peak = peak_model.reshape(steps, n)[keep]
+    cells = np.repeat(keep, n)
+    wall_s = float(frame["step_time_s"].to_numpy(np.float64)[::n][keep].sum())
+    peak = frame["peak_bytes_model"].to_numpy(np.float64).reshape(steps, n)[keep]
     out: dict[str, Any] = metrics.window_metrics(
         window,
-        samples=float(cell.samples[cells].sum()),
-        tokens=float(cell.tokens[cells].sum()),
+        samples=float(frame["samples"].to_numpy()[cells].sum()),
+        tokens=float(frame["tokens"].to_numpy()[cells].sum()),
         seconds=wall_s,
         peak_bytes=np.where(np.isnan(peak), 0.0, peak),  # a rank without a batch: no memory
         capacity_bytes=capacity_bytes,
     )
     out["wall_s"] = wall_s
+    if step_bound is not None:
+        lower = float(step_bound[keep].sum())
+        out["lower_bound_s"] = lower
+        out["vs_lower_bound"] = float(window.max(axis=1).sum()) / lower if lower > 0 else None
     return out

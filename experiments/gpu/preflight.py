@@ -18,10 +18,10 @@ DISTS = {"torch": "torch", "triton": "triton", "numpy": "numpy", "pandas": "pand
          "pyarrow": "pyarrow", "scipy": "scipy", "typer": "typer", "click": "click",
          "yaml": "PyYAML", "jsonschema": "jsonschema", "tqdm": "tqdm",
          "safetensors": "safetensors", "pytest": "pytest", "flash_attn": "flash-attn"}  # fmt: skip
-MODULES = ("adaptiveload.cli", "adaptiveload.config", "adaptiveload.calibration",
+MODULES = ("adaptiveload.cli", "adaptiveload.experiment", "adaptiveload.calibration",
            "adaptiveload.training.session", "adaptiveload.training.loop",
            "adaptiveload.training.distributed", "adaptiveload.ops.kernel_build",
-           "adaptiveload.ops.kernel_bench")  # fmt: skip
+           "adaptiveload.ops.kernel_bench", "adaptiveload.calibration.kernel_e2e")  # fmt: skip
 
 
 def versions() -> dict[str, str | None]:
@@ -55,7 +55,7 @@ def main(out: str, device: str) -> int:
         importlib.import_module(mod)
     for stage in importlib.import_module("adaptiveload.cli").STAGES:
         importlib.import_module(f"adaptiveload.cli.{stage}")
-    # the run outputs are Parquet: the (carried) pandas must work with this pyarrow
+    # the run outputs are Parquet: the installed pandas must work with this pyarrow
     import pandas as pd
 
     from adaptiveload.io import write_parquet

@@ -23,8 +23,8 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from adaptiveload import config as experiment_config
-from adaptiveload.calibration import mixture_token_mix
+from adaptiveload import experiment
+from adaptiveload.calibration.mix import mixture_token_mix
 from adaptiveload.costmodel import Calibration, capacity_for, derive_budgets
 from adaptiveload.errors import UserError
 from adaptiveload.io import write_json
@@ -41,7 +41,7 @@ def scaled(cal: Calibration, exp: dict, fill: float) -> Calibration:
         data["mixture"], data["num_samples"], 0, data["bucketing"], data["grid"],
         data["max_frames"],
     )  # fmt: skip
-    headroom = float(cal.extra.get("headroom", 0.1))
+    headroom = cal.headroom
     m_mem = fill * float(mix.tokens.max())
     capacity = capacity_for(cal.cost, m_mem, headroom, float(mix.tokens.min()))
     budgets = derive_budgets(cal.cost, mix.tokens, capacity, headroom)
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         cal = Calibration.load(args.calibration)
-        exp = experiment_config.load(args.config)
+        exp = experiment.load(args.config)
         if cal.model != exp["model"]["config"]:
             raise UserError(
                 f"{args.calibration}: calibration is for {cal.model!r}, the experiment trains "
