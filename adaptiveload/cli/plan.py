@@ -75,6 +75,11 @@ def plan_cmd(
     m_comp_scale: Annotated[
         float, Opt(help="multiply the calibration's M_comp (auto --m-comp only; the M_comp sweep)")
     ] = 1.0,
+    pack_tokens: Annotated[
+        float | None,
+        Opt(help="adaptiveload-packed: at most this many tokens per pack (default: packs fill "
+            "toward the memory budget, M_mem as predicted memory with a calibration)"),
+    ] = None,
     bucketing: Annotated[str, Opt(help=" | ".join(MODES))] = DEFAULT_MODE,
     grid: Annotated[str, Opt(help=" | ".join(GRIDS))] = DEFAULT_GRID,
     max_frames: Annotated[int, Opt(help="frames cap of the bucket grid")] = DEFAULT_MAX_FRAMES,
@@ -108,7 +113,10 @@ def plan_cmd(
 
     pol = get_policy(policy)
     cal = _calibration(calibration, model)
-    budgets = Budgets.resolve(m_tok, m_mem, m_comp, p, calibration=cal, m_comp_scale=m_comp_scale)
+    budgets = Budgets.resolve(
+        m_tok, m_mem, m_comp, p, calibration=cal, m_comp_scale=m_comp_scale,
+        pack_tokens=pack_tokens,
+    )  # fmt: skip
     try:
         pol.check(budgets)
     except MissingBudgetError as exc:  # the library's message names Budgets; here: the flags
