@@ -258,7 +258,7 @@ def calibration_fit(inp: FigureInputs) -> plt.Figure:
     worst_txt = f", worst point {100 * worst:.0f}% off" if worst is not None else ""
     loo_txt = (f"\nleave-one-out median {100 * fit['loo_median']:.1f}%, max "
                f"{100 * fit['loo_max']:.1f}%" if fit.get("loo_max") is not None else "")
-    pack_txt = (f"\n{additivity['num_measured']} mixed packs held out: median "
+    pack_txt = (f"\nmixed packs held out ({additivity['num_measured']}): median "
                 f"{100 * additivity['median_rel_err']:.1f}%, worst "
                 f"{100 * additivity['max_rel_err']:.1f}%" if not packs.empty else "")
     ax.set_title(f"Calibration of {cal.get('model')} on {cal.get('device')} "
