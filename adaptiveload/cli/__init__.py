@@ -1,10 +1,12 @@
-"""Console entry point. User errors become one line on stderr and exit status 2."""
+"""Console entry point. User errors become one line on stderr and exit status 2; warnings
+(an unusual plan, a skipped file) one line each, `warning: ...`."""
 
 from __future__ import annotations
 
 import importlib
 import os
 import sys
+import warnings
 
 import typer
 
@@ -21,6 +23,11 @@ def _register() -> None:
         importlib.import_module(f"adaptiveload.cli.{stage}")
 
 
+def _warning_line(message: Warning | str, *_: object, **__: object) -> None:
+    """`warnings.showwarning` for the console: the message alone, on one line."""
+    typer.echo(f"warning: {' '.join(str(message).split())}", err=True)
+
+
 def main() -> None:
     os.environ.setdefault("MLFLOW_ENABLE_TELEMETRY", "false")
     os.environ.setdefault("DO_NOT_TRACK", "1")
@@ -29,6 +36,7 @@ def main() -> None:
     # for calibrate and train alike, so the cost model and the measurements agree.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     _register()
+    warnings.showwarning = _warning_line
     try:
         app()
     except UserError as exc:
