@@ -15,7 +15,7 @@ from adaptiveload.errors import UserError
 from adaptiveload.extras import missing_extra
 
 # one module per pipeline stage, in data-flow order; each registers its commands on `app`
-STAGES = ("manifest", "model", "calibrate", "plan", "train", "kernel", "analyze")
+STAGES = ("manifest", "model", "calibrate", "plan", "compare", "train", "kernel", "analyze")
 
 
 def _register() -> None:
