@@ -22,6 +22,7 @@ docs/sampler.md has runnable examples.
 
 from __future__ import annotations
 
+import sys
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -128,7 +129,8 @@ class PlanBuilder:
         if ids:
             more = " ..." if len(self.excluded_ids) > _SHOW_IDS else ""
             found[0] += f", e.g. {', '.join(map(repr, ids))}{more}"
-        warnings.warn(f"plan ({summary['policy']}): " + "; ".join(found), PlanWarning, stacklevel=4)
+        warnings.warn(f"plan ({summary['policy']}): " + "; ".join(found), PlanWarning,
+                      stacklevel=_outside_the_package())  # fmt: skip
 
 
 PlanSource = pd.DataFrame | Plan | Callable[[int], Plan]
@@ -438,6 +440,15 @@ class _Fetched:
             "a BatchInfoDataset's batches are collated by its own collate: pass "
             "collate_fn=dataset.collate to the DataLoader"
         )
+
+
+def _outside_the_package() -> int:
+    """The `stacklevel` of the first caller outside adaptiveload: a warning then points at the
+    user's line that built the sampler, however deep inside the package it was raised."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("adaptiveload."):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _differs(saved: Mapping[str, Any], here: Mapping[str, Any], where: str) -> str:
