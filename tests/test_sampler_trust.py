@@ -226,6 +226,7 @@ def test_sample_index_keeps_the_users_manifest_rows(manifest):
     ids = rows["sample_id"].to_numpy()
     got = [ids[b].tolist() for b in sampler]
     assert got == [g.tolist() for _, g in mine.groupby("step")["sample_id"]]
+    sampler.check_ranks()  # without a process group: a no-op
     summary = sampler.summary
     assert summary["num_excluded"] == 3
     assert summary["excluded_ids"] == ids[[3, 11, 40]].tolist()
@@ -271,3 +272,59 @@ def test_accelerate_set_epoch_and_len_after_resume(manifest):
     mine = make(manifest, rank=1)
     mine.set_epoch(3)
     assert list(map(_ids(resumed), got)) == [list(b) for b in mine][5:]
+
+
+# --- 5. ranks that planned differently ------------------------------------------------------
+
+RANKS_SCRIPT = """
+import sys
+import torch.distributed as dist
+from adaptiveload.data.mixtures import synthesize
+from adaptiveload.planning.policies import Budgets
+from adaptiveload.planning.sampler import PlanBatchSampler
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+manifest = synthesize("tiny-cpu", 183, seed=0)
+if rank == 1 and sys.argv[1] == "reversed":  # this rank read the manifest in another order
+    manifest = manifest.iloc[::-1].reset_index(drop=True)
+budgets = Budgets(m_tok=4096, m_mem=6144, m_comp=4096**1.2, p=1.2)
+sampler = PlanBatchSampler.from_manifest(manifest, "adaptiveload", budgets, 2, rank, seed=0,
+                                         grid="tiny")
+print(f"rank {rank}: {len(sampler)} steps", flush=True)
+try:
+    sampler.check_ranks()
+    print(f"rank {rank}: same plan", flush=True)
+except ValueError as exc:
+    print(f"rank {rank}: refused: {exc}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("order", ["same", "reversed"])
+def test_check_ranks_catches_a_rank_that_read_another_row_order(order, tmp_path):
+    """Same length, different epoch: before, 92 samples trained twice and 91 never, silently."""
+    import subprocess
+    import sys
+
+    from training_setup import free_port
+
+    script = tmp_path / "ranks.py"
+    script.write_text(RANKS_SCRIPT)
+    out = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+         "--master-addr", "127.0.0.1", "--master-port", str(free_port()), str(script), order],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = sorted(line for line in out.stdout.splitlines() if line.startswith("rank "))
+    steps = {line for line in lines if line.endswith(" steps")}
+    assert len({line.split(": ")[1] for line in steps}) == 1  # the lengths agree either way
+    verdicts = [line for line in lines if not line.endswith(" steps")]
+    if order == "same":
+        assert verdicts == ["rank 0: same plan", "rank 1: same plan"]
+    else:
+        assert len(verdicts) == 2 and all("refused: process" in v for v in verdicts), verdicts
+        assert all("data_digest (other samples, or the same ones in another row order)" in v
+                   for v in verdicts)  # fmt: skip
