@@ -321,11 +321,15 @@ def _digests(
 
 
 def _hash_strings(h: Any, values: pd.Series) -> None:
-    """Feed a column of strings to hash `h` through its Arrow buffers (offsets and bytes):
-    no Python object per row, zero-copy for pandas' Arrow-backed strings."""
+    """Feed a column of strings (other values by their text) to hash `h` through its Arrow
+    buffers (offsets and bytes): no Python object per row, zero-copy for pandas' Arrow-backed
+    strings."""
     import pyarrow as pa
 
-    arr = pa.array(values, type=pa.large_string(), from_pandas=True)
+    try:
+        arr = pa.array(values, type=pa.large_string(), from_pandas=True)
+    except (pa.ArrowTypeError, pa.ArrowInvalid):  # ids that are not strings (integers)
+        arr = pa.array(values.astype(str), type=pa.large_string(), from_pandas=True)
     offsets = np.frombuffer(arr.buffers()[1], np.int64)[arr.offset : arr.offset + len(arr) + 1]
     h.update((offsets - offsets[0]).tobytes())
     body = arr.buffers()[2]
