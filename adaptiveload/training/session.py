@@ -27,17 +27,17 @@ from typing import Any, Protocol
 
 import torch
 
-from adaptiveload import config as experiment_config
+from adaptiveload import experiment
 from adaptiveload.costmodel import Calibration
 from adaptiveload.errors import UserError
 from adaptiveload.io import write_json, write_parquet
 from adaptiveload.provenance import device_name, git_commit
 from adaptiveload.training import checkpoint
-from adaptiveload.training.config import TrainConfig, from_experiment
 from adaptiveload.training.distributed import Ranks, resolve_ranks, timer_of
-from adaptiveload.training.inputs import prepare_data, run_identity
+from adaptiveload.training.inputs import check_layout, prepare_data, run_identity
 from adaptiveload.training.loop import StepSink, Trainer
-from adaptiveload.training.summary import run_summary
+from adaptiveload.training.settings import TrainConfig, from_experiment
+from adaptiveload.training.summary import attention_backend, run_summary
 
 
 @dataclass
@@ -47,7 +47,7 @@ class Request:
     config: Path
     policy: str
     seed: int
-    steps: int | str | None = None  # a count or config.WHOLE_EPOCH
+    steps: int | str | None = None  # a count or WHOLE_EPOCH
     emulate_world_size: int | None = None
     kernel: str | None = None
     calibration: Path | None = None
@@ -63,7 +63,7 @@ def resolve(
     req: Request,
 ) -> tuple[dict[str, Any], TrainConfig, Ranks, Calibration | None, Path]:
     """Validate everything (files, fields, flags) before any output is written."""
-    exp = experiment_config.load(req.config)
+    exp = experiment.load(req.config)
     ranks = resolve_ranks(req.emulate_world_size, exp["train"]["world_size"])
     cfg = from_experiment(
         exp, req.policy, req.seed, launch_mode=ranks.launch_mode, world_size=ranks.world_size,
@@ -117,6 +117,27 @@ class RunSink(StepSink, Protocol):
 OpenSink = Callable[..., RunSink]
 
 
+def run_tags(cfg: TrainConfig) -> dict[str, str]:
+    """The MLflow tags of a training run: provenance, its settings, and how it was timed."""
+    return {
+        "git_commit": git_commit(),
+        "device": device_name(cfg.device),
+        "torch": torch.__version__,
+        "cuda": str(torch.version.cuda),
+        "experiment": cfg.experiment,
+        "policy": cfg.policy,
+        "seed": str(cfg.seed),
+        "kernel": cfg.kernel,
+        "batch_layout": cfg.batch_layout,
+        "attention_backend": attention_backend(cfg),
+        "launch_mode": cfg.launch_mode,
+        "world_size": str(cfg.world_size),
+        "source": "measured",
+        "timer": timer_of(cfg.launch_mode, cfg.device),
+        "timed_window": cfg.timed_window,
+    }
+
+
 def train(req: Request, open_sink: OpenSink | None = None) -> dict[str, Any]:
     """Run (or resume) one training run; returns its summary (on the main process).
 
@@ -124,6 +145,7 @@ def train(req: Request, open_sink: OpenSink | None = None) -> dict[str, Any]:
     input is checked and before training starts, so an unreachable store fails early."""
     exp, cfg, ranks, calibration, out = resolve(req)
     data = prepare_data(exp, cfg, calibration, req.manifest, req.plan)
+    check_layout(data.builder(0).table, cfg, req.config)
     ckpt_dir = out / "checkpoints" if req.checkpoint else None
     main = ranks.is_main
     identity = run_identity(cfg, data)
@@ -144,21 +166,7 @@ def train(req: Request, open_sink: OpenSink | None = None) -> dict[str, Any]:
                 "calibration": calibration.label if calibration else "none",
                 "identity": identity,
             },
-            tags={
-                "git_commit": git_commit(),
-                "device": device_name(cfg.device),
-                "torch": torch.__version__,
-                "cuda": str(torch.version.cuda),
-                "experiment": cfg.experiment,
-                "policy": cfg.policy,
-                "seed": str(cfg.seed),
-                "kernel": cfg.kernel,
-                "launch_mode": cfg.launch_mode,
-                "world_size": str(cfg.world_size),
-                "source": "measured",
-                "timer": timer_of(cfg.launch_mode, cfg.device),
-                "timed_window": cfg.timed_window,
-            },
+            tags=run_tags(cfg),
             run_description=(
                 f"{cfg.policy}, seed {cfg.seed}, kernel {cfg.kernel}: {cfg.model} trained "
                 f"on {cfg.world_size} {cfg.launch_mode} ranks ({device_name(cfg.device)}); "
