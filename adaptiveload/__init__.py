@@ -4,7 +4,8 @@ Layers, bottom to top (no module imports from a layer above its own; tests/test_
 holds the list and checks it):
 
     base         errors, io, progress, tokens, metrics, extras, provenance, experiment (the
-                 experiment files and their schema), step_table (the per-step table)
+                 experiment files and their schema), step_table (the per-step table),
+                 pipeline (what the workflow rules and the package share: layout, variants)
     ops          the LayerNorm-Modulate op and its CUDA build
     model        Wan 2.1 (architectures, the DiT, analytic FLOPs and memory)
     data         manifests, mixtures, bucketing, datasets

@@ -47,7 +47,12 @@ from typing import Any
 import numpy as np
 
 from adaptiveload.errors import UserError
+from adaptiveload.experiment import schema_default
 from adaptiveload.io import read_json
+
+# the fraction of a device's memory the budgets leave free (an experiment's
+# calibration.headroom; files that do not record theirs were made with it)
+DEFAULT_HEADROOM = schema_default("calibration.headroom")
 
 
 @dataclass(frozen=True)
@@ -143,6 +148,11 @@ class Calibration:
         """'measured (DEVICE)' or 'model (DEVICE)': how numbers derived from this are tagged."""
         return f"{self.source} ({self.device})"
 
+    @property
+    def headroom(self) -> float:
+        """The fraction of the capacity its budgets left free."""
+        return float(self.extra.get("headroom", DEFAULT_HEADROOM))
+
     def to_dict(self) -> dict[str, Any]:
         out = {k: v for k, v in asdict(self).items() if k not in ("cost", "extra")}
         out["cost"] = asdict(self.cost)
@@ -220,7 +230,7 @@ class Calibration:
                 "give the device's memory (--capacity-gb)"
             )
         if headroom is None:
-            headroom = float(self.extra.get("headroom", DEFAULT_HEADROOM))
+            headroom = self.headroom
         derived = derive_budgets(self.cost, tokens, float(capacity), headroom)
         extra = {**self.extra, "budgets": derived.to_dict(), "headroom": headroom}
         return replace(
@@ -286,9 +296,6 @@ def _finite_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and np.isfinite(value)
 
 
-# the fraction of a device's memory the budgets leave free (allocator fragmentation, the
-# optimizer step's transients), unless a calibration or a command says otherwise
-DEFAULT_HEADROOM = 0.1
 # how derive_budgets chooses its numbers; written into every calibration file
 BUDGET_RULES = {
     "p": "effective exponent of the per-sample cost c_seq + a*S + b*S^2 between the 5th and 95th "

@@ -144,7 +144,7 @@ def test_missing_budgets_say_how_to_get_them(data, tmp_path, monkeypatch, capsys
     )  # fmt: skip
     assert code == 2
     for hint in ("--m-mem", "--budgets FILE", "adaptiveload budgets", "h200-wan2.1-t2v-1.3b",
-                 "--prior h200"):  # fmt: skip
+                 "calibrate prior --rates h200"):  # fmt: skip
         assert hint in err, err
 
 

@@ -14,7 +14,8 @@ PACKAGE = Path(adaptiveload.__file__).resolve().parent
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("base", ("adaptiveload", "adaptiveload.errors", "adaptiveload.io", "adaptiveload.progress",
               "adaptiveload.tokens", "adaptiveload.metrics", "adaptiveload.extras",
-              "adaptiveload.provenance", "adaptiveload.experiment", "adaptiveload.step_table")),
+              "adaptiveload.provenance", "adaptiveload.experiment", "adaptiveload.step_table",
+              "adaptiveload.pipeline")),
     ("ops", ("adaptiveload.ops",)),
     ("model", ("adaptiveload.model",)),
     ("data", ("adaptiveload.data",)),

@@ -328,3 +328,20 @@ def test_check_ranks_catches_a_rank_that_read_another_row_order(order, tmp_path)
         assert len(verdicts) == 2 and all("refused: process" in v for v in verdicts), verdicts
         assert all("data_digest (other samples, or the same ones in another row order)" in v
                    for v in verdicts)  # fmt: skip
+
+
+def test_digests_of_ids_read_in_chunks(manifest):
+    """Ids read from Parquet come as chunked Arrow columns: their digest is that of the same
+    ids in one chunk (it used to stop with an AttributeError on such a column)."""
+    import pyarrow as pa
+
+    from adaptiveload.data.bucketing import bucketize
+    from adaptiveload.planning.plan import build_plan
+
+    samples = bucketize(manifest, grid="tiny").samples
+    chunked = samples.copy()
+    halves = pa.chunked_array([samples["sample_id"].iloc[:100], samples["sample_id"].iloc[100:]])
+    chunked["sample_id"] = pd.Series(pd.arrays.ArrowExtensionArray(halves))
+    a = build_plan(samples, "adaptiveload", BUDGETS, WORLD, 0).summary
+    b = build_plan(chunked, "adaptiveload", BUDGETS, WORLD, 0).summary
+    assert (a["data_digest"], a["plan_digest"]) == (b["data_digest"], b["plan_digest"])

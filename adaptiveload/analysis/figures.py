@@ -285,7 +285,8 @@ def _validation_panel(ax: plt.Axes, cal: dict) -> None:
     if rows.empty or rows["measured_s"].isna().all():
         ax.axis("off")
         ax.text(0.5, 0.5, "no per-micro-batch validation in this calibration\n"
-                "(adaptiveload calibrate --validate K)", ha="center", va="center", fontsize=9)
+                "(adaptiveload calibrate measure --validate K)", ha="center", va="center",
+                fontsize=9)
         return
     rows = rows[rows["measured_s"].notna()]
     val = cal["validation"]
@@ -369,11 +370,13 @@ def mixture_sweep(inp: FigureInputs) -> plt.Figure:
 
 def kernel_bandwidth(inp: FigureInputs) -> plt.Figure:
     """Achieved bandwidth of each LN-modulate implementation against the copy ceiling."""
-    title = "Fused LayerNorm-Modulate: achieved bandwidth vs copy ceiling"
+    title = "Fused LayerNorm-Modulate (dense batches): achieved bandwidth vs copy ceiling"
     bench, reason = kernel_measurements(inp.kernel_bench)
     if bench is None:
         return _placeholder(title, reason)
     bench = bench[bench["gbps"].notna()]
+    if "layout" in bench.columns:  # the packed (segment) shapes are in the table, not here
+        bench = bench[bench["layout"].fillna("dense") == "dense"]
     dims = sorted(set(bench["D"]))
     phases = [p for p in ("fwd", "bwd", "fwd_bwd") if p in set(bench["phase"])]
     copy = bench[bench["phase"] == "copy"]

@@ -46,14 +46,10 @@ def build_cmd(
     typer.echo(f"kernel build {record['status']}: {detail}")
 
 
-def _config(cls: type, **flags: object) -> object:
-    """`cls` from the flags given on the command line (None: the dataclass's own default)."""
-    return cls(**{k: v for k, v in flags.items() if v is not None})
-
-
 @kernel.command("bench", epilog=examples(
     "adaptiveload kernel bench -o results/kernels/bench.csv --skip-ok",
     "adaptiveload kernel bench --dims 1536,5120 --seq-lens 16384,75600 --repeats 15",
+    "adaptiveload kernel bench --segment-counts 1,8,64 --segment-lens 75600 --seq-lens 75600",
 ))
 def bench_cmd(
     out: Annotated[Path | None, Opt("-o", "--out", help="CSV to write",
@@ -62,25 +58,34 @@ def bench_cmd(
         str | None, Opt(help="comma-separated S values", show_default="8k .. 75.6k")
     ] = None,
     dims: Annotated[
-        str | None, Opt(help="comma-separated D values", show_default="the six Wan/DiT widths")
+        str | None, Opt(help="comma-separated D values ('' for no dense shape)",
+                        show_default="the six Wan/DiT widths")
     ] = None,
     repeats: Annotated[int | None, Opt(help="timed repeats per measurement (median)")] = None,
     impls: Annotated[
         str | None, Opt(help="comma-separated: fused, eager, compile", show_default="all three")
     ] = None,
+    segment_counts: Annotated[str | None, Opt(
+        help="comma-separated segment counts G of the packed shapes ('' for none)",
+        show_default="1,8,64")] = None,
+    segment_dims: Annotated[
+        str | None, Opt(help="comma-separated D values of the packed shapes",
+                        show_default="1536,5120")
+    ] = None,
+    segment_lens: Annotated[
+        str | None, Opt(help="comma-separated tokens L per pack", show_default="16384,75600")
+    ] = None,
     skip_ok: Annotated[bool, Opt(help="without CUDA write a skip record and exit 0")] = False,
 ) -> None:
-    """Time fused vs Wan eager vs torch.compile vs copy bandwidth on the GPU (needs CUDA):
-    TB/s, fraction of the copy bandwidth, speed-ups, saved activations."""
+    """Time fused vs Wan eager vs torch.compile vs copy bandwidth on the GPU (needs CUDA), for
+    dense batches and packed token streams of G segments: TB/s, fraction of the copy
+    bandwidth, speed-ups, saved activations."""
     from adaptiveload.ops import kernel_bench as kb
 
-    cfg = _config(
-        kb.KernelBenchConfig,
-        seq_lens=kb.parse_ints(seq_lens) if seq_lens else None,
-        dims=kb.parse_ints(dims) if dims else None,
-        repeats=repeats,
-        impls=tuple(impls.split(",")) if impls else None,
-    )
+    flags = {"seq_lens": seq_lens, "dims": dims, "repeats": repeats, "impls": impls,
+             "segment_counts": segment_counts, "segment_dims": segment_dims,
+             "segment_lens": segment_lens}  # fmt: skip
+    cfg = kb.KernelBenchConfig(**kb.bench_fields(flags))
     raise typer.Exit(kb.bench_to_file(out or kb.DEFAULT_OUT, cfg, skip_ok))
 
 
@@ -102,15 +107,9 @@ def e2e_cmd(
     """Time whole Wan training steps with the LayerNorm-Modulate sites eager, then fused: step
     time and peak memory per sequence length (B = 1, activation checkpointing, bf16 on CUDA)."""
     from adaptiveload.calibration import kernel_e2e
-    from adaptiveload.ops.kernel_bench import parse_ints
 
-    cfg = _config(
-        kernel_e2e.E2EConfig,
-        model=model,
-        seq_lens=parse_ints(seq_lens) if seq_lens else None,
-        device=device,
-        steps=steps,
-    )
+    flags = {"model": model, "seq_lens": seq_lens, "device": device, "steps": steps}
+    cfg = kernel_e2e.E2EConfig(**kernel_e2e.e2e_fields(flags))
     raise typer.Exit(kernel_e2e.to_file(out or kernel_e2e.DEFAULT_OUT, cfg))
 
 

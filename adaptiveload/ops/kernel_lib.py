@@ -11,9 +11,9 @@ beside `build.json`, the record of the build. One folder serves both the build a
 
 `adaptiveload kernel build --build-dir DIR` builds elsewhere; set $ADAPTIVELOAD_BUILD_DIR to the
 same DIR for the processes that should load it. Loading registers
-`torch.ops.adaptiveload.ln_modulate_{fwd,bwd}` with their CUDA kernels. A failed load is
-remembered with its reason, so callers fall back to the reference implementation without
-retrying (or re-raising) on every call.
+`torch.ops.adaptiveload.ln_modulate_{fwd,bwd,seg_fwd,seg_bwd}` with their CUDA kernels. A
+failed load is remembered with its reason, so callers fall back to the reference
+implementation without retrying (or re-raising) on every call.
 """
 
 from __future__ import annotations

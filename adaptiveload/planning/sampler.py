@@ -181,7 +181,6 @@ class PlanBatchSampler(Sampler[list[int]]):
         grid: str = DEFAULT_GRID,
         max_frames: int = DEFAULT_MAX_FRAMES,
         cost_model: CostModel | Calibration | None = None,
-        window_steps: int | None = DEFAULT_WINDOW_STEPS,
     ) -> PlanBatchSampler:
         """Validate `manifest` (a UserError names column, row and fix), bucketize and plan it.
 
@@ -189,13 +188,14 @@ class PlanBatchSampler(Sampler[list[int]]):
         no bucket are left out), unless `sample_index` gives your dataset's sample_ids in its
         own order (``manifest["sample_id"]`` for a dataset over the manifest's rows) or a
         mapping sample_id -> index. Excluded and oversize samples are reported once, in one
-        PlanWarning line, and counted in ``sampler.summary``.
+        PlanWarning line, and counted in ``sampler.summary``. Balanced policies deal within the
+        default window; a ``PlanBuilder`` takes every planning option.
         """
         frame = validate_manifest(manifest, origin="from_manifest: manifest", frame=True)
         bucketed = bucketize(frame, mode=bucketing, grid=grid, max_frames=max_frames)
         builder = PlanBuilder(
             bucketed.samples, policy, budgets, world_size, seed,
-            cost_model=cost_model, window_steps=window_steps, num_excluded=bucketed.num_excluded,
+            cost_model=cost_model, num_excluded=bucketed.num_excluded,
             excluded_ids=bucketed.excluded_ids.tolist(),
         )  # fmt: skip
         return cls(builder, rank, sample_index)

@@ -31,6 +31,7 @@ from adaptiveload import experiment
 from adaptiveload.costmodel import Calibration
 from adaptiveload.errors import UserError
 from adaptiveload.io import write_json, write_parquet
+from adaptiveload.pipeline import Layout
 from adaptiveload.provenance import device_name, git_commit
 from adaptiveload.training import checkpoint
 from adaptiveload.training.distributed import Ranks, resolve_ranks, timer_of
@@ -75,10 +76,8 @@ def resolve(
     calibration = Calibration.load(cal_path) if cal_path else None
     if calibration is not None:
         calibration.require_model(cfg.model, cal_path)
-    # the pipeline's layout (workflow/rules/common.smk), so a hand-run lands beside its runs
-    default_out = (Path("results") / cfg.experiment / "runs" / cfg.policy / f"seed{cfg.seed}"
-                   / cfg.kernel)  # fmt: skip
-    out = req.out or default_out
+    # the pipeline's layout, so a hand-run lands beside the pipeline's runs
+    out = req.out or Layout(cfg.experiment).run_dir(cfg.policy, cfg.seed, cfg.kernel)
     return exp, cfg, ranks, calibration, Path(out)
 
 
