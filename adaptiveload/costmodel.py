@@ -114,6 +114,15 @@ class CostModel:
         s = np.asarray(tokens, dtype=np.float64).ravel()
         return float(self.pack_memory(s.size, s.sum()))
 
+    def step_lower_bound(self, work_sum: Any, work_max: Any, ranks: int) -> Any:
+        """The least slowest-rank time any packing of one step's samples over `ranks` ranks
+        can reach, given their per-sample costs' sum `work_sum` and maximum `work_max`
+        (`per_sample_time`): some rank holds at least the average, one holds the costliest
+        sample, and each pays c0 and the floor. Broadcasts over steps; memory is ignored, so a
+        plan may sit above it for want of room, never below."""
+        work = np.maximum(np.asarray(work_sum, dtype=np.float64) / ranks, work_max)
+        return np.maximum(self.t_floor, self.c0 + work)
+
     def effective_exponent(self, s_lo: float, s_hi: float) -> float:
         """p such that the per-sample cost grows like S^p between s_lo and s_hi."""
         if not 0 < s_lo < s_hi:
@@ -142,6 +151,16 @@ class Calibration:
     m_tok: float | None = None  # equal-token budget; None in files older than the rule
     capacity_bytes: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def usable_bytes(self) -> float | None:
+        """capacity x (1 - headroom): the memory every budget of this file is derived to stay
+        under (BUDGET_RULES["m_mem"]); None without a capacity. Files without a headroom field
+        were derived with the default."""
+        if not self.capacity_bytes:
+            return None
+        headroom = float(self.extra.get("headroom", DEFAULT_HEADROOM))
+        return float(self.capacity_bytes) * (1 - headroom)
 
     @property
     def label(self) -> str:

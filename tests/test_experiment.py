@@ -19,7 +19,9 @@ def test_minimal_file_gets_every_default(tmp_path):
     path = tmp_path / "x.yaml"
     path.write_text("name: x\n")
     cfg = experiment.load(path)
-    assert cfg["budgets"] == {"m_tok": "auto", "m_mem": "auto", "m_comp": "auto", "p": "auto"}
+    assert cfg["budgets"] == {
+        "m_tok": "auto", "m_mem": "auto", "m_comp": "auto", "pack_tokens": None, "p": "auto",
+    }  # fmt: skip
     assert cfg["train"]["world_size"] >= 1
     assert cfg["data"]["bucketing"] == "aspect"
 
@@ -102,5 +104,6 @@ def test_schema_copies_of_code_constants():
     assert list(props["sweeps"]["properties"]) == list(SWEEP_VARIANTS)  # every axis is named
     budgets = props["budgets"]["properties"]
     assert budgets["m_comp"]["oneOf"][1]["maximum"] == MAX_BUDGET
+    assert budgets["pack_tokens"]["maximum"] == MAX_BUDGET
     p = budgets["p"]["oneOf"][1]
     assert (p["minimum"], p["maximum"]) == P_RANGE

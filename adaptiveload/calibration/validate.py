@@ -20,7 +20,7 @@ def draw_micro_batches(
     cal: Calibration, mix: TokenMix, k: int, world_size: int, max_seconds: float | None,
     seed: int = 0,
 ) -> tuple[list[dict[str, Any]], int, int]:  # fmt: skip
-    """`k` micro-batches (policy, B, S) drawn from one epoch's plan of every policy.
+    """`k` micro-batches (policy, B, S) drawn from one epoch's plan of every homogeneous policy.
 
     Each policy is planned with the calibration's own budgets on the mix's samples at
     `world_size` ranks (what the simulations run); its real (non-padding) micro-batches are
@@ -34,7 +34,8 @@ def draw_micro_batches(
     budgets = Budgets.resolve(calibration=cal)
     rng = np.random.default_rng(seed)
     drawn, too_slow, population = [], 0, 0
-    names = list(POLICIES)
+    # the grid times micro-batches of one shape; packs (several shapes) are left out
+    names = [name for name, cls in POLICIES.items() if not cls.packed]
     for i, name in enumerate(names):
         table = build_plan(mix.samples, name, budgets, world_size, seed, cost_model=cal).table
         real = table[~table["is_padding"]]

@@ -124,6 +124,11 @@ def plan_cmd(
     m_comp_scale: Annotated[
         float, Opt(help="multiply the calibration's M_comp (auto --m-comp only; the M_comp sweep)")
     ] = 1.0,
+    pack_tokens: Annotated[
+        float | None,
+        Opt(help="adaptiveload-packed: at most this many tokens per pack (default: packs fill "
+            "toward the memory budget, M_mem as predicted memory with a calibration)"),
+    ] = None,
     bucketing: Annotated[str, Opt(help=" | ".join(MODES))] = DEFAULT_MODE,
     grid: Annotated[str, Opt(help=" | ".join(GRIDS))] = DEFAULT_GRID,
     max_frames: Annotated[int, Opt(help="frames cap of the bucket grid")] = DEFAULT_MAX_FRAMES,
@@ -159,8 +164,9 @@ def plan_cmd(
     cal = _calibration(calibration, model)
     derived = read_budgets(budgets_file, cal) if budgets_file is not None else None
     budgets = Budgets.resolve(
-        m_tok, m_mem, m_comp, p, calibration=derived or cal, m_comp_scale=m_comp_scale
-    )
+        m_tok, m_mem, m_comp, p, calibration=derived or cal, m_comp_scale=m_comp_scale,
+        pack_tokens=pack_tokens,
+    )  # fmt: skip
     try:
         pol.check(budgets)
     except MissingBudgetError as exc:  # the library's message names Budgets; here: the flags

@@ -31,7 +31,7 @@ COLUMNS = (
     ("predicted_vram_utilization_max", "VRAM max", "{:.1%}"),
     ("predicted_samples_per_s", "samples/s", "{:.4g}"),
     ("samples_per_s_vs_first", "vs {first}", "{:+.1%}"),
-    ("predicted_vs_lower_bound", "vs lower bound", "{:+.1%}"),
+    ("predicted_vs_lower_bound", "x lower bound", "{:.3f}"),
     ("steps", "steps", "{}"),
     ("batches", "batches", "{}"),
     ("num_oversize", "oversize", "{}"),

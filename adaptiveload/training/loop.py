@@ -253,6 +253,7 @@ class Trainer:
             "wait_s": wait,
             "samples": b,
             "tokens": int(tokens.sum()),
+            "tokens_sq": int((tokens * tokens).sum()),
             "frames": int(frames),
             "height": int(height),
             "width": int(width),
