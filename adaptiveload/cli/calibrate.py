@@ -340,6 +340,7 @@ def budgets_cmd(
     else:
         raise UserError(f"{calibration}: no capacity_bytes; give --capacity-gb or --m-mem")
     derived = derive_budgets(cal.cost, mix.tokens, capacity, head)
-    out = {"calibration": str(calibration), "label": cal.label, "manifest": mix.to_dict(),
+    out = {"calibration": str(calibration), "label": cal.label, "model": cal.model,
+           "manifest": mix.to_dict(),
            "capacity_gb": capacity / 1e9, "headroom": head, **derived.to_dict()}  # fmt: skip
     typer.echo(json.dumps(out, indent=2))
