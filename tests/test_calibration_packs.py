@@ -175,6 +175,7 @@ def test_the_schema_declares_packs_and_refuses_bad_ones():
             validate({"name": "x", "calibration": {"packs": bad}}, "exp.yaml")
 
 
+@pytest.mark.slow  # a measurement in a subprocess
 def test_pack_flags_replace_the_config_packs_and_the_report_shows_them(tmp_path):
     """`calibrate measure --pack NAME=S1,...` (repeatable) over an experiment file's packs;
     the report's additivity block; a bad --pack exits 2 before anything is written."""

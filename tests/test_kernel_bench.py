@@ -125,6 +125,7 @@ def test_bench_command_line_refuses_a_bad_list_in_one_line(tmp_path):
     assert not (tmp_path / "b.csv").exists()
 
 
+@pytest.mark.slow
 def test_bench_command_line_takes_the_segment_shapes(tmp_path):
     """`--segment-counts ''` measures the dense layout only; a zero count is refused in one
     line with nothing written; on a GPU-less machine `--skip-ok` writes the skip record."""

@@ -181,6 +181,7 @@ def test_library_built_for_another_torch_is_not_loaded(tmp_path):
     assert "built for torch 0.0.0" in out.stdout
 
 
+@pytest.mark.slow  # a fresh interpreter per case
 @pytest.mark.parametrize("recorded", ["0123456789abcdef", None])
 def test_library_built_from_other_sources_is_not_loaded(tmp_path, recorded):
     """A library of older kernel sources (or a record without their digest) would run in place
