@@ -2,8 +2,9 @@
 
 Dependency direction (no module imports "upwards"):
     data -> planning -> training -> tracking -> analysis
-with `tokens`, `metrics`, `costmodel`, `errors`, `extras`, `progress` and `io` as leaf
-helpers usable from anywhere.
+with `tokens`, `metrics`, `costmodel`, `errors`, `extras`, `progress`, `io` and `lifecycle`
+as leaf helpers usable from anywhere (`jobshell`, the pipeline's job shell, uses only
+`lifecycle`).
 """
 
 __version__ = "0.1.0"

@@ -28,6 +28,8 @@ from adaptiveload.tracking.store import (
     experiment_id,
     log_artifact,
     log_params,
+    store_errors,
+    store_failure,
 )
 
 log = logging.getLogger(__name__)
@@ -49,6 +51,7 @@ class RunTracker:
         self.client = _client(uri)
         self.retry_s = retry_s
         self._last_failure: float | None = None
+        self.last_error: Exception | None = None  # why the store last refused a record
         self._system = None
         path = Path(spool_path)
         self.spool = Spool.load(path) if path.exists() else Spool(path, run_id, uri)
@@ -65,6 +68,7 @@ class RunTracker:
         tags: Mapping[str, str],
         spool_path: Path,
         run_id: str | None = None,
+        resume_step: int | None = None,
         run_dir: Path | None = None,
         supersede: str | None = None,
         description: str | None = None,
@@ -75,10 +79,14 @@ class RunTracker:
         A new run tagged with `run_dir` supersedes the earlier runs of that folder (and the
         run `supersede`, the one a stale checkpoint fed): they get the tag SUPERSEDED_TAG,
         and those still RUNNING (killed before they could say so) are ended as KILLED.
-        A `run_id` this store does not hold (the command rerun with another
-        MLFLOW_TRACKING_URI) gets a new run here, said in one line. `description`: the
-        experiment's, shown by the MLflow UI (set on every start); `run_description`: the
-        run's, shown the same way (set when the run is created).
+        Resuming `run_id` from a checkpoint of `resume_step` steps continues in a new run
+        instead when the old one cannot take the resumed steps: this store does not hold it
+        (the command rerun with another MLFLOW_TRACKING_URI), or it holds steps from
+        `resume_step` on (logged by the stopped process after its last checkpoint, and
+        measured again now). Either is said in one line; the trainer re-logs the
+        checkpoint's steps, so the new run has every step once, as the per-step table has
+        it. `description`: the experiment's, shown by the MLflow UI (set when given, or when
+        the experiment has none); `run_description`: the run's (set when it is created).
         """
         stale = Spool.load(spool_path).run_id if Path(spool_path).exists() else None
         if stale is not None and stale != run_id:
@@ -90,9 +98,19 @@ class RunTracker:
         if run_id is not None and not _holds(client, run_id):
             notice(
                 f"MLflow run {run_id} of the checkpoint is not in the store {uri}: "
-                "logging to a new run there, which lacks the steps before the checkpoint"
+                "logging to a new run there (the checkpoint's steps are logged again)"
             )
             run_id = None
+        elif run_id is not None and resume_step is not None and _holds_past(
+            client, run_id, spool_path, resume_step
+        ):
+            notice(
+                f"MLflow run {run_id} holds steps from {resume_step} on, logged after the "
+                f"checkpoint of step {resume_step} by the process that stopped: continuing in "
+                "a new run with the checkpoint's steps and this run's, which supersedes it"
+            )
+            supersede, run_id = run_id, None
+            Path(spool_path).unlink(missing_ok=True)  # the stopped process's: superseded too
         exp_id = experiment_id(client, uri, experiment, description)
         if run_id is None:
             if run_description is not None:
@@ -112,7 +130,9 @@ class RunTracker:
         """`start` (its arguments but `uri`) on the configured store, with the system metrics
         monitor running: what a training run reports to. An unreachable store is a UserError
         here, before any training."""
-        tracker = cls.start(check_reachable(), **start)
+        uri = check_reachable()
+        with store_errors(uri):  # a read-only or full store: one line, before any training
+            tracker = cls.start(uri, **start)
         tracker.start_system_metrics()
         return tracker
 
@@ -202,6 +222,7 @@ class RunTracker:
         return True
 
     def _went_offline(self, exc: Exception) -> None:
+        self.last_error = exc
         if self._last_failure is None:
             warnings.warn(
                 f"MLflow store {self.uri} unreachable ({type(exc).__name__}); training goes on, "
@@ -251,6 +272,15 @@ def _holds(client: Any, run_id: str) -> bool:
         raise
 
 
+def _holds_past(client: Any, run_id: str, spool_path: Path, step: int) -> bool:
+    """Whether run `run_id` holds, in the store or in its spool, a step numbered `step` or
+    later: one a resumed run from a checkpoint of `step` steps measures again."""
+    pending = Spool.load(spool_path).records if Path(spool_path).exists() else []
+    spooled = max((r["step"] for r in pending if r.get("kind") == "step"), default=-1)
+    history = client.get_metric_history(run_id, STEP_KEY)
+    return max(spooled, max((m.step for m in history), default=-1)) >= step
+
+
 def _supersede(
     client: Any, exp_id: str, run_name: str, run_dir: str, new_id: str, stale: str | None
 ) -> None:
@@ -285,7 +315,9 @@ def sync(spool_path: str | Path, uri: str | None = None) -> int:
         return 0
     pending = len(spool.records)
     uri = check_reachable(uri or spool.uri)
-    tracker = RunTracker(uri, spool.run_id, Path(spool_path))
+    with store_errors(uri):
+        tracker = RunTracker(uri, spool.run_id, Path(spool_path))
     if not tracker.flush(force=True):
-        raise UserError(f"{spool_path}: upload to {uri} failed; the spool is kept, retry later")
+        reason = store_failure(uri, tracker.last_error or RuntimeError("upload failed"))
+        raise UserError(f"{spool_path}: kept, not uploaded: {reason}")
     return pending
