@@ -3,7 +3,7 @@
 # Rules live in workflow/rules/*.smk; every stage is one `adaptiveload` CLI command.
 from snakemake.utils import min_version, validate
 
-from adaptiveload.config import SCHEMA_PATH, check_pipeline_config
+from adaptiveload.experiment import SCHEMA_PATH, check_pipeline_config
 
 min_version("8.0")
 
@@ -11,7 +11,7 @@ min_version("8.0")
 configfile: "experiments/default.yaml"
 
 
-validate(config, str(SCHEMA_PATH))  # adaptiveload/config.schema.yaml, shipped with the package
+validate(config, str(SCHEMA_PATH))  # adaptiveload/experiment.schema.yaml, shipped with the package
 # what JSON Schema cannot say (duplicate keys, NaN/inf), checked as `adaptiveload` commands do
 check_pipeline_config(config, workflow.configfiles)
 

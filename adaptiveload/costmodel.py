@@ -208,7 +208,7 @@ class Calibration:
         recorded = self.extra.get("model_config")
         if not isinstance(recorded, dict):
             return
-        from adaptiveload.model.configs import get_config
+        from adaptiveload.model.architectures import get_config
 
         expected = json.loads(json.dumps(get_config(model).to_dict()))
         differ = [k for k, v in expected.items() if k != "name" and recorded.get(k) != v]

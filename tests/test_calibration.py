@@ -14,7 +14,10 @@ import pytest
 import torch
 import yaml
 
-from adaptiveload import calibration
+from adaptiveload.calibration.grid import MAX_AXIS, bucket_shape, build_grid, latent_grid
+from adaptiveload.calibration.measure import calibrate
+from adaptiveload.calibration.mix import mixture_token_mix
+from adaptiveload.calibration.prior import prior
 from adaptiveload.costmodel import Calibration
 from adaptiveload.errors import UserError
 from adaptiveload.planning.policies import POLICIES
@@ -164,14 +167,14 @@ def test_empty_manifest_is_rejected_before_writing(tmp_path):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error")
 def test_cuda_without_a_gpu_is_a_user_error():
     with pytest.raises(UserError, match="no CUDA GPU"):
-        calibration.calibrate("wan2.1-micro", device="cuda", batch_sizes=[1, 2], tokens=[16, 64])
+        calibrate("wan2.1-micro", device="cuda", batch_sizes=[1, 2], tokens=[16, 64])
 
 
 @pytest.mark.parametrize("tokens", [1, 16, 221, 1547, 3740, 4096, 32760, 75600, 97])
 def test_latent_grid_has_the_requested_tokens(tokens):
-    f, h, w = calibration.latent_grid(tokens)
-    assert f * h * w == tokens and max(f, h, w) <= calibration.MAX_AXIS
-    frames, height, width = calibration.bucket_shape(tokens)
+    f, h, w = latent_grid(tokens)
+    assert f * h * w == tokens and max(f, h, w) <= MAX_AXIS
+    frames, height, width = bucket_shape(tokens)
     from adaptiveload.tokens import token_count
 
     assert token_count(frames, height, width) == tokens
@@ -189,8 +192,8 @@ def test_old_calibration_files_without_m_tok_still_load(tmp_path):
 def test_shipped_priors_are_reproducible(model):
     shipped = Calibration.load(PRIORS / f"h200-{model}.json")
     assert shipped.source == "model" and "analytic prior" in shipped.device
-    mix = calibration.mixture_token_mix("paper-mixed", 20000, seed=0, grid="wan")
-    fresh = calibration.prior(model, "h200", mix)
+    mix = mixture_token_mix("paper-mixed", 20000, seed=0, grid="wan")
+    fresh = prior(model, "h200", mix)
     assert fresh.p == pytest.approx(shipped.p, rel=1e-9)
     assert fresh.m_mem == pytest.approx(shipped.m_mem, rel=1e-9)
     assert fresh.m_comp == pytest.approx(shipped.m_comp, rel=1e-9)
@@ -213,7 +216,7 @@ def test_shipped_priors_are_reproducible(model):
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_calibration_measures_memory():
-    cal = calibration.calibrate(
+    cal = calibrate(
         "wan2.1-tiny", device="cuda", batch_sizes=[1, 2], tokens=[256, 1024, 4096, 8192],
         repeats=2, progress=False,
     )  # fmt: skip
@@ -223,12 +226,12 @@ def test_cuda_calibration_measures_memory():
 
 
 def test_grid_rules():
-    grid, dropped = calibration.build_grid(
+    grid, dropped = build_grid(
         [2, 4], [16, 256], largest_bucket=1000, max_batch_tokens=600
     )
     assert (1, 16) in grid and (1, 256) in grid and (1, 1000) in grid
     assert dropped == [(4, 256)] and (2, 256) in grid and (4, 16) in grid
     assert all(b == 1 for b, s in grid if s == 1000)  # the largest bucket: B = 1 only
     # a cap below a B = 1 point never drops it
-    grid, dropped = calibration.build_grid([2], [16, 256], 256, max_batch_tokens=10)
+    grid, dropped = build_grid([2], [16, 256], 256, max_batch_tokens=10)
     assert grid == [(1, 16), (1, 256)] and dropped == [(2, 16), (2, 256)]

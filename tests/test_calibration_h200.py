@@ -12,8 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from adaptiveload import calibration
+from adaptiveload.calibration.files import refit
 from adaptiveload.calibration.fit import _problems, fit, fit_measured
+from adaptiveload.calibration.mix import mixture_token_mix
 from adaptiveload.costmodel import Calibration
 from adaptiveload.errors import UserError
 
@@ -25,12 +26,12 @@ SHIPPED = ROOT / "experiments" / "calibration" / "h200-wan2.1-t2v-1.3b-measured.
 
 @pytest.fixture(scope="module")
 def mix():
-    return calibration.mixture_token_mix("paper-mixed", 20000, seed=0, grid="wan")
+    return mixture_token_mix("paper-mixed", 20000, seed=0, grid="wan")
 
 
 @pytest.fixture(scope="module")
 def refits(mix):
-    return {name: calibration.refit([path], mix) for name, path in RUNS.items()}
+    return {name: refit([path], mix) for name, path in RUNS.items()}
 
 
 def test_leave_one_out_error_on_the_measured_h200_points(refits):
@@ -69,7 +70,7 @@ def test_the_old_collapse_is_caught_and_the_floored_form_does_not_collapse(mix):
     assert collapsed.a == 0
     problems = _problems(collapsed, "three-term", B, S, None, ("a", "b"), 0.25)
     assert any("linear term a pinned at 0" in p and "add B = 1 points" in p for p in problems)
-    cal = calibration.refit([DATA / "run1-calibration-grid5.json"], mix)
+    cal = refit([DATA / "run1-calibration-grid5.json"], mix)
     assert cal.extra["fit"]["form"] == "floored" and cal.cost.a > 0
     assert 1.2 < cal.p < 1.5
     assert any("largest bucket" in note for note in cal.extra["notes"])
@@ -95,7 +96,7 @@ def test_shipped_measured_calibration_is_the_refit_of_both_runs(mix):
     assert refs == [f"results/reference/h200/2026-11-30/grid7/{p.name}" for p in RUNS.values()]
     for ref in refs:
         assert (ROOT / ref).exists()
-    fresh = calibration.refit([ROOT / r for r in refs], mix)
+    fresh = refit([ROOT / r for r in refs], mix)
     for name in ("p", "m_mem", "m_comp", "m_tok"):
         assert getattr(fresh, name) == pytest.approx(getattr(shipped, name), rel=1e-6), name
     assert shipped.cost.t_floor > 0 and shipped.extra["fit"]["loo_max"] <= 0.15

@@ -16,7 +16,7 @@ from adaptiveload.costmodel import (
 )
 from adaptiveload.errors import UserError
 from adaptiveload.model import analytic
-from adaptiveload.model.configs import get_config
+from adaptiveload.model.architectures import get_config
 from adaptiveload.model.wan import build_on_meta, count_parameters
 
 TRUE = CostModel(

@@ -140,23 +140,22 @@ def test_a_second_trainer_of_a_run_folder_is_refused_in_one_line(tmp_path):
     """A hand-started `train` with the pipeline's policy and seed lands in the live run's
     folder: it is refused before it reads the checkpoint or touches the MLflow run."""
     uri = init_store(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    exp = write_experiment(tmp_path, steps=12, warmup_steps=1, checkpoint_every=1)
+    exp = write_experiment(tmp_path, steps=10000, warmup_steps=1, checkpoint_every=1)
     out = tmp_path / "run"
     first = subprocess.Popen(_train_cmd(exp, out), env=cli_env(uri), cwd=ROOT,
                              stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL)  # fmt: skip
     try:
-        _wait_for(lambda: (out / "checkpoints").is_dir(), first)
+        _wait_for(lambda: (out / "checkpoints" / "ckpt-00000001.pt").exists(), first)
         second = subprocess.run(_train_cmd(exp, out), env=cli_env(uri), cwd=ROOT,
                                 capture_output=True, text=True, timeout=300)  # fmt: skip
         _one_line_error(second, str(out), "another `adaptiveload train`", f"pid {first.pid}")
-        assert first.wait(timeout=600) == 0
+        assert first.poll() is None  # the live run goes on
     finally:
-        if first.poll() is None:
-            first.kill()
-    (run,) = _runs(uri)
-    assert run.info.status == "FINISHED"
+        first.send_signal(signal.SIGTERM)
+        first.wait(timeout=120)
+    (run,) = _runs(uri)  # the second one opened no run
     steps = [m.step for m in MlflowClient(uri).get_metric_history(run.info.run_id, "loss")]
-    assert sorted(steps) == list(range(12))  # each step once
+    assert len(steps) == len(set(steps))  # and logged no step
     assert not (out / ".train.lock").exists()
 
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from adaptiveload import calibration
-from adaptiveload import config as experiment_config
+from adaptiveload import experiment
+from adaptiveload.calibration.measure import calibrate
 from adaptiveload.costmodel import Calibration
 from adaptiveload.errors import UserError
 
@@ -33,7 +33,7 @@ def _env() -> dict[str, str]:
 
 def test_max_batch_tokens_that_leaves_too_few_points_is_refused():
     with pytest.raises(UserError, match="leaves 3 grid point"):
-        calibration.calibrate(
+        calibrate(
             "wan2.1-micro", batch_sizes=[1, 2], tokens=[16, 64], capacity_gb=0.1,
             max_batch_tokens=64, progress=False,
         )  # fmt: skip
@@ -41,7 +41,7 @@ def test_max_batch_tokens_that_leaves_too_few_points_is_refused():
 
 def test_training_budgets_fit_the_longest_bucket_and_keep_the_measured_model():
     prior = Calibration.load(PRIOR)
-    exp = experiment_config.load(GPU / "h200_train.yaml")
+    exp = experiment.load(GPU / "h200_train.yaml")
     out = train_budgets.scaled(prior, exp, fill=1.0)
     longest = out.extra["manifest"]["tokens_max"]
     assert longest == 7200  # 5 frames of 720p: 2 latent frames x 45 x 80
@@ -87,7 +87,7 @@ def test_training_without_checkpoints_writes_none(tmp_path):
 
 @pytest.mark.slow
 def test_dry_run_of_the_whole_check_imports_back(tmp_path):
-    """DRY_RUN=1 h200.sh, every part: the 2-process torchrun check, gpu_check.sh cut at its
+    """DRY_RUN=1 h200.sh, every part: the 2-process torchrun check, kernel_check.sh cut at its
     limit (its nvcc build takes minutes here), calibration, 16 emulated ranks under every
     policy and kernel (the fused op's CPU fallback); the packed tarballs, then the importer."""
     out, pack = tmp_path / "h200", tmp_path / "pack"

@@ -31,7 +31,7 @@ import yaml
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from adaptiveload.config import load as load_config
+from adaptiveload.experiment import load as load_config
 from adaptiveload.extras import EXTRA_OF
 from adaptiveload.ops import kernel_build as kb
 
@@ -80,7 +80,8 @@ def test_wheel_metadata_core_vs_extras(wheel):
         assert dist in closure, f"{module}: not in extra {extra!r}"
     with zipfile.ZipFile(wheel) as zf:
         names = zf.namelist()
-    assert "adaptiveload/config.schema.yaml" in names  # experiment files validate when installed
+    # experiment files validate when installed
+    assert "adaptiveload/experiment.schema.yaml" in names
     kernel_sources = {p.relative_to(ROOT).as_posix() for p in kb.KERNEL_DIR.iterdir()}
     assert kernel_sources and kernel_sources <= set(names)  # `kernel build` compiles installed
     assert any(n.endswith("licenses/LICENSE") for n in names)

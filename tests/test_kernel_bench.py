@@ -1,6 +1,6 @@
-"""The kernel benchmark's CPU-runnable parts: the end-to-end training-step mode as a dry run at
-tiny scale (real model, real steps, CSV as on the GPU) and the torch.compile baseline's
-gradients for Wan's broadcast modulation."""
+"""The kernel benchmarks' CPU-runnable parts: the end-to-end training-step benchmark as a dry
+run at tiny scale (real model, real steps, CSV as on the GPU), the torch.compile baseline's
+gradients for Wan's broadcast modulation, and both benchmarks' configs refusing bad input."""
 
 from __future__ import annotations
 
@@ -8,8 +8,11 @@ import subprocess
 import sys
 
 import pandas as pd
+import pytest
 import torch
 
+from adaptiveload.calibration import kernel_e2e
+from adaptiveload.errors import UserError
 from adaptiveload.ops import kernel_bench
 
 torch.set_num_threads(1)
@@ -18,13 +21,13 @@ torch.set_num_threads(1)
 def test_e2e_dry_run_on_cpu_writes_both_kernels_per_length(tmp_path):
     out = tmp_path / "e2e.csv"
     proc = subprocess.run(
-        [sys.executable, "-m", "adaptiveload.ops.kernel_bench", "--e2e", "--device", "cpu",
+        [sys.executable, "-m", "adaptiveload.calibration.kernel_e2e", "--device", "cpu",
          "--model", "wan2.1-micro", "--seq-lens", "16,48", "--steps", "1", "-o", str(out)],
         capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     df = pd.read_csv(out)
-    assert list(df.columns) == list(kernel_bench.E2E_COLUMNS)
+    assert list(df.columns) == list(kernel_e2e.COLUMNS)
     assert sorted(zip(df.S, df.kernel, strict=True)) == [
         (16, "eager"), (16, "fused"), (48, "eager"), (48, "fused")
     ]  # fmt: skip
@@ -53,3 +56,30 @@ def test_compile_baseline_grads_keep_broadcast_shapes():
         # dx is bf16 behind two bf16 roundings of Wan's sequence, which Inductor fuses away
         # or reorders (1.7% measured on this input): a bf16-level bound, by norm
         assert ((g.double() - w.double()).norm() / w.double().norm()).item() <= 3e-2
+
+
+@pytest.mark.parametrize(
+    ("make", "fragment"),
+    [
+        (lambda: kernel_bench.KernelBenchConfig(dims=(1536, 0)), "dims"),
+        (lambda: kernel_bench.KernelBenchConfig(impls=("fused", "triton")), "impls"),
+        (lambda: kernel_bench.KernelBenchConfig(repeats=0), "repeats"),
+        (lambda: kernel_e2e.E2EConfig(device="mps"), "device"),
+        (lambda: kernel_e2e.E2EConfig(model="wan9"), "wan9"),
+        (lambda: kernel_e2e.E2EConfig(seq_lens=()), "seq_lens"),
+    ],
+)
+def test_bench_configs_refuse_what_cannot_run(make, fragment):
+    with pytest.raises(UserError, match=fragment):
+        make()
+
+
+def test_bench_command_line_refuses_a_bad_list_in_one_line(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "adaptiveload", "kernel", "bench", "--dims", "1536,x",
+         "-o", str(tmp_path / "b.csv")],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: '1536,x'")
+    assert not (tmp_path / "b.csv").exists()

@@ -55,16 +55,23 @@ def test_library_loads_and_registers_ops(built: dict) -> None:
     code = (
         "import torch; from adaptiveload.ops import ln_modulate as lm\n"
         "assert lm._LOAD.loaded, lm._LOAD\n"
-        "for op in ('ln_modulate_fwd', 'ln_modulate_bwd'):\n"
+        "assert not lm._MISSING_FROM_LIBRARY, lm._MISSING_FROM_LIBRARY\n"
+        "for op in ('ln_modulate_fwd', 'ln_modulate_bwd', 'ln_modulate_seg_fwd',"
+        " 'ln_modulate_seg_bwd'):\n"
         "    print(getattr(torch.ops.adaptiveload, op).default._schema)\n"
-        "assert torch._C._dispatch_has_kernel_for_dispatch_key(\n"
-        "    'adaptiveload::ln_modulate_fwd', 'CUDA')\n"
+        "    assert torch._C._dispatch_has_kernel_for_dispatch_key('adaptiveload::' + op, 'CUDA')\n"
         "x, s, t = torch.randn(2, 3, 16), torch.randn(2, 1, 16), torch.randn(2, 1, 16)\n"
         "torch.testing.assert_close(lm.ln_modulate(x, s, t), lm.reference(x, s, t))\n"
+        "cu = torch.tensor([0, 4, 6], dtype=torch.int32)\n"
+        "x, s = torch.randn(6, 16), torch.randn(2, 16)\n"
+        "torch.testing.assert_close(lm.ln_modulate_segments(x, s, s, cu),"
+        " lm.reference_segments(x, s, s, cu))\n"
     )
     out = _run_with_library(built, code)
-    assert f"adaptiveload::ln_modulate_fwd{lm.FWD_SCHEMA}" in out.stdout
-    assert f"adaptiveload::ln_modulate_bwd{lm.BWD_SCHEMA}" in out.stdout
+    for name, schema in [("ln_modulate_fwd", lm.FWD_SCHEMA), ("ln_modulate_bwd", lm.BWD_SCHEMA),
+                         ("ln_modulate_seg_fwd", lm.SEG_FWD_SCHEMA),
+                         ("ln_modulate_seg_bwd", lm.SEG_BWD_SCHEMA)]:  # fmt: skip
+        assert f"adaptiveload::{name}{schema}" in out.stdout
 
 
 def test_build_skips_without_nvcc(tmp_path: Path) -> None:
@@ -93,12 +100,19 @@ def test_binding_checks_raise_instead_of_crashing(built: dict) -> None:
         "ks = torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA)\n"
         "ops = torch.ops.adaptiveload\n"
         "s = torch.randn(2, 1, 16)\n"
+        "cu = torch.tensor([0, 2, 6], dtype=torch.int32)\n"
         "calls = [lambda: ops.ln_modulate_fwd.default.redispatch(ks, torch.randn(2, 3, 16), s, s,"
         " 1e-6),\n"
         "         lambda: ops.ln_modulate_fwd.default.redispatch(ks, torch.randn(6, 16), s, s,"
         " 1e-6),\n"
         "         lambda: ops.ln_modulate_bwd.default.redispatch(ks, torch.randn(2, 3, 16),"
-        " torch.randn(2, 3, 16), s, torch.randn(2, 3), torch.randn(2, 3))]\n"
+        " torch.randn(2, 3, 16), s, torch.randn(2, 3), torch.randn(2, 3)),\n"
+        "         lambda: ops.ln_modulate_seg_fwd.default.redispatch(ks, torch.randn(6, 16),"
+        " s[:, 0], s[:, 0], cu, 1e-6),\n"
+        "         lambda: ops.ln_modulate_seg_fwd.default.redispatch(ks, torch.randn(2, 3, 16),"
+        " s[:, 0], s[:, 0], cu, 1e-6),\n"
+        "         lambda: ops.ln_modulate_seg_bwd.default.redispatch(ks, torch.randn(6, 16),"
+        " torch.randn(6, 16), s[:, 0], cu, torch.randn(6), torch.randn(6))]\n"
         "for call in calls:\n"
         "    try:\n"
         "        call()\n"
@@ -106,5 +120,7 @@ def test_binding_checks_raise_instead_of_crashing(built: dict) -> None:
         "        print('rejected:', str(err).splitlines()[0])\n"
     )
     out = _run_with_library(built, code)
-    assert out.stdout.count("rejected:") == 3, out.stdout
+    assert out.stdout.count("rejected:") == 6, out.stdout
     assert "got x on cpu" in out.stdout and "x must be [B, S, D]" in out.stdout
+    assert "ln_modulate_segments: the CUDA kernel got x on cpu" in out.stdout
+    assert "ln_modulate_segments: x must be [L, D]" in out.stdout

@@ -155,12 +155,14 @@ def test_not_built_fallback_defines_the_ops():
         "x, s, t = torch.randn(2, 3, 16), torch.randn(2, 1, 16), torch.randn(2, 1, 16)\n"
         "torch.testing.assert_close(lm.ln_modulate(x, s, t), lm.reference(x, s, t))\n"
         "print(torch.ops.adaptiveload.ln_modulate_fwd.default._schema)\n"
+        "print(torch.ops.adaptiveload.ln_modulate_seg_fwd.default._schema)\n"
     )
     env = dict(os.environ, ADAPTIVELOAD_BUILD_DIR="/nonexistent")
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     )
     assert "ln_modulate_fwd" + lm.FWD_SCHEMA in out.stdout
+    assert "ln_modulate_seg_fwd" + lm.SEG_FWD_SCHEMA in out.stdout
 
 
 def test_library_built_for_another_torch_is_not_loaded(tmp_path):

@@ -26,14 +26,17 @@ def test_every_dispatched_instance_fits_sm90(compiled) -> None:
     instances, limits, launches = compiled
     assert kr.check(instances, limits, launches) == []
     bwd = [i for i in instances if i.name.startswith("ln_mod_bwd_kernel")]
-    assert len(bwd) == 20  # 5 (x, modulation) dtype pairs x 2 layouts x pipelined or not
+    assert len(bwd) == 30  # 5 (x, modulation) dtype pairs x 3 layouts x pipelined or not
+    fwd = [i for i in instances if i.name.startswith("ln_mod_fwd_kernel")]
+    assert len(fwd) == 30  # 5 dtype pairs x 3 chunk counts x dense or segments
     assert all(i.spill_stores == 0 and i.spill_loads == 0 for i in instances)
 
 
 @pytest.mark.parametrize("d", WAN_WIDTHS)
 def test_wan_widths_launch_checked_instances(compiled, d: int) -> None:
-    """Each width: forward and both backward layouts, for every dtype pair, pick a compiled
-    instance whose registers x threads fit 64 K (the D = 1536 backward never launched)."""
+    """Each width: both forward layouts and the three backward layouts, for every dtype pair,
+    pick a compiled instance whose registers x threads fit 64 K (the D = 1536 backward never
+    launched), the segment kernels included."""
     instances, limits, launches = compiled
     by_name = {i.name: i for i in instances}
     pairs = {(r["x"], r["mod"]) for r in launches if r["D"] == d}
@@ -46,12 +49,15 @@ def test_wan_widths_launch_checked_instances(compiled, d: int) -> None:
             limits["kSmemOptInMax"] if r["opt_in"] else limits["kSmemDefault"]
         )
     ops = {(r["op"], r["layout"], r["pipeline"]) for r in launches if r["D"] == d}
-    assert {("fwd", "any", 1), ("bwd", "sample", 1), ("bwd", "token", 1)} <= ops
+    assert {("fwd", "dense", 1), ("fwd", "segment", 1), ("bwd", "sample", 1),
+            ("bwd", "token", 1), ("bwd", "segment", 1), ("bwd_finalize", "segment", 1),
+            ("check", "segment", 1)} <= ops  # fmt: skip
 
 
 def test_python_limits_are_the_headers(compiled) -> None:
     _, limits, launches = compiled
     assert (limits["kMaxD"], limits["kPack"]) == (lm.MAX_D, lm.PACK)
+    assert limits["kMaxGridY"] == lm.MAX_SEGMENTS
     assert {r["D"] for r in launches} == set(range(lm.PACK, lm.MAX_D + 1, lm.PACK))
     assert {r["x"] for r in launches} == {str(d).removeprefix("torch.") for d in lm.KERNEL_DTYPES}
 
@@ -60,7 +66,8 @@ def test_python_limits_are_the_headers(compiled) -> None:
 
 
 LIMITS = {"kMaxD": 8192, "kPack": 8, "kMaxThreads": 512, "kRegistersPerCta": 65536,
-          "kSmemDefault": 49152, "kSmemOptInMax": 232448, "kMaxPipeSmem": 102400}  # fmt: skip
+          "kSmemDefault": 49152, "kSmemOptInMax": 232448, "kMaxPipeSmem": 102400,
+          "kMaxGridY": 65535}  # fmt: skip
 
 
 def _inst(name: str, regs: int = 96, smem: int = 128, spill: int = 0) -> kr.Instance:
@@ -116,3 +123,5 @@ def test_parse_ptxas_and_short_name() -> None:
         "void adaptiveload::(anonymous namespace)::ln_mod_bwd_finalize<float>(float const*, float*)"
     )
     assert kr.short_name(fin) == "ln_mod_bwd_finalize<float>"
+    check = "adaptiveload::(anonymous namespace)::ln_mod_check_offsets(int const*, long, long)"
+    assert kr.short_name(check) == "ln_mod_check_offsets"

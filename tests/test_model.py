@@ -7,7 +7,7 @@ import torch
 
 from adaptiveload.errors import UserError
 from adaptiveload.model import modulate
-from adaptiveload.model.configs import CONFIGS, get_config
+from adaptiveload.model.architectures import CONFIGS, get_config
 from adaptiveload.model.wan import WanModel, build_on_meta, count_parameters
 
 torch.set_num_threads(2)

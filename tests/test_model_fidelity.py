@@ -12,7 +12,7 @@ import re
 import pytest
 import torch
 
-from adaptiveload.model.configs import WanConfig
+from adaptiveload.model.architectures import WanConfig
 from adaptiveload.model.wan import WanModel
 
 diffusers_wan = pytest.importorskip("diffusers.models.transformers.transformer_wan")

@@ -16,6 +16,7 @@ from adaptiveload.costmodel import Calibration
 from adaptiveload.data.bucketing import bucketize
 from adaptiveload.data.mixtures import synthesize
 from adaptiveload.errors import UserError
+from adaptiveload.planning import paper_map as pmap
 
 PRIOR = "experiments/calibration/h200-wan2.1-t2v-1.3b.json"
 MEASURED = "experiments/calibration/h200-wan2.1-t2v-1.3b-measured.json"
@@ -34,15 +35,15 @@ def _cli(*args):
 def test_design_is_one_axis_at_a_time_plus_the_factorial():
     spec = {"centre": CENTRE, "axes": {"world_size": [4, 8], "dealing": ["open-sora", "sorted"]},
             "factorial": {"m_comp_scale": [1.0, 2.0], "reference": ["heaviest", "median"]}}
-    points = pm.design(spec)
-    centre = pm.Point(**CENTRE)
+    points = pmap.design(spec)
+    centre = pmap.Point(**CENTRE)
     assert set(points[centre]) == {"centre", "oat:world_size", "oat:dealing", "factorial",
-                                   *[f"oat:{a}" for a in pm.AXES]}  # fmt: skip
+                                   *[f"oat:{a}" for a in pmap.AXES]}  # fmt: skip
     assert len(points) == 1 + 1 + 1 + 3  # centre, N=8, sorted, 3 new factorial corners
-    corner = pm.Point(**{**CENTRE, "m_comp_scale": 2.0, "reference": "median"})
+    corner = pmap.Point(**{**CENTRE, "m_comp_scale": 2.0, "reference": "median"})
     assert points[corner] == ["factorial"]
     with pytest.raises(UserError, match="dealing"):
-        pm.design({"centre": {**CENTRE, "dealing": "lpt"}, "axes": {}})
+        pmap.design({"centre": {**CENTRE, "dealing": "lpt"}, "axes": {}})
 
 
 def _planted(rows):
@@ -107,10 +108,10 @@ def test_centre_budgets_are_the_calibration_files_own():
     map's per-point budgets are exactly the file's: the sweep applies the same rules."""
     cal = Calibration.load(PRIOR)
     tokens = bucketize(synthesize("paper-mixed", 20_000, 0), grid="wan").samples["tokens"]
-    b = pm.point_budgets(cal, tokens.to_numpy(np.float64), "heaviest", 1.0)
+    b = pmap.point_budgets(cal, tokens.to_numpy(np.float64), "heaviest", 1.0)
     assert b["p"] == pytest.approx(cal.p) and b["m_mem"] == pytest.approx(cal.m_mem)
     assert b["m_comp"] == pytest.approx(cal.m_comp) and b["m_tok"] == pytest.approx(cal.m_tok)
-    half = pm.point_budgets(cal, tokens.to_numpy(np.float64), "median", 0.5)
+    half = pmap.point_budgets(cal, tokens.to_numpy(np.float64), "median", 0.5)
     assert half["ref_tokens"] < b["ref_tokens"] and half["m_mem"] == pytest.approx(b["m_mem"])
 
 

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from adaptiveload.planning.plan import TABLE_COLUMNS
-from adaptiveload.planning.simulate import STEP_COLUMNS
+from adaptiveload.step_table import STEP_COLUMNS
 
 SUMMARY_KEYS = [
     "policy",

@@ -14,7 +14,7 @@ import pytest
 import yaml
 from test_pipeline import REPO, copy_workflow, snakemake
 
-from adaptiveload.config import load_layered
+from adaptiveload.experiment import load_layered
 
 EXPERIMENTS = sorted((REPO / "experiments").glob("*.yaml"))
 
@@ -137,9 +137,9 @@ def test_slurm_profile_submits_gpu_jobs_the_plugins_way(tmp_path):
 
 # ------------------------------------------------------------------ what paper scale costs
 @pytest.mark.parametrize(("name", "limit"), [("paper.yaml", None), ("paper_1gpu.yaml", 2.0)])
-def test_stated_gpu_hours_are_the_computed_ones(name, limit):
+def test_stated_gpu_hours_are_the_computed_ones(gpu_script, name, limit):
     """The cost an experiment file states is what gpu_hours computes (so it cannot drift)."""
-    from adaptiveload.planning.gpu_hours import experiment_cost
+    experiment_cost = gpu_script("gpu_hours").experiment_cost
 
     path = REPO / "experiments" / name
     (stated,) = re.findall(r"^# Cost: ([\d.]+) GPU-hours on one H200", path.read_text(), re.M)
@@ -151,8 +151,9 @@ def test_stated_gpu_hours_are_the_computed_ones(name, limit):
         assert cost["gpu_hours"] <= limit
 
 
-def test_step_times_follow_the_measured_points():
-    from adaptiveload.planning.gpu_hours import H200_CALIBRATION, StepTimes
+def test_step_times_follow_the_measured_points(gpu_script):
+    gpu_hours = gpu_script("gpu_hours")
+    H200_CALIBRATION, StepTimes = gpu_hours.H200_CALIBRATION, gpu_hours.StepTimes
 
     times = StepTimes.from_calibration(H200_CALIBRATION)
     for tokens, seconds in zip(times.tokens, times.seconds, strict=True):

@@ -20,8 +20,8 @@ from training_setup import ROOT, adaptiveload, cli_env, write_experiment
 
 from adaptiveload.tracking.run import RUN_DIR_TAG, SUPERSEDED_TAG
 from adaptiveload.tracking.store import init_store
-from adaptiveload.training.config import from_experiment
 from adaptiveload.training.inputs import prepare_data, run_identity
+from adaptiveload.training.settings import from_experiment
 
 pytestmark = pytest.mark.slow
 
@@ -45,7 +45,7 @@ def _notes(stderr: str) -> list[str]:
 
 def test_identity_covers_budgets_calibration_data_and_plan(tmp_path):
     """Each input that changes the results changes the identity (no training needed)."""
-    from adaptiveload import config
+    from adaptiveload import experiment
 
     def identity(**changes) -> dict[str, str]:
         path = write_experiment(tmp_path, steps=2, warmup_steps=1)
@@ -53,7 +53,7 @@ def test_identity_covers_budgets_calibration_data_and_plan(tmp_path):
         for section, values in changes.items():
             raw[section].update(values)
         path.write_text(yaml.safe_dump(raw))
-        exp = config.load(path)
+        exp = experiment.load(path)
         cfg = from_experiment(exp, "adaptiveload", 0, launch_mode="emulated", world_size=3)
         return run_identity(cfg, prepare_data(exp, cfg))
 

@@ -12,12 +12,8 @@ from planning_data import bucketed
 from adaptiveload.costmodel import Calibration, CostModel
 from adaptiveload.planning.plan import build_plan
 from adaptiveload.planning.policies import Budgets
-from adaptiveload.planning.simulate import (
-    STEP_COLUMNS,
-    allreduce_seconds,
-    grad_bytes_of,
-    simulate,
-)
+from adaptiveload.planning.simulate import allreduce_seconds, grad_bytes_of, simulate
+from adaptiveload.step_table import STEP_COLUMNS
 
 COST = CostModel(c0=1.0, a=0.01, b=1e-4, m_static=10.0, m_tok=1.0, m_seq=0.0)
 

@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 from training_setup import write_experiment
 
-from adaptiveload.config import WHOLE_EPOCH, run_steps
 from adaptiveload.errors import UserError
+from adaptiveload.step_table import WHOLE_EPOCH, run_steps
 from adaptiveload.training.session import Request, train
 
 WARMUP = 2

@@ -6,8 +6,7 @@ import pytest
 import torch
 from training_setup import write_experiment
 
-from adaptiveload import config as experiment_config
-from adaptiveload.training.config import ObjectiveConfig, from_experiment
+from adaptiveload import experiment
 from adaptiveload.training.distributed import Ranks
 from adaptiveload.training.inputs import prepare_data
 from adaptiveload.training.loop import Trainer
@@ -17,6 +16,7 @@ from adaptiveload.training.objective import (
     shift_sigma,
     step_generator,
 )
+from adaptiveload.training.settings import ObjectiveConfig, from_experiment
 
 
 def test_shift_matches_wan_formula():
@@ -72,7 +72,7 @@ def test_emulated_gradient_is_mean_over_all_samples(tmp_path):
     the whole step, and differs from the mean of per-rank means when batch sizes differ.
     fp32 with a tight tolerance: the model keeps Wan's fp32 time embedding, so no fp64."""
     torch.set_num_threads(1)
-    exp = experiment_config.load(write_experiment(tmp_path))
+    exp = experiment.load(write_experiment(tmp_path))
     cfg = from_experiment(exp, "adaptiveload", 0, launch_mode="emulated", world_size=3)
     data = prepare_data(exp, cfg)
     plan = data.builder(0).table

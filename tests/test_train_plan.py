@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 from training_setup import ROOT, adaptiveload, cli_env, write_experiment
 
-from adaptiveload import config as experiment_config
+from adaptiveload import experiment
 from adaptiveload.data.manifest import write_manifest
 from adaptiveload.data.mixtures import synthesize
 from adaptiveload.errors import UserError
 from adaptiveload.io import read_json
-from adaptiveload.training.config import from_experiment
 from adaptiveload.training.distributed import Ranks, resolve_ranks
 from adaptiveload.training.inputs import prepare_data
+from adaptiveload.training.settings import from_experiment
 
 
 def _plan(tmp_path: Path, exp: dict, manifest: Path, world_size: int) -> Path:
@@ -36,7 +36,7 @@ def _plan(tmp_path: Path, exp: dict, manifest: Path, world_size: int) -> Path:
 
 
 def test_run_checks_its_plan_against_the_pipelines(tmp_path):
-    exp = experiment_config.load(write_experiment(tmp_path))
+    exp = experiment.load(write_experiment(tmp_path))
     manifest = tmp_path / "manifest.parquet"
     write_manifest(manifest, synthesize("tiny-cpu", 120, 0))
     cfg = from_experiment(exp, "adaptiveload", 0, launch_mode="emulated", world_size=3)

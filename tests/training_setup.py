@@ -18,13 +18,16 @@ from adaptiveload.planning.policies import POLICIES
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def write_experiment(tmp_path: Path, name: str = "t", **train) -> Path:
-    """An experiment YAML (micro Wan, 120 tiny-cpu samples, budgets given) under tmp_path."""
+def write_experiment(
+    tmp_path: Path, name: str = "t", model: dict | None = None, **train
+) -> Path:
+    """An experiment YAML (micro Wan, 120 tiny-cpu samples, budgets given) under tmp_path;
+    `model` adds fields to its model section, `train` to its train section."""
     cfg = {
         "name": name,
         "policies": list(POLICIES),
         "data": {"mixture": "tiny-cpu", "num_samples": 120},
-        "model": {"config": "wan2.1-micro"},
+        "model": {"config": "wan2.1-micro", **(model or {})},
         "budgets": {"m_tok": 2048, "m_mem": 2048, "m_comp": 60000, "p": 1.4},
         "train": {"world_size": 3, "steps": 6, "warmup_steps": 1, "checkpoint_every": 2, **train},
     }

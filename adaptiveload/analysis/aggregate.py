@@ -22,7 +22,7 @@ from adaptiveload import metrics
 from adaptiveload.costmodel import Calibration
 from adaptiveload.errors import UserError
 from adaptiveload.io import read_json, read_table
-from adaptiveload.planning.simulate import STEP_COLUMNS
+from adaptiveload.step_table import REQUIRED_STEP_COLUMNS, STEP_COLUMNS, timed
 
 # fields every run summary must carry (the trainer's and the simulator's; docs/tracking.md)
 SUMMARY_KEYS = (
@@ -35,9 +35,6 @@ SUMMARY_METRICS = (
     "tokens_per_s", "samples_per_s_wall", "tokens_per_s_wall", "vram_utilization_mean",
     "vram_utilization_max", "capacity_bytes",
 )
-# the columns of the per-step schema (STEP_COLUMNS) a table must have; the others are filled
-# with NaN where a producer left them out
-REQUIRED_STEP_COLUMNS = ("step", "rank", "compute_s", "samples", "tokens", "step_time_s")
 RUN_KEYS = ("setup", "variant", "policy", "kernel", "seed")
 
 
@@ -182,7 +179,7 @@ def aggregate(refs: Sequence[RunRef]) -> Aggregate:
         steps = steps.assign(
             **{k: labels[k] for k in (*RUN_KEYS, "source", "label", "timed_window")}
         )
-        steps["timed"] = steps["step"] >= labels["warmup_steps"]
+        steps["timed"] = timed(steps["step"], labels["warmup_steps"])
         steps["capacity_bytes"] = _float(summary.get("capacity_bytes"))
         step_frames.append(steps)
     runs = pd.DataFrame(run_rows)

@@ -28,8 +28,9 @@ import pandas as pd
 from scipy import stats as sps
 
 from adaptiveload.analysis.aggregate import per_step
-from adaptiveload.config import WHOLE_EPOCH, schema_default
+from adaptiveload.experiment import schema_default
 from adaptiveload.metrics import throughput
+from adaptiveload.step_table import WHOLE_EPOCH
 
 GROUP = ("setup", "variant", "kernel")
 STEP_METRICS = ("step_time_s", "imbalance", "samples_per_s", "tokens_per_s")

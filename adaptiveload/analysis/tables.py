@@ -13,7 +13,8 @@ import pandas as pd
 
 from adaptiveload.analysis.aggregate import per_step
 from adaptiveload.analysis.stats import LEVELS, headline
-from adaptiveload.config import WHOLE_EPOCH, schema_default
+from adaptiveload.experiment import schema_default
+from adaptiveload.step_table import WHOLE_EPOCH
 
 # arXiv 2605.17923 (abstract; 16 GPUs per a secondary source): what the paper reports
 PAPER = {

@@ -19,7 +19,7 @@ from adaptiveload.calibration.timing import pass_spread
 from adaptiveload.costmodel import Calibration, CostModel, derive_budgets
 from adaptiveload.errors import UserError
 from adaptiveload.model import analytic
-from adaptiveload.model.configs import WanConfig, get_config
+from adaptiveload.model.architectures import WanConfig, get_config
 from adaptiveload.model.wan import build_on_meta, count_parameters
 
 

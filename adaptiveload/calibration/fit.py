@@ -15,7 +15,7 @@ import numpy as np
 from adaptiveload.costmodel import CostModel
 from adaptiveload.errors import UserError
 from adaptiveload.model import analytic
-from adaptiveload.model.configs import WanConfig
+from adaptiveload.model.architectures import WanConfig
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from adaptiveload.config import schema_default
 from adaptiveload.errors import UserError
+from adaptiveload.experiment import schema_default
 from adaptiveload.tokens import FRAME_STEP, PIXEL_STEP
 
 DEFAULT_BATCH_SIZES = tuple(schema_default("calibration.batch_sizes"))

@@ -32,7 +32,7 @@ from adaptiveload.calibration.validate import validate_plans
 from adaptiveload.costmodel import Calibration
 from adaptiveload.errors import UserError
 from adaptiveload.model import analytic
-from adaptiveload.model.configs import WanConfig, get_config
+from adaptiveload.model.architectures import WanConfig, get_config
 from adaptiveload.model.wan import WanModel, count_parameters
 from adaptiveload.provenance import device_name
 

@@ -15,7 +15,7 @@ from adaptiveload.calibration.mix import TokenMix
 from adaptiveload.costmodel import Calibration, derive_budgets
 from adaptiveload.errors import UserError
 from adaptiveload.model import analytic
-from adaptiveload.model.configs import get_config
+from adaptiveload.model.architectures import get_config
 from adaptiveload.model.wan import build_on_meta, count_parameters
 
 # How the priors assume the model is trained (see TrainingSetup): bf16 autocast, per-block

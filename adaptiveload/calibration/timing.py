@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from adaptiveload.calibration.grid import bucket_shape, latent_grid
-from adaptiveload.model.configs import WanConfig
+from adaptiveload.model.architectures import WanConfig
 from adaptiveload.model.wan import WanModel
 from adaptiveload.progress import progress_bar
 

@@ -11,8 +11,8 @@ from typing import Annotated
 import typer
 
 from adaptiveload.cli.app import examples, group
-from adaptiveload.config import schema_default
 from adaptiveload.errors import UserError
+from adaptiveload.experiment import schema_default
 
 analyze = group("analyze", "Statistics, tables, figures of an experiment.")
 Opt = typer.Option
@@ -156,12 +156,13 @@ def paper_map_cmd(
     summary: Annotated[Path, Opt(help="consistent region, nearest settings, tornado (JSON)")],
 ) -> None:
     """Simulate the grid of the paper's unpublished choices and locate the paper's numbers."""
-    from adaptiveload import config as experiment
+    from adaptiveload import experiment
     from adaptiveload.analysis import paper_map
     from adaptiveload.io import write_json, write_text
+    from adaptiveload.planning.paper_map import sweep
 
     spec = experiment.load(config)["paper_map"]
-    table = paper_map.sweep(spec, progress=True)
+    table = sweep(spec, progress=True)
     result = paper_map.summarize(table, spec)
     write_text(points, table.to_csv(index=False))
     write_json(summary, result)
@@ -217,7 +218,7 @@ def record_cmd(
         _read(path)  # the same one-line error as the other steps when a table is missing
     exp = None
     if config is not None:
-        from adaptiveload.config import load
+        from adaptiveload.experiment import load
 
         exp = load(config)
     run_id = log_analysis(experiment, paper_table, stats, artifact or [], config=exp)

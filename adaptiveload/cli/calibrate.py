@@ -8,7 +8,6 @@ from typing import Annotated, Any
 import typer
 
 from adaptiveload.cli.app import app, examples
-from adaptiveload.config import schema_default
 from adaptiveload.data.bucketing import (
     DEFAULT_GRID,
     DEFAULT_MAX_FRAMES,
@@ -17,6 +16,7 @@ from adaptiveload.data.bucketing import (
     MODES,
 )
 from adaptiveload.errors import UserError
+from adaptiveload.experiment import schema_default
 
 Opt = typer.Option
 RELEASED = ("wan2.1-t2v-1.3b", "wan2.1-t2v-14b")
@@ -50,7 +50,7 @@ def _token_mix(
 ) -> Any:  # fmt: skip
     """The token mix the budgets are derived for: --manifest, --mixture, else the experiment's
     data; None when there is none (the calibration then budgets its own grid)."""
-    from adaptiveload import calibration
+    from adaptiveload.calibration.mix import manifest_token_mix, mixture_token_mix
 
     grid_name = grid or data.get("grid") or (DEFAULT_GRID if model_name in RELEASED else "tiny")
     mode = bucketing or data.get("bucketing", DEFAULT_MODE)
@@ -59,10 +59,9 @@ def _token_mix(
         manifest, mixture = data.get("manifest") or None, data.get("mixture") or None
         num_samples = data.get("num_samples", num_samples)
     if manifest is not None:
-        return calibration.manifest_token_mix(manifest, mode, grid_name, max_frames)
+        return manifest_token_mix(manifest, mode, grid_name, max_frames)
     if mixture is not None:
-        return calibration.mixture_token_mix(mixture, num_samples, seed, mode, grid_name,
-                                             max_frames)  # fmt: skip
+        return mixture_token_mix(mixture, num_samples, seed, mode, grid_name, max_frames)
     return None
 
 
@@ -173,13 +172,15 @@ def calibrate_cmd(
     Flags override the experiment file given with --config. The file is written only after
     everything succeeded.
     """
-    from adaptiveload import calibration
+    from adaptiveload.calibration.files import refit as refit_files
+    from adaptiveload.calibration.measure import calibrate
+    from adaptiveload.calibration.prior import prior as analytic_prior
     from adaptiveload.costmodel import Calibration
     from adaptiveload.io import write_json
 
     exp: dict[str, Any] = {}
     if config is not None:
-        from adaptiveload.config import load
+        from adaptiveload.experiment import load
 
         exp = load(config)
     cal_section, data = exp.get("calibration", {}), exp.get("data", {})
@@ -207,11 +208,11 @@ def calibrate_cmd(
     if refit:
         if mix is None:
             raise UserError("--refit needs --manifest or --mixture (the budgets' token range)")
-        cal = calibration.refit(refit, mix, head, max_loo, ref_tokens, ref_batch)
+        cal = refit_files(refit, mix, head, max_loo, ref_tokens, ref_batch)
     elif prior is not None:
-        cal = calibration.prior(model_name, prior, mix, head, ref_tokens, ref_batch)
+        cal = analytic_prior(model_name, prior, mix, head, ref_tokens, ref_batch)
     else:
-        cal = calibration.calibrate(
+        cal = calibrate(
             model_name,
             device=_pick(device, cal_section, "device"),
             batch_sizes=_pick(_ints(batch_sizes, "--batch-sizes"), cal_section, "batch_sizes"),
@@ -275,7 +276,7 @@ def budgets_cmd(
     """
     import json
 
-    from adaptiveload import calibration as cal_lib
+    from adaptiveload.calibration.mix import manifest_token_mix, mixture_token_mix
     from adaptiveload.costmodel import Calibration, capacity_for, derive_budgets
 
     cal = Calibration.load(calibration)
@@ -284,9 +285,9 @@ def budgets_cmd(
     if m_mem is not None and capacity_gb is not None:
         raise UserError("budgets: give --m-mem or --capacity-gb, not both")
     mix = (
-        cal_lib.manifest_token_mix(manifest, bucketing, grid, max_frames)
+        manifest_token_mix(manifest, bucketing, grid, max_frames)
         if manifest is not None
-        else cal_lib.mixture_token_mix(mixture, num_samples, 0, bucketing, grid, max_frames)
+        else mixture_token_mix(mixture, num_samples, 0, bucketing, grid, max_frames)
     )
     head = float(cal.extra.get("headroom", 0.1)) if headroom is None else headroom
     if m_mem is not None:

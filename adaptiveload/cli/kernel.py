@@ -1,4 +1,4 @@
-"""`adaptiveload kernel build|bench|status`: the fused LayerNorm-Modulate CUDA op."""
+"""`adaptiveload kernel build|bench|e2e|status`: the fused LayerNorm-Modulate CUDA op."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ import typer
 from adaptiveload.cli.app import examples, group
 
 Opt = typer.Option
-kernel = group("kernel", "Fused LayerNorm-Modulate CUDA kernel: build, benchmark, status.")
+kernel = group(
+    "kernel", "Fused LayerNorm-Modulate CUDA kernel: build, benchmark (op, end to end), status."
+)
 
 
 @kernel.command("build", epilog=examples(
@@ -44,48 +46,72 @@ def build_cmd(
     typer.echo(f"kernel build {record['status']}: {detail}")
 
 
+def _config(cls: type, **flags: object) -> object:
+    """`cls` from the flags given on the command line (None: the dataclass's own default)."""
+    return cls(**{k: v for k, v in flags.items() if v is not None})
+
+
 @kernel.command("bench", epilog=examples(
     "adaptiveload kernel bench -o results/kernels/bench.csv --skip-ok",
+    "adaptiveload kernel bench --dims 1536,5120 --seq-lens 16384,75600 --repeats 15",
 ))
 def bench_cmd(
-    out: Annotated[Path, Opt("-o", "--out", help="CSV to write")] = Path(
-        "results/kernels/bench.csv"
-    ),
+    out: Annotated[Path | None, Opt("-o", "--out", help="CSV to write",
+                                    show_default="results/kernels/bench.csv")] = None,
     seq_lens: Annotated[
-        str | None,
-        Opt(help="comma-separated S values (default 8k..75.6k; --e2e: 16380,32760,75600)"),
+        str | None, Opt(help="comma-separated S values", show_default="8k .. 75.6k")
     ] = None,
     dims: Annotated[
-        str | None, Opt(help="comma-separated D values (default: the six Wan/DiT widths)")
+        str | None, Opt(help="comma-separated D values", show_default="the six Wan/DiT widths")
     ] = None,
-    repeats: Annotated[int, Opt(help="timed repeats per measurement (median)")] = 20,
+    repeats: Annotated[int | None, Opt(help="timed repeats per measurement (median)")] = None,
+    impls: Annotated[
+        str | None, Opt(help="comma-separated: fused, eager, compile", show_default="all three")
+    ] = None,
     skip_ok: Annotated[bool, Opt(help="without CUDA write a skip record and exit 0")] = False,
-    e2e: Annotated[
-        bool, Opt(help="time whole Wan training steps, eager vs fused (step time, peak memory)")
-    ] = False,
-    model: Annotated[str | None, Opt(help="--e2e: model config (default Wan 2.1 1.3B)")] = None,
-    device: Annotated[str, Opt(help="--e2e: cuda, or cpu for a dry run")] = "cuda",
-    steps: Annotated[int, Opt(help="--e2e: timed steps per point (median)")] = 3,
 ) -> None:
     """Time fused vs Wan eager vs torch.compile vs copy bandwidth on the GPU (needs CUDA):
-    TB/s, fraction of the copy bandwidth, speed-ups, saved activations; or, with --e2e, whole
-    training steps."""
-    from adaptiveload.ops import kernel_bench
+    TB/s, fraction of the copy bandwidth, speed-ups, saved activations."""
+    from adaptiveload.ops import kernel_bench as kb
 
-    seqs = tuple(int(v) for v in seq_lens.split(",")) if seq_lens else None
-    if e2e:
-        code = kernel_bench.e2e_to_file(
-            out, model or kernel_bench.E2E_MODEL, seqs or kernel_bench.E2E_SEQ_LENS, device, steps
-        )
-    else:
-        code = kernel_bench.bench_to_file(
-            out,
-            seqs or kernel_bench.SEQ_LENS,
-            tuple(int(v) for v in dims.split(",")) if dims else kernel_bench.DIMS,
-            repeats,
-            skip_ok,
-        )
-    raise typer.Exit(code)
+    cfg = _config(
+        kb.KernelBenchConfig,
+        seq_lens=kb.parse_ints(seq_lens) if seq_lens else None,
+        dims=kb.parse_ints(dims) if dims else None,
+        repeats=repeats,
+        impls=tuple(impls.split(",")) if impls else None,
+    )
+    raise typer.Exit(kb.bench_to_file(out or kb.DEFAULT_OUT, cfg, skip_ok))
+
+
+@kernel.command("e2e", epilog=examples(
+    "adaptiveload kernel e2e -o results/kernels/e2e.csv",
+    "adaptiveload kernel e2e --device cpu --model wan2.1-micro --seq-lens 16,48 --steps 1 "
+    "-o e2e.csv",
+))
+def e2e_cmd(
+    out: Annotated[Path | None, Opt("-o", "--out", help="CSV to write",
+                                    show_default="results/kernels/e2e.csv")] = None,
+    model: Annotated[str | None, Opt(help="model config", show_default="Wan 2.1 1.3B")] = None,
+    seq_lens: Annotated[
+        str | None, Opt(help="comma-separated S values", show_default="480p to 720p clips")
+    ] = None,
+    device: Annotated[str | None, Opt(help="cuda, or cpu for a dry run (default cuda)")] = None,
+    steps: Annotated[int | None, Opt(help="timed steps per point (median)")] = None,
+) -> None:
+    """Time whole Wan training steps with the LayerNorm-Modulate sites eager, then fused: step
+    time and peak memory per sequence length (B = 1, activation checkpointing, bf16 on CUDA)."""
+    from adaptiveload.calibration import kernel_e2e
+    from adaptiveload.ops.kernel_bench import parse_ints
+
+    cfg = _config(
+        kernel_e2e.E2EConfig,
+        model=model,
+        seq_lens=parse_ints(seq_lens) if seq_lens else None,
+        device=device,
+        steps=steps,
+    )
+    raise typer.Exit(kernel_e2e.to_file(out or kernel_e2e.DEFAULT_OUT, cfg))
 
 
 @kernel.command("status", epilog=examples("adaptiveload kernel status"))

@@ -10,9 +10,9 @@ from typing import Annotated
 import typer
 
 from adaptiveload.cli.app import app, examples, group
-from adaptiveload.config import WHOLE_EPOCH
 from adaptiveload.errors import UserError
 from adaptiveload.planning.policies import POLICIES
+from adaptiveload.step_table import WHOLE_EPOCH
 
 tracking_app = group("tracking", "The MLflow tracking store.")
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from adaptiveload.model.configs import WanConfig
+from adaptiveload.model.architectures import WanConfig
 
 FP32 = 4  # bytes: the residual stream, LayerNorm statistics, modulation (Wan keeps them fp32)
 

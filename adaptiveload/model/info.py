@@ -6,7 +6,7 @@ from typing import Any
 
 from adaptiveload.errors import UserError
 from adaptiveload.model import analytic
-from adaptiveload.model.configs import get_config
+from adaptiveload.model.architectures import get_config
 from adaptiveload.model.wan import build_on_meta, count_parameters
 from adaptiveload.tokens import FRAME_STEP, PIXEL_STEP, token_count
 

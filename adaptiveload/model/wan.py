@@ -4,10 +4,14 @@ Faithful to `wan/modules/model.py` of Wan-Video/Wan2.1: module names, block orde
 initialisation follow it, so its state dict keys map 1:1 (diffusers' keys through the mapping
 in tests/test_model_fidelity.py). Differences, all systems-level:
 
-- a micro-batch holds ONE bucket shape, so x is a dense [B, C, T', H', W'] tensor: no padding,
-  no per-sample loops, no `seq_len` argument; text contexts arrive dense [B, L, text_dim];
+- a micro-batch comes in one of two layouts. Dense: ONE bucket shape, x a dense
+  [B, C, T', H', W'] tensor, no padding, no per-sample loops, no `seq_len` argument. Packed:
+  a list of such tensors of different shapes, whose samples run as one token stream
+  [L, dim] (`segments.Segments`): patch embedding and unpatchify per shape group, RoPE per
+  grid, per-sample modulation per segment, varlen self-attention, each segment's queries
+  against its own text context. Text contexts arrive dense [B (or G), L, text_dim];
 - every LayerNorm+modulate goes through `LnModulate` (eager or fused kernel, a runtime switch);
-- attention is FlashAttention on CUDA when installed, else PyTorch SDPA;
+- attention is FlashAttention on CUDA when installed, else PyTorch's (`attention.py`);
 - optional activation checkpointing per block.
 
 Dtypes as in Wan under bf16 autocast: time embedding, modulation, LayerNorm statistics, the
@@ -17,19 +21,29 @@ the patch embedding and attention run in the autocast dtype.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from adaptiveload.model.architectures import WanConfig
 from adaptiveload.model.attention import attention
-from adaptiveload.model.configs import WanConfig
 from adaptiveload.model.modulate import LnModulate, resolve
 from adaptiveload.model.rope import apply_rope, rope_angles
+from adaptiveload.model.segments import Grid, Segments
+
+Latents = torch.Tensor | Sequence[torch.Tensor]  # dense [B, C, T', H', W'], or packed groups
 
 
 def fp32_region(x: torch.Tensor) -> torch.autocast:
     """Wan's `amp.autocast(dtype=float32)` regions: no down-casting inside."""
     return torch.autocast(x.device.type, enabled=False)
+
+
+def gated(y: torch.Tensor, gate: torch.Tensor, segments: Segments | None) -> torch.Tensor:
+    """y * gate, each sample's tokens by its own gate row ([B or G, 1, dim])."""
+    return y * gate if segments is None else segments.per_run(torch.mul, [y], [gate])
 
 
 def sinusoidal_embedding(dim: int, t: torch.Tensor) -> torch.Tensor:
@@ -80,15 +94,16 @@ class Attention(nn.Module):
         x: torch.Tensor,
         context: torch.Tensor | None = None,
         rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+        segments: Segments | None = None,
     ) -> torch.Tensor:
         kv = x if context is None else context
         heads = (self.num_heads, -1)
-        q = self.norm_q(self.q(x)).unflatten(2, heads)
-        k = self.norm_k(self.k(kv)).unflatten(2, heads)
-        v = self.v(kv).unflatten(2, heads)
+        q = self.norm_q(self.q(x)).unflatten(-1, heads)
+        k = self.norm_k(self.k(kv)).unflatten(-1, heads)
+        v = self.v(kv).unflatten(-1, heads)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        return self.o(attention(q, k, v).flatten(2))
+        return self.o(attention(q, k, v, segments).flatten(-2))
 
 
 class Block(nn.Module):
@@ -114,18 +129,20 @@ class Block(nn.Module):
         e0: torch.Tensor,
         context: torch.Tensor,
         rope: tuple[torch.Tensor, torch.Tensor],
+        segments: Segments | None = None,
     ) -> torch.Tensor:
         with fp32_region(x):
             shift_msa, scale_msa, gate_msa, shift_ffn, scale_ffn, gate_ffn = (
                 self.modulation + e0
             ).chunk(6, dim=1)
-        y = self.self_attn(self.norm1(x, scale_msa, shift_msa), rope=rope)
+        y = self.self_attn(self.norm1(x, scale_msa, shift_msa, segments), rope=rope,
+                           segments=segments)  # fmt: skip
         with fp32_region(x):
-            x = x + y * gate_msa
-        x = x + self.cross_attn(self.norm3(x), context=context)
-        y = self.ffn(self.norm2(x, scale_ffn, shift_ffn))
+            x = x + gated(y, gate_msa, segments)
+        x = x + self.cross_attn(self.norm3(x), context=context, segments=segments)
+        y = self.ffn(self.norm2(x, scale_ffn, shift_ffn, segments))
         with fp32_region(x):
-            x = x + y * gate_ffn
+            x = x + gated(y, gate_ffn, segments)
         return x
 
 
@@ -138,15 +155,18 @@ class Head(nn.Module):
         self.head = nn.Linear(cfg.dim, cfg.out_dim * cfg.patch_volume)
         self.modulation = nn.Parameter(torch.randn(1, 2, cfg.dim) / cfg.dim**0.5)
 
-    def forward(self, x: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, e: torch.Tensor, segments: Segments | None = None
+    ) -> torch.Tensor:
         with fp32_region(x):
             shift, scale = (self.modulation + e.unsqueeze(1)).chunk(2, dim=1)
-            return self.head(self.norm(x, scale, shift))
+            return self.head(self.norm(x, scale, shift, segments))
 
 
 class WanModel(nn.Module):
     """Wan 2.1 T2V DiT: latent [B, C, T', H', W'] + timesteps [B] + text [B, L, text_dim]
-    -> predicted velocity [B, C_out, T', H', W'] (fp32)."""
+    -> predicted velocity [B, C_out, T', H', W'] (fp32); or a packed micro-batch: a list of
+    such latents of different shapes, with timesteps and text of all their samples."""
 
     def __init__(
         self,
@@ -198,10 +218,19 @@ class WanModel(nn.Module):
                 nn.init.normal_(module.weight, std=0.02)
         nn.init.zeros_(self.head.head.weight)
 
-    def forward(self, x: torch.Tensor, t: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
-        grid = self._grid(x)
-        x = self.patch_embedding(x).flatten(2).transpose(1, 2)  # [B, S, dim], f-h-w order
-        rope = self._rope(grid, x.device)
+    def forward(self, x: Latents, t: torch.Tensor, context: torch.Tensor) -> Latents:
+        """Dense: x [B, C, T', H', W'] -> [B, C_out, T', H', W']. Packed: x a list of dense
+        latents of different bucket shapes, t [G] and context [G, L, text_dim] for their G
+        samples in list order -> the list of their predictions; inside, one token stream."""
+        groups = [x] if isinstance(x, torch.Tensor) else list(x)
+        grids = [self._grid(g) for g in groups]
+        tokens = [self.patch_embedding(g).flatten(2).transpose(1, 2) for g in groups]  # f-h-w
+        if isinstance(x, torch.Tensor):
+            segments, x, rope = None, tokens[0], self._rope(grids[0], x.device)  # [B, S, dim]
+        else:
+            segments = self._segments(grids, groups, t, context)
+            x = torch.cat([part.flatten(0, 1) for part in tokens])  # [L, dim]
+            rope = self._stream_rope(segments)
 
         with fp32_region(x):
             e = self.time_embedding(sinusoidal_embedding(self.cfg.freq_dim, t))  # [B, dim]
@@ -210,13 +239,17 @@ class WanModel(nn.Module):
 
         for block in self.blocks:
             if self.activation_checkpointing and torch.is_grad_enabled():
-                x = checkpoint(block, x, e0, context, rope, use_reentrant=False)
+                x = checkpoint(block, x, e0, context, rope, segments, use_reentrant=False)
             else:
-                x = block(x, e0, context, rope)
+                x = block(x, e0, context, rope, segments)
 
-        return self.unpatchify(self.head(x, e), grid).float()
+        x = self.head(x, e, segments)
+        if segments is None:
+            return self.unpatchify(x, grids[0]).float()
+        parts = segments.split_groups(x)
+        return [self.unpatchify(p, g).float() for p, g in zip(parts, grids, strict=True)]
 
-    def _grid(self, x: torch.Tensor) -> tuple[int, int, int]:
+    def _grid(self, x: torch.Tensor) -> Grid:
         if x.ndim != 5 or x.shape[1] != self.cfg.in_dim:
             want = f"[B, {self.cfg.in_dim}, T, H, W]"
             raise ValueError(f"expected latents {want}, got {tuple(x.shape)}")
@@ -226,7 +259,28 @@ class WanModel(nn.Module):
             raise ValueError(f"latent grid {tuple(dims)} not divisible by patch {patch}")
         return tuple(n // p for n, p in zip(dims, self.cfg.patch_size, strict=True))
 
-    def _rope(self, grid: tuple[int, int, int], device: torch.device) -> tuple:
+    def _segments(
+        self, grids: list[Grid], groups: list[torch.Tensor], t: torch.Tensor, ctx: torch.Tensor
+    ) -> Segments:
+        segments = Segments.of(grids, [g.shape[0] for g in groups], groups[0].device)
+        if t.shape[:1] != (segments.num_segments,) or ctx.shape[0] != segments.num_segments:
+            raise ValueError(
+                f"packed batch of {segments.num_segments} samples got timesteps "
+                f"{tuple(t.shape)} and context {tuple(ctx.shape)}; give one per sample"
+            )
+        return segments
+
+    def _stream_rope(self, segments: Segments) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [L, head_dim/2]: each segment rotated by its own grid's angles."""
+        device = segments.cu_seqlens.device
+        tables = [self._rope(g, device) for g in segments.grids]
+        counts = segments.counts
+        return tuple(
+            torch.cat([table[i].repeat(n, 1) for table, n in zip(tables, counts, strict=True)])
+            for i in (0, 1)
+        )
+
+    def _rope(self, grid: Grid, device: torch.device) -> tuple:
         key = (grid, str(device))
         if key not in self._rope_cache:
             if len(self._rope_cache) >= 64:  # bucket grids are few; bound it anyway
@@ -234,7 +288,7 @@ class WanModel(nn.Module):
             self._rope_cache[key] = rope_angles(grid, self.cfg.rope_split, device)
         return self._rope_cache[key]
 
-    def unpatchify(self, x: torch.Tensor, grid: tuple[int, int, int]) -> torch.Tensor:
+    def unpatchify(self, x: torch.Tensor, grid: Grid) -> torch.Tensor:
         """[B, S, C*prod(patch)] -> [B, C, T', H', W'] (Wan's 'fhwpqrc->cfphqwr' layout)."""
         pt, ph, pw = self.cfg.patch_size
         f, h, w = grid

@@ -6,7 +6,7 @@ tens of seconds per architecture on a small machine. Without nvcc, ninja or a CU
 torch the build is *skipped* (status "skipped" with the reason) rather than failed, so the
 pipeline and CPU-only installs carry on with the reference implementation.
 
-The CUDA sources ship inside the package (`adaptiveload/ops/kernels/`), so an installed
+The CUDA sources ship inside the package (`adaptiveload/ops/csrc/`), so an installed
 package builds as a checkout does; the library goes to the build folder of kernel_lib
 (`--build-dir`, else $ADAPTIVELOAD_BUILD_DIR, the checkout's build/kernels or the user cache).
 
@@ -30,7 +30,7 @@ import torch
 from adaptiveload.io import write_json
 from adaptiveload.ops.kernel_lib import LIB_NAME, RECORD_NAME, default_build_dir, library_path
 
-KERNEL_DIR = Path(__file__).resolve().parent / "kernels"  # package data (pyproject.toml)
+KERNEL_DIR = Path(__file__).resolve().parent / "csrc"  # package data (pyproject.toml)
 SOURCES = ("ln_modulate_fwd.cu", "ln_modulate_bwd.cu", "ln_modulate_binding.cpp")
 DEFAULT_ARCH = "9.0"
 # nvcc flags of ours (cpp_extension adds its COMMON_NVCC_FLAGS and -std=c++17); the resource

@@ -5,7 +5,7 @@ Two inputs, both produced here on the CPU:
 - `ptxas_report`: each `.cu` file compiled for one architecture (default sm_90) with
   `nvcc -Xptxas -v` and the device flags of the library build; per kernel instance the
   registers per thread, static shared memory and spill bytes ptxas reports.
-- `dispatch_table`: `kernels/ln_modulate_dispatch_table.cpp` (beside this module) built with
+- `dispatch_table`: `csrc/ln_modulate_dispatch_table.cpp` (beside this module) built with
   the host compiler and run; it prints, from the same header the kernels dispatch with, every
   launch the library can make (kernel instance, threads per CTA, dynamic shared memory,
   opt-in) for every D.
@@ -97,7 +97,8 @@ _ENTRY = re.compile(r"Compiling entry function '([^']+)'")
 _FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _USED = re.compile(r"Used (\d+) registers")
 _SMEM = re.compile(r"(\d+) bytes smem")
-_INSTANCE = re.compile(r"(\w+<[^()]*>)\(")  # template arguments hold no parentheses
+# a kernel's name with its template arguments (which hold no parentheses), if any
+_INSTANCE = re.compile(r"(\w+(?:<[^()]*>)?)\(")
 
 
 def parse_ptxas(text: str) -> list[dict[str, Any]]:
@@ -118,7 +119,8 @@ def parse_ptxas(text: str) -> list[dict[str, Any]]:
 
 
 def short_name(demangled: str) -> str:
-    """`void ns::(anonymous namespace)::k<float, 2>(ns::P)` -> `k<float, 2>`."""
+    """`void ns::(anonymous namespace)::k<float, 2>(ns::P)` -> `k<float, 2>`; `... ns::k(int)`
+    -> `k`."""
     m = _INSTANCE.search(demangled)
     return m.group(1) if m else demangled
 

@@ -27,24 +27,15 @@ import pandas as pd
 
 from adaptiveload import metrics
 from adaptiveload.costmodel import Calibration, CostModel
+from adaptiveload.step_table import STEP_COLUMNS, timed
 
 DEFAULT_ALLREDUCE_GBPS = 100.0
 FP32_BYTES = 4
 
-# The per-step table, one row per (step, rank), that the simulator and the trainer write and
-# the analysis reads (`analysis.aggregate`). compute_s / step_time_s: by the run's timer (a
-# prediction here); compute_wall_s / step_wall_s: by the wall clock beside it (measured runs
-# only, empty in a simulation)
-STEP_COLUMNS = (
-    "step", "rank", "compute_s", "compute_wall_s", "wait_s", "samples", "tokens", "frames",
-    "height", "width", "peak_bytes", "peak_bytes_model", "loss", "step_time_s", "step_wall_s",
-)  # fmt: skip
-
-
 @dataclass
 class Simulation:
-    """`steps`: one row per (step, rank) in the shared per-step schema; `summary`: the run
-    summary (metrics over steps >= warmup_steps, labelled source "model")."""
+    """`steps`: one row per (step, rank) in the shared per-step schema (`step_table`);
+    `summary`: the run summary (metrics over steps >= warmup_steps, labelled source "model")."""
 
     steps: pd.DataFrame
     summary: dict[str, Any]
@@ -167,11 +158,11 @@ def _metrics(
     warmup_steps: int,
 ) -> dict[str, Any]:
     steps, n = compute.shape
-    keep = slice(min(warmup_steps, steps), steps)
+    keep = timed(np.arange(steps), warmup_steps)
     window = compute[keep]
     if window.shape[0] == 0:
         return {"steps": 0}
-    cells = slice(keep.start * n, steps * n)
+    cells = np.repeat(keep, n)
     wall_s = float(step_time[keep].sum())
     peak = peak_model.reshape(steps, n)[keep]
     out: dict[str, Any] = metrics.window_metrics(

@@ -31,7 +31,7 @@ import torch.distributed as dist
 from torch import nn
 
 from adaptiveload.errors import UserError
-from adaptiveload.training.config import MAX_WORLD_SIZE
+from adaptiveload.training.settings import MAX_WORLD_SIZE
 
 
 @dataclass(frozen=True)

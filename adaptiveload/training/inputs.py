@@ -16,12 +16,12 @@ from adaptiveload.data.manifest import load_manifest
 from adaptiveload.data.mixtures import synthesize
 from adaptiveload.errors import UserError
 from adaptiveload.io import read_json
-from adaptiveload.model.configs import get_config
+from adaptiveload.model.architectures import get_config
 from adaptiveload.planning.policies import Budgets
 from adaptiveload.planning.sampler import PlanBuilder
 from adaptiveload.provenance import code_version
-from adaptiveload.training.config import TrainConfig
 from adaptiveload.training.loop import TrainData
+from adaptiveload.training.settings import TrainConfig
 
 DATA_SEED = 0  # the dataset is fixed per experiment; the run seed varies plan, init and noise
 
@@ -94,6 +94,23 @@ def check_plan(path: Path, planned: dict[str, Any]) -> None:
         "(another calibration, config, manifest or world size); plan again with this run's "
         "inputs, or train without --plan"
     )
+
+
+def check_layout(plan: pd.DataFrame, cfg: TrainConfig, origin: str | Path) -> None:
+    """UserError unless the run's batch layout can hold the plan's micro-batches: a dense
+    micro-batch is one [B, C, T', H', W'] tensor, so a cell of several bucket shapes needs
+    the packed layout (`origin`: the experiment file, named in the message)."""
+    if cfg.batch_layout == "packed" or plan.empty:
+        return
+    # two shapes differ in frames, height or width: a cell mixes shapes iff a column varies
+    varies = plan.groupby(["step", "rank"])[["frames", "height", "width"]].nunique().max(axis=1)
+    if varies.max() > 1:
+        step, rank = varies.idxmax()
+        raise UserError(
+            f"{origin}: field model.batch_layout is 'dense' but policy {cfg.policy} plans "
+            f"micro-batches of several bucket shapes (the first at step {step}, rank {rank}); "
+            "set model.batch_layout: packed"
+        )
 
 
 def run_identity(cfg: TrainConfig, data: TrainData) -> dict[str, str]:

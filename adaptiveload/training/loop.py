@@ -1,8 +1,10 @@
 """The training loop: one code path for emulated and distributed ranks.
 
 Per step, every rank this process runs (all N when emulated, its own when distributed) takes
-its micro-batch from its PlanBatchSampler, runs forward+backward with its loss scaled so that
-the step's gradient is the mean over ALL samples of the step (docs/definitions.md, loss weighting):
+its micro-batch from its PlanBatchSampler (collated by `data.packed.collate`, fed to the model
+dense or as shape groups of one token stream by `model.batch_layout`, docs/packing.md), runs
+forward+backward with its loss scaled so that the step's gradient is the mean over ALL
+samples of the step (docs/definitions.md, loss weighting):
 
     loss_r = sum_{i in r} l_i / G * k,   G = samples of the step over all ranks,
 
@@ -38,19 +40,19 @@ import pandas as pd
 import torch
 
 from adaptiveload import metrics
-from adaptiveload.config import WHOLE_EPOCH, run_steps
 from adaptiveload.costmodel import Calibration
 from adaptiveload.data.dataset import LatentDataset
+from adaptiveload.data.packed import collate
 from adaptiveload.errors import UserError
-from adaptiveload.model.configs import get_config
+from adaptiveload.model.architectures import get_config
 from adaptiveload.model.wan import WanModel
 from adaptiveload.planning.sampler import PlanBatchSampler, PlanBuilder
-from adaptiveload.planning.simulate import STEP_COLUMNS
 from adaptiveload.progress import progress_bar
+from adaptiveload.step_table import STEP_COLUMNS, WHOLE_EPOCH, run_steps
 from adaptiveload.training import checkpoint
 from adaptiveload.training import distributed as dd
-from adaptiveload.training.config import TrainConfig
 from adaptiveload.training.objective import per_sample_loss, step_generator
+from adaptiveload.training.settings import TrainConfig
 
 
 class StepSink(Protocol):
@@ -88,15 +90,6 @@ def build_model(cfg: TrainConfig, device: torch.device) -> WanModel:
             activation_checkpointing=cfg.activation_checkpointing,
         )
     return model.to(device)
-
-
-def collate(
-    items: list[dict[str, Any]], device: torch.device, dtype: torch.dtype
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One micro-batch (one bucket shape): latents [B, C, T', H', W'], contexts [B, L, D]."""
-    latent = torch.stack([it["latent"] for it in items]).to(device, dtype, non_blocking=True)
-    context = torch.stack([it["context"] for it in items]).to(device, dtype, non_blocking=True)
-    return latent, context
 
 
 def step_metrics(rows: list[dict[str, Any]], capacity: float | None) -> dict[str, float]:
@@ -165,6 +158,7 @@ class Trainer:
             weight_decay=cfg.optim.weight_decay,
         )
         self.samplers = {r: PlanBatchSampler(data.builder, r) for r in self.ranks.local}
+        self._tokens = data.builder.samples["tokens"].to_numpy(np.int64)  # per dataset index
         self.rows: list[dict[str, Any]] = []
         self.start_step = 0
         if resume is not None:
@@ -238,11 +232,12 @@ class Trainer:
     def _micro_batch(self, step: int, rank: int) -> dict[str, Any]:
         w_load, t_load = self.clock.both()
         indices, global_samples = self._next_batch(rank)
-        items = [self.data.dataset[i] for i in indices]
-        x0, context = collate(items, self.device, self.dtype)
-        b = x0.shape[0]
-        frames, height, width = self.data.dataset.shapes[indices[0]]
-        tokens = int(self.data.builder.samples["tokens"].iat[indices[0]])
+        batch = collate([self.data.dataset[i] for i in indices]).to(self.device, self.dtype)
+        x0 = batch.latents if self.cfg.batch_layout == "packed" else batch.dense()
+        tokens = self._tokens[indices]
+        b = len(indices)
+        # a cell of several shapes is reported by its largest sample's bucket shape
+        frames, height, width = self.data.dataset.shapes[indices[int(np.argmax(tokens))]]
         scale = (self.ranks.world_size if self.ranks.distributed else 1) / global_samples
         cuda = self.device.type == "cuda"
         if cuda:
@@ -256,7 +251,7 @@ class Trainer:
             start.record()
         with self._autocast():
             gen = step_generator(self.cfg.seed, step, rank)
-            losses = per_sample_loss(self.model, x0, context, self.cfg.objective, gen)
+            losses = per_sample_loss(self.model, x0, batch.context, self.cfg.objective, gen)
         (losses.sum() * scale).backward()
         if cuda:
             end.record()
@@ -281,15 +276,13 @@ class Trainer:
             "compute_wall_s": w1 - w0,
             "wait_s": wait,
             "samples": b,
-            "tokens": b * tokens,
+            "tokens": int(tokens.sum()),
             "frames": int(frames),
             "height": int(height),
             "width": int(width),
             "peak_bytes": float(torch.cuda.max_memory_allocated(self.device)) if cuda else None,
             "peak_bytes_model": (
-                float(self.data.calibration.cost.memory(b, tokens))
-                if self.data.calibration
-                else None
+                self.data.calibration.cost.set_memory(tokens) if self.data.calibration else None
             ),
             "loss": loss_sum / b,
             "_load_s": t0 - t_load,

@@ -19,10 +19,12 @@ runs draw identical noise for the same micro-batch.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import torch
 
-from adaptiveload.training.config import ObjectiveConfig
+from adaptiveload.training.settings import ObjectiveConfig
 
 
 def shift_sigma(sigma: torch.Tensor, shift: float) -> torch.Tensor:
@@ -50,22 +52,44 @@ def sample_sigmas(n: int, cfg: ObjectiveConfig, generator: torch.Generator) -> t
 
 def per_sample_loss(
     model: torch.nn.Module,
-    x0: torch.Tensor,
+    x0: torch.Tensor | Sequence[torch.Tensor],
     context: torch.Tensor,
     cfg: ObjectiveConfig,
     generator: torch.Generator,
 ) -> torch.Tensor:
     """Flow-matching MSE of each sample of the micro-batch: shape [B], float32 (or x0's dtype
-    if wider). Runs under whatever autocast the caller set up."""
-    b = x0.shape[0]
-    sigma = sample_sigmas(b, cfg, generator)
-    noise = torch.randn(x0.shape, generator=generator, dtype=torch.float32)
-    noise = noise.to(device=x0.device, dtype=x0.dtype)
-    s = sigma.to(device=x0.device, dtype=x0.dtype).view(b, *([1] * (x0.ndim - 1)))
-    x_t = (1 - s) * x0 + s * noise
-    dtype = torch.promote_types(torch.float32, x0.dtype)  # fp32 timesteps, as Wan asserts
-    t = (sigma * cfg.num_train_timesteps).to(device=x0.device, dtype=dtype)
-    pred = model(x_t, t, context)
-    target = noise - x0
-    err = (pred.to(dtype) - target.to(dtype)).pow(2)
-    return err.flatten(1).mean(dim=1)
+    if wider). Runs under whatever autocast the caller set up.
+
+    `x0` is a dense batch [B, C, T', H', W'] or a packed one: a list of such tensors of
+    different shapes (`data.packed.PackedBatch.latents`), the samples in list order. Either
+    way the B sigmas are drawn first, then one flat stream of noise for all samples in order,
+    so a packed batch of one shape draws exactly what the dense batch draws."""
+    packed = not isinstance(x0, torch.Tensor)
+    groups = list(x0) if packed else [x0]
+    like = groups[0]
+    counts = [g.shape[0] for g in groups]
+    sigma = sample_sigmas(sum(counts), cfg, generator)
+    noise = _noise(groups, generator)
+    x_t = []
+    for s, g, n in zip(sigma.to(like.device, like.dtype).split(counts), groups, noise, strict=True):
+        s = s.view(-1, *([1] * (g.ndim - 1)))
+        x_t.append((1 - s) * g + s * n)
+    dtype = torch.promote_types(torch.float32, like.dtype)  # fp32 timesteps, as Wan asserts
+    t = (sigma * cfg.num_train_timesteps).to(device=like.device, dtype=dtype)
+    pred = model(x_t if packed else x_t[0], t, context)
+    losses = [
+        (p.to(dtype) - (n - g).to(dtype)).pow(2).flatten(1).mean(dim=1)
+        for p, g, n in zip(pred if packed else [pred], groups, noise, strict=True)
+    ]
+    return torch.cat(losses)
+
+
+def _noise(groups: list[torch.Tensor], generator: torch.Generator) -> list[torch.Tensor]:
+    """Gaussian noise like each group, cut from ONE flat draw over all samples in order (the
+    same numbers a dense draw of the same samples gives)."""
+    sizes = [g.numel() for g in groups]
+    flat = torch.randn(sum(sizes), generator=generator, dtype=torch.float32)
+    return [
+        part.view(g.shape).to(device=g.device, dtype=g.dtype)
+        for part, g in zip(flat.split(sizes), groups, strict=True)
+    ]

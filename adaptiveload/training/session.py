@@ -28,17 +28,17 @@ from typing import Any, Protocol
 
 import torch
 
-from adaptiveload import config as experiment_config
+from adaptiveload import experiment
 from adaptiveload.costmodel import Calibration
 from adaptiveload.errors import UserError
 from adaptiveload.io import LockHeld, exclusive, write_json, write_parquet
 from adaptiveload.provenance import device_name, git_commit
 from adaptiveload.training import checkpoint
-from adaptiveload.training.config import TrainConfig, from_experiment
 from adaptiveload.training.distributed import Ranks, resolve_ranks, timer_of
-from adaptiveload.training.inputs import prepare_data, run_identity
+from adaptiveload.training.inputs import check_layout, prepare_data, run_identity
 from adaptiveload.training.loop import StepSink, TrainData, Trainer
-from adaptiveload.training.summary import run_summary
+from adaptiveload.training.settings import TrainConfig, from_experiment
+from adaptiveload.training.summary import attention_backend, run_summary
 
 
 @dataclass
@@ -48,7 +48,7 @@ class Request:
     config: Path
     policy: str
     seed: int
-    steps: int | str | None = None  # a count or config.WHOLE_EPOCH
+    steps: int | str | None = None  # a count or WHOLE_EPOCH
     emulate_world_size: int | None = None
     kernel: str | None = None
     calibration: Path | None = None
@@ -74,7 +74,7 @@ class Resolved:
 
 def resolve(req: Request) -> Resolved:
     """Validate everything (files, fields, flags) before any output is written."""
-    exp = experiment_config.load(req.config)
+    exp = experiment.load(req.config)
     ranks = resolve_ranks(req.emulate_world_size, exp["train"]["world_size"])
     cfg = from_experiment(
         exp, req.policy, req.seed, launch_mode=ranks.launch_mode, world_size=ranks.world_size,
@@ -128,6 +128,27 @@ class RunSink(StepSink, Protocol):
 OpenSink = Callable[..., RunSink]
 
 
+def run_tags(cfg: TrainConfig) -> dict[str, str]:
+    """The MLflow tags of a training run: provenance, its settings, and how it was timed."""
+    return {
+        "git_commit": git_commit(),
+        "device": device_name(cfg.device),
+        "torch": torch.__version__,
+        "cuda": str(torch.version.cuda),
+        "experiment": cfg.experiment,
+        "policy": cfg.policy,
+        "seed": str(cfg.seed),
+        "kernel": cfg.kernel,
+        "batch_layout": cfg.batch_layout,
+        "attention_backend": attention_backend(cfg),
+        "launch_mode": cfg.launch_mode,
+        "world_size": str(cfg.world_size),
+        "source": "measured",
+        "timer": timer_of(cfg.launch_mode, cfg.device),
+        "timed_window": cfg.timed_window,
+    }
+
+
 def train(req: Request, open_sink: OpenSink | None = None) -> dict[str, Any]:
     """Run (or resume) one training run; returns its summary (on the main process).
 
@@ -137,6 +158,7 @@ def train(req: Request, open_sink: OpenSink | None = None) -> dict[str, Any]:
     checkpoint until its outputs are written."""
     run = resolve(req)
     data = prepare_data(run.exp, run.cfg, run.calibration, req.manifest, req.plan)
+    check_layout(data.builder(0).table, run.cfg, req.config)
     with run_folder(run.out) if run.ranks.is_main else nullcontext():
         return _train(req, run, data, open_sink)
 
@@ -179,9 +201,7 @@ def _train(
         else checkpoint.Found()
     )
     resume = found.state
-    sink = None
-    if open_sink is not None and main:
-        sink = _open(open_sink, run, identity, found)
+    sink = _open(open_sink, run, identity, found) if open_sink is not None and main else None
     trainer = None
     try:
         trainer = Trainer(
@@ -217,41 +237,26 @@ def _open(
     """The run's sink, described by its params and tags; resuming, the checkpoint's MLflow
     run and its step count (the tracker continues in a new run if the store holds later
     steps, the stopped process's)."""
-    exp, cfg, calibration, out = run.exp, run.cfg, run.calibration, run.out
-    resume = found.state or {}
+    cfg, resume = run.cfg, found.state or {}
     return open_sink(
         experiment=cfg.experiment,
         run_name=cfg.run_name,
         params={
-            "experiment": exp,
+            "experiment": run.exp,
             "run": cfg.to_dict(),
-            "calibration": calibration.label if calibration else "none",
+            "calibration": run.calibration.label if run.calibration else "none",
             "identity": identity,
         },
-        tags={
-            "git_commit": git_commit(),
-            "device": device_name(cfg.device),
-            "torch": torch.__version__,
-            "cuda": str(torch.version.cuda),
-            "experiment": cfg.experiment,
-            "policy": cfg.policy,
-            "seed": str(cfg.seed),
-            "kernel": cfg.kernel,
-            "launch_mode": cfg.launch_mode,
-            "world_size": str(cfg.world_size),
-            "source": "measured",
-            "timer": timer_of(cfg.launch_mode, cfg.device),
-            "timed_window": cfg.timed_window,
-        },
+        tags=run_tags(cfg),
         run_description=(
             f"{cfg.policy}, seed {cfg.seed}, kernel {cfg.kernel}: {cfg.model} trained "
             f"on {cfg.world_size} {cfg.launch_mode} ranks ({device_name(cfg.device)}); "
             "per-step and summary metrics measured"
         ),
-        spool_path=out / "tracking.spool.jsonl",
+        spool_path=run.out / "tracking.spool.jsonl",
         run_id=resume.get("tracking", {}).get("run_id"),
         resume_step=resume.get("step"),
-        run_dir=out,
+        run_dir=run.out,
         supersede=(found.stale or {}).get("tracking", {}).get("run_id"),
-        description=exp.get("description"),
+        description=run.exp.get("description"),
     )

@@ -17,17 +17,24 @@ import pandas as pd
 import torch
 
 from adaptiveload import metrics
-from adaptiveload.config import WHOLE_EPOCH
 from adaptiveload.costmodel import Calibration
+from adaptiveload.model.attention import dense_backend, packed_backend
 from adaptiveload.planning.sampler import PlanBuilder
 from adaptiveload.planning.simulate import simulate
 from adaptiveload.provenance import device_name
-from adaptiveload.training.config import TrainConfig
+from adaptiveload.step_table import WHOLE_EPOCH, timed
 from adaptiveload.training.distributed import timer_of
+from adaptiveload.training.settings import TrainConfig
+
+
+def attention_backend(cfg: TrainConfig) -> str:
+    """The attention backend the run's layout uses on its device (model.attention)."""
+    device = torch.device(cfg.device)
+    return packed_backend(device) if cfg.batch_layout == "packed" else dense_backend(device)
 
 
 def timed_window(table: pd.DataFrame, warmup_steps: int) -> pd.DataFrame:
-    return table[table["step"] >= warmup_steps]
+    return table[timed(table["step"], warmup_steps)]
 
 
 def measured_metrics(
@@ -107,6 +114,8 @@ def run_summary(
         "policy": cfg.policy,
         "seed": cfg.seed,
         "kernel": cfg.kernel,
+        "batch_layout": cfg.batch_layout,
+        "attention_backend": attention_backend(cfg),
         "launch_mode": cfg.launch_mode,
         "world_size": cfg.world_size,
         "device": device_name(cfg.device),

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Fetch the wheels experiments/gpu/h200.sh needs on the H200 machine (Python 3.12, no network)
 # into <repo>/.whl, git-ignored through .git/info/exclude; the device call carries ".whl".
-# Its image lacks jsonschema (adaptiveload.config) and its three dependencies; pandas is
+# Its image lacks jsonschema (adaptiveload.experiment) and its three dependencies; pandas is
 # pinned to the version the project is tested with (the image's is unknown). Run on a
 # machine with PyPI access, before the device call; about 13 MB.
 set -euo pipefail

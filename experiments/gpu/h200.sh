@@ -6,7 +6,7 @@
 #
 #   dist         `torchrun --nproc-per-node 2 -m adaptiveload train`, two processes sharing
 #                the GPU over gloo (DDP; the multi-process CUDA path: LOCAL_RANK, CUDA events)
-#   kernel       kernels/gpu_check.sh (build, CUDA tests, bench of every width, eager vs fused)
+#   kernel       experiments/gpu/kernel_check.sh (build, CUDA tests, bench of every width, eager vs fused)
 #   calibration  `adaptiveload calibrate` of Wan 2.1 T2V-1.3B with $CAL_FLAGS (grid rules,
 #                per-micro-batch validation)
 #   train        16 emulated ranks of the 1.3B on micro-batches of 12k-18k tokens (not
@@ -60,7 +60,7 @@ if [ "$DRY" = 1 ]; then  # tiny, CPU, and without the packages the device lacks
             --timer cpu)
   TRAIN_CONFIG=experiments/gpu/dry_train.yaml
   TRAIN_STEPS=${TRAIN_STEPS:-2}
-  # gpu_check's nvcc build takes minutes on a small CPU: the dry run proves the part's limit
+  # kernel_check's nvcc build takes minutes on a small CPU: the dry run proves the part's limit
   KERNEL_S=${KERNEL_S:-10}
   # a shared CPU is slow at starting Python processes: wide limits, the plumbing is the point
   TOTAL=${TOTAL_BUDGET_S:-1500} DIST_S=${DIST_S:-240} CALIBRATE_S=${CALIBRATE_S:-300}
@@ -169,11 +169,11 @@ if wants dist; then
   pack dist
 fi
 
-# --- 3. kernel: kernels/gpu_check.sh under its limit -------------------------------------------
+# --- 3. kernel: experiments/gpu/kernel_check.sh under its limit -------------------------------------------
 if wants kernel; then
   mkdir -p "$OUTDIR/kernel"
   run_part kernel "$(limit "${KERNEL_S:-140}" 340)" "$OUTDIR/kernel.log" \
-    bash kernels/gpu_check.sh "$OUTDIR/kernel"
+    bash experiments/gpu/kernel_check.sh "$OUTDIR/kernel"
   pack kernel
 fi
 

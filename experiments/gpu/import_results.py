@@ -14,7 +14,7 @@ per-step tables. Then replaces DEST with the run's files (logs over 256 KB are l
   run_index.json   the training runs in the analysis run-index format, so that
                    `adaptiveload analyze aggregate --index DEST/run_index.json` (or the
                    pipeline's run_index()) puts the measured rows beside the model rows.
-The kernel part (kernels/gpu_check.sh's folder) is also copied to
+The kernel part (experiments/gpu/kernel_check.sh's folder) is also copied to
 results/reference/kernels/h200-<date>/, where the kernel's GPU runs are kept
 (`--kernel-dest`, or `--kernel-dest ''` for none).
 `--merge` lays a partial rerun (`PARTS=...`) over what DEST holds, then validates the whole.

@@ -18,10 +18,10 @@ DISTS = {"torch": "torch", "triton": "triton", "numpy": "numpy", "pandas": "pand
          "pyarrow": "pyarrow", "scipy": "scipy", "typer": "typer", "click": "click",
          "yaml": "PyYAML", "jsonschema": "jsonschema", "tqdm": "tqdm",
          "safetensors": "safetensors", "pytest": "pytest", "flash_attn": "flash-attn"}  # fmt: skip
-MODULES = ("adaptiveload.cli", "adaptiveload.config", "adaptiveload.calibration",
+MODULES = ("adaptiveload.cli", "adaptiveload.experiment", "adaptiveload.calibration",
            "adaptiveload.training.session", "adaptiveload.training.loop",
            "adaptiveload.training.distributed", "adaptiveload.ops.kernel_build",
-           "adaptiveload.ops.kernel_bench")  # fmt: skip
+           "adaptiveload.ops.kernel_bench", "adaptiveload.calibration.kernel_e2e")  # fmt: skip
 
 
 def versions() -> dict[str, str | None]:

@@ -2,7 +2,7 @@
 
 Reads what the run wrote under OUTDIR (steps.tsv, env.json, dist/, kernel/summary.txt, the
 calibration JSON, train/*/summary.json) and writes OUTDIR/summary.txt and summary.json:
-the 2-process check, the kernel's target table as gpu_check printed it, the fit (p, R^2,
+the 2-process check, the kernel's target table as kernel_check printed it, the fit (p, R^2,
 M_mem, M_comp), and per training run imbalance / idle / throughput / VRAM next to the
 equal-token run of the same kernel and the paper's 39% -> 18.9%, +22.7%, +27.2%, with the
 imbalance the cost model predicts for the very micro-batches each run timed. Missing parts
@@ -135,7 +135,7 @@ def render(summary: dict[str, Any], out: Path) -> str:
                  f"{dist['launch_mode']} x {dist['world_size']} on {dist['device']}: "
                  f"{dist['steps_total']} steps, imbalance {_num(dist['imbalance_rate'], '.3f')}")
     kernel = out / "kernel" / "summary.txt"
-    lines.append("-- kernel (kernels/gpu_check.sh)")
+    lines.append("-- kernel (experiments/gpu/kernel_check.sh)")
     if kernel.is_file():
         lines.extend(kernel.read_text().splitlines())
     elif not kernel.parent.is_dir():
@@ -144,7 +144,7 @@ def render(summary: dict[str, Any], out: Path) -> str:
         bench = out / "kernel" / "bench.csv"
         rows = list(csv.DictReader(bench.open())) if bench.is_file() else []
         measured = sum(r.get("source") == "measured" for r in rows)
-        lines.append(f"missing (gpu_check cut short?); bench.csv: {measured} measured rows")
+        lines.append(f"missing (kernel_check cut short?); bench.csv: {measured} measured rows")
     cal = summary["calibration"]
     lines.append("-- calibration")
     if cal is None:

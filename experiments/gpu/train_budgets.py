@@ -23,8 +23,8 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from adaptiveload import config as experiment_config
-from adaptiveload.calibration import mixture_token_mix
+from adaptiveload import experiment
+from adaptiveload.calibration.mix import mixture_token_mix
 from adaptiveload.costmodel import Calibration, capacity_for, derive_budgets
 from adaptiveload.errors import UserError
 from adaptiveload.io import write_json
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         cal = Calibration.load(args.calibration)
-        exp = experiment_config.load(args.config)
+        exp = experiment.load(args.config)
         if cal.model != exp["model"]["config"]:
             raise UserError(
                 f"{args.calibration}: calibration is for {cal.model!r}, the experiment trains "

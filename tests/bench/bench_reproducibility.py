@@ -38,7 +38,7 @@ import pandas as pd
 import torch
 from stamp import stamp
 
-from adaptiveload.config import load
+from adaptiveload.experiment import load
 from adaptiveload.io import write_json
 from adaptiveload.metrics import imbalance_rate
 

@@ -25,7 +25,7 @@ import mlflow
 import torch
 from stamp import stamp
 
-from adaptiveload.config import load
+from adaptiveload.experiment import load
 from adaptiveload.io import write_json
 
 TARGET_S = 600.0

@@ -1,6 +1,6 @@
-"""kernels/gpu_check.sh as a GPU-less dry run (ALLOW_NO_GPU=1, no CUDA toolkit): every part runs
-under its limit and is recorded in steps.tsv, the CUDA parts skip with their reason, the
-end-to-end step runs the tiny model on the CPU, and the archive is packed."""
+"""experiments/gpu/kernel_check.sh as a GPU-less dry run (ALLOW_NO_GPU=1, no CUDA toolkit):
+every part runs under its limit and is recorded in steps.tsv, the CUDA parts skip with their
+reason, the end-to-end step runs the tiny model on the CPU, and the archive is packed."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.slow
-def test_gpu_check_dry_run_packs_every_part(tmp_path: Path) -> None:
+def test_kernel_check_dry_run_packs_every_part(tmp_path: Path) -> None:
     out, pack = tmp_path / "kernel", tmp_path / "kernel.tgz"
     env = dict(
         os.environ, ALLOW_NO_GPU="1", PYTHON=sys.executable, PACK=str(pack),
@@ -26,7 +26,7 @@ def test_gpu_check_dry_run_packs_every_part(tmp_path: Path) -> None:
     )  # fmt: skip
     env.pop("ADAPTIVELOAD_BUILD_DIR", None)
     proc = subprocess.run(
-        ["bash", str(ROOT / "kernels" / "gpu_check.sh"), str(out)],
+        ["bash", str(ROOT / "experiments" / "gpu" / "kernel_check.sh"), str(out)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900, check=False,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]

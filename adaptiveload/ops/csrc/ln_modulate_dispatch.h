@@ -26,6 +26,13 @@ constexpr int kRegistersPerCta = 65536;
 constexpr size_t kSmemDefault = 48 * 1024;
 constexpr size_t kSmemOptInMax = 227 * 1024;
 
+// Modulation layouts (the backward's LAYOUT template argument; the forward only tells
+// segments apart): per sample [B, 1, D], per token [B, S, D], or per segment [G, D] of an
+// [L, D] token stream with int32 offsets cu_seqlens [G + 1].
+constexpr int kPerSample = 0;
+constexpr int kPerToken = 1;
+constexpr int kPerSegment = 2;
+
 // Launch shape: tpr threads per row (a multiple of 32, so a warp never straddles two rows),
 // cpt 8-element chunks per thread, rows per CTA.
 struct RowConfig {
@@ -95,8 +102,13 @@ constexpr bool bwd_lean(int x_bytes, int cpt, int stages) {
 // D = 1536 is what failed to launch without it.
 constexpr bool smem_opt_in(size_t dynamic_smem) { return dynamic_smem > 0; }
 
-// Column-sum finalize kernel of the broadcast backward: (32, kFinWarps) threads.
+// Column-sum finalize kernels of the per-sample and per-segment backward: (32, kFinWarps)
+// threads, one grid row per sample or segment (gridDim.y <= 65535).
 constexpr int kFinWarps = 8;
+constexpr int64_t kMaxGridY = 65535;
+
+// The one-CTA check of the segment offsets before the forward.
+constexpr int kCheckThreads = 256;
 
 }  // namespace dispatch
 }  // namespace adaptiveload

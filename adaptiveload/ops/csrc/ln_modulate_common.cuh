@@ -8,6 +8,7 @@
 // the same for every row it visits (the backward's D-tile).
 #pragma once
 
+#include <cassert>
 #include <cstdint>
 
 #include <cuda_bf16.h>
@@ -204,11 +205,53 @@ __device__ __forceinline__ void row_allreduce(float (&v)[N]) {
   }
 }
 
+// --- segments ----------------------------------------------------------------------------
+
+// The segment holding stream row r: the last g in [0, G) with cu[g] <= r (binary search; the
+// offsets are a few hundred bytes, L1/L2-resident). Clamped to [0, G), so offsets that break
+// the rules can give a wrong segment but never an out-of-bounds one.
+__device__ __forceinline__ int64_t find_segment(const int32_t* cu, int64_t G, int64_t r) {
+  int64_t lo = 0, hi = G;  // for valid offsets: cu[lo] <= r < cu[hi]
+  while (hi - lo > 1) {
+    const int64_t mid = (lo + hi) >> 1;
+    if (__ldg(cu + mid) <= r) {
+      lo = mid;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
+}
+
+// The offset rules (0 = cu[0] <= cu[1] <= ... <= cu[G] = L) checked on the device by one CTA
+// (the caller's block 0): breaking them stops the kernel with a device-side assert, which
+// the host sees as a CUDA error, instead of a silently wrong result. Costs G loads spread
+// over the CTA; no barrier.
+__device__ __forceinline__ void check_offsets(const int32_t* cu, int64_t G, int64_t L) {
+  const int tid = threadIdx.y * blockDim.x + threadIdx.x;
+  const int nthr = blockDim.x * blockDim.y;
+  bool ok = tid != 0 || (cu[0] == 0 && cu[G] == L);
+  for (int64_t i = tid; i < G; i += nthr) ok = ok && cu[i] <= cu[i + 1];
+  if (!ok)
+    __assert_fail("ln_modulate_segments: cu_seqlens must be 0 = cu[0] <= ... <= cu[G] = L",
+                  __FILE__, __LINE__, __func__);
+}
+
 static_assert(kMaxD == 8192, "update check_shape's message");
 inline const char* check_shape(int64_t B, int64_t S, int64_t D) {
   if (D % kPack != 0 || D < kPack || D > kMaxD)
     return "ln_modulate: D must be a multiple of 8 in [8, 8192]";
   if (B < 0 || S < 0) return "ln_modulate: negative B or S";
+  return nullptr;
+}
+
+// The segment layout's shape rules beyond check_shape (B = 1, S = L).
+inline const char* check_segments(const int32_t* cu, int64_t B, int64_t S, int64_t G) {
+  if (cu == nullptr) return "ln_modulate_segments: cu_seqlens missing";
+  if (B != 1) return "ln_modulate_segments: the token stream is passed as B = 1, S = L";
+  if (S > 0x7fffffffLL) return "ln_modulate_segments: L must be < 2**31 (int32 offsets)";
+  if (G < 0 || (G == 0 && S > 0)) return "ln_modulate_segments: L > 0 rows need G >= 1";
+  if (G > dispatch::kMaxGridY) return "ln_modulate_segments: at most 65535 segments per call";
   return nullptr;
 }
 

@@ -3,7 +3,7 @@
 Grouped like torchtitan's job config (optimizer, objective, run), frozen so that nothing
 changes them mid-run; `fingerprint()` is the config's part of a run's identity
 (`training.inputs.run_identity`), which a checkpoint must match to be resumed. Defaults are
-the experiment schema's (`adaptiveload.config.schema_default`), so a field left out of an
+the experiment schema's (`adaptiveload.experiment.schema_default`), so a field left out of an
 experiment file and a field left out of a constructor call agree.
 """
 
@@ -14,11 +14,15 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from adaptiveload.config import WHOLE_EPOCH, schema_default
 from adaptiveload.errors import UserError
+from adaptiveload.experiment import schema_default
+from adaptiveload.step_table import WHOLE_EPOCH, window_kind
 
 LAUNCH_MODES = ("emulated", "distributed")
 KERNELS = ("eager", "fused")
+# dense: one bucket shape per micro-batch, a [B, C, T', H', W'] tensor; packed: any shapes as
+# one token stream (docs/packing.md)
+BATCH_LAYOUTS = ("dense", "packed")
 DEVICES = ("cpu", "cuda")
 # ranks one process emulates in turn (each holds its micro-batch); the schema's
 # train.world_size maximum is the same number
@@ -53,6 +57,7 @@ class TrainConfig:
     seed: int
     model: str
     kernel: str = schema_default("model.kernels")[0]
+    batch_layout: str = schema_default("model.batch_layout")
     launch_mode: str = "emulated"
     world_size: int = schema_default("train.world_size")
     device: str = schema_default("calibration.device")
@@ -68,6 +73,7 @@ class TrainConfig:
         for name, allowed in (
             ("launch_mode", LAUNCH_MODES),
             ("kernel", KERNELS),
+            ("batch_layout", BATCH_LAYOUTS),
             ("device", DEVICES),
         ):
             if getattr(self, name) not in allowed:
@@ -92,7 +98,7 @@ class TrainConfig:
     def timed_window(self) -> str:
         """"epoch": the timed steps are one whole epoch (every policy then processes the same
         samples); "steps": a fixed number of steps, whatever samples they hold."""
-        return WHOLE_EPOCH if self.steps == WHOLE_EPOCH else "steps"
+        return window_kind(self.steps)
 
     @property
     def run_name(self) -> str:
@@ -121,7 +127,7 @@ def from_experiment(
     kernel: str | None = None,
     device: str | None = None,
 ) -> TrainConfig:
-    """TrainConfig from `adaptiveload.config.load(...)` output plus command-line overrides."""
+    """TrainConfig from `adaptiveload.experiment.load(...)` output plus command-line overrides."""
     if policy not in experiment["policies"]:
         raise UserError(
             f"--policy {policy}: not among this experiment's policies {experiment['policies']}"
@@ -134,6 +140,7 @@ def from_experiment(
         seed=seed,
         model=experiment["model"]["config"],
         kernel=kernel or kernels[0],
+        batch_layout=experiment["model"]["batch_layout"],
         launch_mode=launch_mode,
         world_size=world_size,
         device=device or experiment["calibration"]["device"],

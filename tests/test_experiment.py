@@ -1,11 +1,12 @@
 import pytest
 
-from adaptiveload import config
+from adaptiveload import experiment
 from adaptiveload.data.bucketing import DEFAULT_GRID, DEFAULT_MAX_FRAMES, DEFAULT_MODE, GRIDS, MODES
 from adaptiveload.errors import UserError
 from adaptiveload.planning.policies import MAX_BUDGET, P_RANGE, POLICIES
 from adaptiveload.planning.simulate import DEFAULT_ALLREDUCE_GBPS
-from adaptiveload.training.config import (
+from adaptiveload.training.settings import (
+    BATCH_LAYOUTS,
     DEVICES,
     KERNELS,
     MAX_WORLD_SIZE,
@@ -17,7 +18,7 @@ from adaptiveload.training.config import (
 def test_minimal_file_gets_every_default(tmp_path):
     path = tmp_path / "x.yaml"
     path.write_text("name: x\n")
-    cfg = config.load(path)
+    cfg = experiment.load(path)
     assert cfg["budgets"] == {"m_tok": "auto", "m_mem": "auto", "m_comp": "auto", "p": "auto"}
     assert cfg["train"]["world_size"] >= 1
     assert cfg["data"]["bucketing"] == "aspect"
@@ -29,7 +30,7 @@ def test_shipped_experiments_validate():
     files = sorted(Path(__file__).resolve().parents[1].glob("experiments/*.yaml"))
     assert files, "no experiment files found"
     for path in files:
-        config.load(path)
+        experiment.load(path)
 
 
 @pytest.mark.parametrize(
@@ -45,20 +46,20 @@ def test_bad_field_is_named(tmp_path, text, field):
     path = tmp_path / "bad.yaml"
     path.write_text(text)
     with pytest.raises(UserError) as info:
-        config.load(path)
+        experiment.load(path)
     assert str(path) in str(info.value)
     assert f"'{field}'" in str(info.value)
 
 
 def test_missing_file(tmp_path):
     with pytest.raises(UserError, match="not found"):
-        config.load(tmp_path / "nope.yaml")
+        experiment.load(tmp_path / "nope.yaml")
 
 
 def test_train_config_defaults_are_the_schemas():
     """A TrainConfig built from its dataclass defaults equals one from an experiment file that
     sets nothing: a dataclass default that drifts from the schema's fails here."""
-    exp = config.validate({"name": "x"}, "test")
+    exp = experiment.validate({"name": "x"}, "test")
     from_file = from_experiment(
         exp, "adaptiveload", 0, launch_mode="emulated", world_size=exp["train"]["world_size"]
     )
@@ -67,34 +68,35 @@ def test_train_config_defaults_are_the_schemas():
 
 
 def test_schema_default_reads_nested_and_list_fields():
-    filled = config.validate({"name": "x"}, "test")
-    assert config.schema_default("train.steps") == filled["train"]["steps"]
-    assert config.schema_default("paper_map.centre.world_size") == 16
-    assert config.schema_default("simulate.grid") == "wan"  # a field of the list's entries
+    filled = experiment.validate({"name": "x"}, "test")
+    assert experiment.schema_default("train.steps") == filled["train"]["steps"]
+    assert experiment.schema_default("paper_map.centre.world_size") == 16
+    assert experiment.schema_default("simulate.grid") == "wan"  # a field of the list's entries
     with pytest.raises(KeyError, match="no such field"):
-        config.schema_default("train.nope")
+        experiment.schema_default("train.nope")
     with pytest.raises(KeyError, match="no default"):
-        config.schema_default("name")
+        experiment.schema_default("name")
 
 
 def test_schema_copies_of_code_constants():
     """The schema cannot import; where it repeats a name list or a number the code owns, the
     copy must match the code's."""
-    props = config.schema()["properties"]
+    props = experiment.schema()["properties"]
     data, sim = props["data"]["properties"], props["simulate"]["items"]["properties"]
     assert props["policies"]["items"]["enum"] == list(POLICIES)
-    assert config.schema_default("policies") == list(POLICIES)
-    assert config.schema_default("analysis.baseline") in POLICIES
+    assert experiment.schema_default("policies") == list(POLICIES)
+    assert experiment.schema_default("analysis.baseline") in POLICIES
     for section in (data, sim):
         assert section["bucketing"]["enum"] == list(MODES)
         assert section["grid"]["enum"] == list(GRIDS)
-    assert config.schema_default("data.bucketing") == DEFAULT_MODE
-    assert config.schema_default("simulate.bucketing") == DEFAULT_MODE
-    assert config.schema_default("simulate.grid") == DEFAULT_GRID
-    assert config.schema_default("data.max_frames") == DEFAULT_MAX_FRAMES
+    assert experiment.schema_default("data.bucketing") == DEFAULT_MODE
+    assert experiment.schema_default("simulate.bucketing") == DEFAULT_MODE
+    assert experiment.schema_default("simulate.grid") == DEFAULT_GRID
+    assert experiment.schema_default("data.max_frames") == DEFAULT_MAX_FRAMES
     for field in ("train", "simulate", "paper_map"):
-        assert config.schema_default(f"{field}.allreduce_gbps") == DEFAULT_ALLREDUCE_GBPS
+        assert experiment.schema_default(f"{field}.allreduce_gbps") == DEFAULT_ALLREDUCE_GBPS
     assert props["model"]["properties"]["kernels"]["items"]["enum"] == list(KERNELS)
+    assert props["model"]["properties"]["batch_layout"]["enum"] == list(BATCH_LAYOUTS)
     assert props["calibration"]["properties"]["device"]["enum"] == list(DEVICES)
     assert props["train"]["properties"]["world_size"]["maximum"] == MAX_WORLD_SIZE
     budgets = props["budgets"]["properties"]

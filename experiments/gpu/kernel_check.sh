@@ -2,7 +2,7 @@
 # Build, check, test and benchmark the fused LayerNorm-Modulate kernel on a GPU machine, in one
 # go, writing everything under OUTDIR (target: ~4 minutes on an H200).
 #
-#   kernels/gpu_check.sh OUTDIR
+#   experiments/gpu/kernel_check.sh OUTDIR
 #
 # Needs only python with torch (CUDA build), nvcc and ninja: no `pip install -e .` (the repo
 # goes on PYTHONPATH), no typer/mlflow (the build and bench modules run directly).
@@ -26,8 +26,8 @@
 # step runs the tiny model on the CPU).
 set -uo pipefail
 
-OUT=${1:?usage: kernels/gpu_check.sh OUTDIR}
-REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+OUT=${1:?usage: experiments/gpu/kernel_check.sh OUTDIR}
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 PY=${PYTHON:-python3}
 ARCH=${ARCH:-9.0}
 mkdir -p "$OUT"
@@ -130,7 +130,7 @@ else
   E2E=(--device cpu --model wan2.1-micro --seq-lens 16,48 --steps 1)
 fi
 step e2e "${E2E_TIMEOUT_S:-120}" "$OUT/e2e.log" \
-  "$PY" -m adaptiveload.ops.kernel_bench --e2e -o "$OUT/e2e.csv" "${E2E[@]}"
+  "$PY" -m adaptiveload.calibration.kernel_e2e -o "$OUT/e2e.csv" "${E2E[@]}"
 
 # 6. optional: Nsight Compute on backward launches at both Wan widths (what limits it: DRAM
 #    throughput vs latency, occupancy); only if the run is still within NCU_START_BEFORE_S,

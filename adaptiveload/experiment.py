@@ -1,4 +1,4 @@
-"""Experiment files: load, fill defaults and validate against adaptiveload/config.schema.yaml.
+"""Experiment files: load, fill defaults and validate against adaptiveload/experiment.schema.yaml.
 
 The same schema serves Snakemake's `validate()` and every `adaptiveload ... --config` command,
 so a bad field is reported the same way everywhere: file, field, what is expected.
@@ -20,25 +20,7 @@ from adaptiveload.errors import UserError
 from adaptiveload.io import read_text
 
 # package data, so that an installed package validates with the same file as the checkout
-SCHEMA_PATH = Path(__file__).resolve().parent / "config.schema.yaml"
-
-# `train.steps: epoch`: after the warm-up, time exactly one whole epoch (docs/measurement.md)
-WHOLE_EPOCH = "epoch"
-
-
-def run_steps(steps: int | str, warmup_steps: int, epoch_steps: int) -> int:
-    """The steps a training run executes: `steps` itself, or for ``steps: epoch`` the warm-up
-    (which replays the epoch's first batches) followed by all `epoch_steps` steps of epoch 0.
-
-    Whole epochs make the policies comparable sample for sample: each one's timed window
-    processes the same samples (the whole dataset), in however many steps its plan needs.
-    """
-    if steps == WHOLE_EPOCH:
-        return warmup_steps + epoch_steps
-    if isinstance(steps, bool) or not isinstance(steps, int):
-        raise UserError(f"train.steps {steps!r}: expected a step count or '{WHOLE_EPOCH}'")
-    return steps
-
+SCHEMA_PATH = Path(__file__).resolve().parent / "experiment.schema.yaml"
 
 @cache
 def schema() -> dict[str, Any]:
@@ -118,7 +100,7 @@ def validate(config: dict[str, Any], origin: str) -> dict[str, Any]:
         field = ".".join(str(p) for p in err.absolute_path) or "(top level)"
         raise UserError(
             f"{origin}: field '{field}': {err.message}. "
-            "See adaptiveload/config.schema.yaml for what is allowed."
+            "See adaptiveload/experiment.schema.yaml for what is allowed."
         )
     return config
 

@@ -1,6 +1,6 @@
 """What a training experiment costs in GPU-hours on one GPU, from measured step times.
 
-    python -m adaptiveload.planning.gpu_hours experiments/paper.yaml
+    python experiments/gpu/gpu_hours.py experiments/paper.yaml
 
 The arithmetic (labelled `model`: measured step times, planned shapes):
 
@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[2]  # experiments/gpu/ of the checkout
 # one H200, Wan 2.1 T2V-1.3B, bf16 autocast, per-block activation checkpointing (measured)
 H200_CALIBRATION = REPO / "results/reference/h200/2026-11-30/grid7/calibration-grid7-run3.json"
 # the batch-independent part is measured where the GPU is saturated (see the module docstring)
@@ -86,12 +86,13 @@ def mean_step_seconds(plan: pd.DataFrame, times: StepTimes) -> float:
 
 def experiment_cost(path: Path, calibration: Path = H200_CALIBRATION) -> dict:
     """GPU-hours of the experiment's training and calibration on one GPU (`model`)."""
-    from adaptiveload.config import load_layered, run_steps
     from adaptiveload.costmodel import Calibration
     from adaptiveload.data.bucketing import bucketize
     from adaptiveload.data.mixtures import synthesize
+    from adaptiveload.experiment import load_layered
     from adaptiveload.planning.plan import build_plan
     from adaptiveload.planning.policies import Budgets
+    from adaptiveload.step_table import run_steps
 
     cfg = load_layered(path)
     times = StepTimes.from_calibration(calibration)

@@ -10,6 +10,13 @@
 //   y, dx          [B, S, D]  contiguous, x's dtype
 //   mean, rstd     [B, S]     contiguous fp32
 //   dscale, dshift contiguous, scale's dtype: [B, 1, D] (broadcast) or [B, S, D] (per token)
+//
+// Segment layout (cu_seqlens set): x, dy, y, dx are the [L, D] token stream of G segments,
+// passed as B = 1, S = L (x_sb unused, x_ss the row stride); scale/shift are [G, D] with row
+// stride scale_sb (scale_ss = 0); cu_seqlens holds G + 1 int32 offsets, 0 = cu[0] <= ... <=
+// cu[G] = L, on the device; mean, rstd are [L]; dscale, dshift [G, D] contiguous (per-segment
+// sums). The kernels check the offsets on the device (a device-side assert if they break the
+// rules) and never read or write out of bounds whatever their values.
 #pragma once
 
 #include <cstdint>
@@ -39,6 +46,8 @@ struct LnModFwdArgs {
   float eps;
   DType x_dtype;
   DType mod_dtype;  // scale and shift: kF32 or x_dtype
+  const int32_t* cu_seqlens;  // segment layout only (else nullptr)
+  int64_t G;                  // segments
 };
 
 struct LnModBwdArgs {
@@ -53,17 +62,20 @@ struct LnModBwdArgs {
   void* dx;
   void* dscale;
   void* dshift;
-  float* workspace;  // broadcast only: ln_modulate_bwd_workspace() floats
+  float* workspace;  // per sample or segment: ln_modulate_bwd_workspace() floats
   int64_t B, S, D;
-  bool per_token;  // scale is [B, S, D]; otherwise [B, 1, D]
+  int layout;  // dispatch::kPerSample, kPerToken or kPerSegment
   DType x_dtype;
   DType mod_dtype;
+  const int32_t* cu_seqlens;  // kPerSegment only
+  int64_t G;
 };
 
 // All functions return nullptr on success, else a static message (validation or CUDA error).
 const char* ln_modulate_fwd(const LnModFwdArgs& args, cudaStream_t stream);
 
-// fp32 floats of scratch the backward needs (0 for per-token modulation). Depends on the
+// fp32 floats of scratch the backward needs (0 for per-token modulation; for segments four
+// partial rows per tile of the plan, known from L alone: the offsets stay on the device). Depends on the
 // current device's SM count; call on the device that will run the backward.
 const char* ln_modulate_bwd_workspace(const LnModBwdArgs& args, int64_t* floats);
 

@@ -3,6 +3,10 @@
 // y = xhat * (1 + scale) + shift written with 16-byte stores. HBM traffic: read x, write y,
 // 8 bytes of mean/rstd per row; scale/shift rows are re-read per row from L1/L2 (broadcast)
 // or HBM (per token), and loaded only after the reductions to keep registers for occupancy.
+// Segment layout: row r of the [L, D] stream reads the modulation row of its segment, found
+// by a binary search of the offsets issued while the row's loads are in flight. A one-CTA
+// kernel checks the offsets first (kept out of the row kernel: the assert's call costs
+// registers there, ptxas spilled).
 #include "ln_modulate_common.cuh"
 
 namespace adaptiveload {
@@ -23,26 +27,46 @@ struct FwdParams {
   int64_t rows, S;
   int D;
   float eps;
+  const int32_t* cu;  // SEGMENTS: offsets [G + 1]
+  int64_t G;
 };
 
-template <typename T, typename M, int CPT>
-__global__ void __launch_bounds__(kMaxThreads) ln_mod_fwd_kernel(const FwdParams p) {
+using dispatch::kCheckThreads;
+
+__global__ void __launch_bounds__(kCheckThreads)
+    ln_mod_check_offsets(const int32_t* cu, int64_t G, int64_t L) {
+  check_offsets(cu, G, L);
+}
+
+// (kMaxThreads, 1): up to 128 registers, as the bound alone allows; without the explicit
+// minimum ptxas held the segment instance at 5 chunks to 64 registers and spilled
+template <typename T, typename M, int CPT, bool SEGMENTS>
+__global__ void __launch_bounds__(kMaxThreads, 1) ln_mod_fwd_kernel(const FwdParams p) {
   const int tx = threadIdx.x;
   const int tpr = blockDim.x;
   const int nc = p.D / kPack;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
   const bool valid = row < p.rows;
-  const int64_t b = valid ? row / p.S : 0;
-  const int64_t s = valid ? row % p.S : 0;
+  // dense: sample b, position s; segments: the stream is B = 1, S = L, so b = 0 and s = row
+  const int64_t b = SEGMENTS || !valid ? 0 : row / p.S;
+  const int64_t s = !valid ? 0 : (SEGMENTS ? row : row % p.S);
   const T* xr = static_cast<const T*>(p.x) + b * p.x_sb + s * p.x_ss;
 
   Pack<T> xv[CPT];
+#pragma unroll
+  for (int c = 0; c < CPT; ++c) {
+    const int ch = c * tpr + tx;
+    if (valid && ch < nc) xv[c] = load_pack<T>(xr + ch * kPack);
+  }
+  // the modulation row: the sample's (position s for per-token) or, searched while the row's
+  // loads are in flight, the row's segment's (warp-uniform: a warp never straddles rows)
+  const int64_t mod_b = SEGMENTS ? (valid ? find_segment(p.cu, p.G, row) : 0) : b;
+  const int64_t mod_s = SEGMENTS ? 0 : s;
   float acc[1] = {0.f};
 #pragma unroll
   for (int c = 0; c < CPT; ++c) {
     const int ch = c * tpr + tx;
     if (valid && ch < nc) {
-      xv[c] = load_pack<T>(xr + ch * kPack);
       float f[kPack];
       unpack(xv[c], f);
 #pragma unroll
@@ -75,8 +99,8 @@ __global__ void __launch_bounds__(kMaxThreads) ln_mod_fwd_kernel(const FwdParams
     p.rstd[row] = rstd;
   }
 
-  const M* sc = static_cast<const M*>(p.scale) + b * p.scale_sb + s * p.scale_ss;
-  const M* sh = static_cast<const M*>(p.shift) + b * p.shift_sb + s * p.shift_ss;
+  const M* sc = static_cast<const M*>(p.scale) + mod_b * p.scale_sb + mod_s * p.scale_ss;
+  const M* sh = static_cast<const M*>(p.shift) + mod_b * p.shift_sb + mod_s * p.shift_ss;
   T* yr = static_cast<T*>(p.y) + row * p.D;
 #pragma unroll
   for (int c = 0; c < CPT; ++c) {
@@ -93,30 +117,40 @@ __global__ void __launch_bounds__(kMaxThreads) ln_mod_fwd_kernel(const FwdParams
   }
 }
 
-template <typename T, typename M, int CPT>
+template <typename T, typename M, int CPT, bool SEGMENTS>
 const char* launch(const FwdParams& p, RowConfig cfg, cudaStream_t stream) {
   const dim3 block(cfg.tpr, cfg.rows);
   const int64_t blocks = (p.rows + cfg.rows - 1) / cfg.rows;
   if (blocks > 0x7fffffffLL) return "ln_modulate_fwd: too many rows for one launch";
-  ln_mod_fwd_kernel<T, M, CPT><<<static_cast<unsigned>(blocks), block, 0, stream>>>(p);
+  if (SEGMENTS) {
+    ln_mod_check_offsets<<<1, kCheckThreads, 0, stream>>>(p.cu, p.G, p.rows);
+    if (const char* err = last_error()) return err;
+  }
+  ln_mod_fwd_kernel<T, M, CPT, SEGMENTS><<<static_cast<unsigned>(blocks), block, 0, stream>>>(p);
   return last_error();
 }
 
-template <typename T, typename M>
+template <typename T, typename M, bool SEGMENTS>
 const char* dispatch_cpt(const FwdParams& p, RowConfig cfg, cudaStream_t stream) {
   switch (cfg.cpt) {
-    case 4: return launch<T, M, 4>(p, cfg, stream);
-    case 5: return launch<T, M, 5>(p, cfg, stream);
-    case 6: return launch<T, M, 6>(p, cfg, stream);
+    case 4: return launch<T, M, 4, SEGMENTS>(p, cfg, stream);
+    case 5: return launch<T, M, 5, SEGMENTS>(p, cfg, stream);
+    case 6: return launch<T, M, 6, SEGMENTS>(p, cfg, stream);
     default: return "ln_modulate_fwd: internal error (no kernel for this chunk count)";
   }
+}
+
+template <typename T, typename M>
+const char* dispatch_layout(const FwdParams& p, RowConfig cfg, cudaStream_t stream) {
+  return p.cu != nullptr ? dispatch_cpt<T, M, true>(p, cfg, stream)
+                         : dispatch_cpt<T, M, false>(p, cfg, stream);
 }
 
 template <typename T>
 const char* dispatch_mod(const FwdParams& p, RowConfig cfg, DType x_dtype, DType mod_dtype,
                          cudaStream_t stream) {
-  if (mod_dtype == DType::kF32) return dispatch_cpt<T, float>(p, cfg, stream);
-  if (mod_dtype == x_dtype) return dispatch_cpt<T, T>(p, cfg, stream);
+  if (mod_dtype == DType::kF32) return dispatch_layout<T, float>(p, cfg, stream);
+  if (mod_dtype == x_dtype) return dispatch_layout<T, T>(p, cfg, stream);
   return "ln_modulate_fwd: scale/shift dtype must be float32 or x's dtype";
 }
 
@@ -124,10 +158,13 @@ const char* dispatch_mod(const FwdParams& p, RowConfig cfg, DType x_dtype, DType
 
 const char* ln_modulate_fwd(const LnModFwdArgs& a, cudaStream_t stream) {
   if (const char* err = detail::check_shape(a.B, a.S, a.D)) return err;
+  if (a.cu_seqlens != nullptr) {
+    if (const char* err = detail::check_segments(a.cu_seqlens, a.B, a.S, a.G)) return err;
+  }
   if (a.B == 0 || a.S == 0) return nullptr;
   const FwdParams p{a.x,     a.x_sb,    a.x_ss, a.scale, a.scale_sb,         a.scale_ss,
                     a.shift, a.shift_sb, a.shift_ss, a.y, a.mean, a.rstd, a.B * a.S, a.S,
-                    static_cast<int>(a.D), a.eps};
+                    static_cast<int>(a.D), a.eps, a.cu_seqlens, a.G};
   const RowConfig cfg = dispatch::fwd_config(a.D);
   switch (a.x_dtype) {
     case DType::kF32: return dispatch_mod<float>(p, cfg, a.x_dtype, a.mod_dtype, stream);

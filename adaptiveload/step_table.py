@@ -1,0 +1,56 @@
+"""The per-step table and its timed window: what a training run and a simulation both write
+and which of its steps every metric is computed over.
+
+One row per (step, rank). The trainer (`training.loop`) and the simulator
+(`planning.simulate`) write it, the run summary (`training.summary`, the simulator's) and the
+analysis (`analysis.aggregate`) read it; this module sits below all of them so that none has
+to import another to know the columns or the window.
+
+The timed window is the steps from `warmup_steps` on. With ``train.steps: epoch``
+(`WHOLE_EPOCH`) the warm-up replays the epoch's first batches and the window is exactly one
+whole epoch, so every policy's window processes the same samples (docs/measurement.md).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from adaptiveload.errors import UserError
+
+# compute_s / step_time_s: by the run's timer (a prediction in a simulation); compute_wall_s /
+# step_wall_s: by the wall clock beside it (measured runs only, empty in a simulation)
+STEP_COLUMNS = (
+    "step", "rank", "compute_s", "compute_wall_s", "wait_s", "samples", "tokens", "frames",
+    "height", "width", "peak_bytes", "peak_bytes_model", "loss", "step_time_s", "step_wall_s",
+)  # fmt: skip
+# the columns a table must have to be analysed; a producer may leave the others out
+REQUIRED_STEP_COLUMNS = ("step", "rank", "compute_s", "samples", "tokens", "step_time_s")
+
+# `train.steps: epoch`: after the warm-up, time exactly one whole epoch
+WHOLE_EPOCH = "epoch"
+
+
+def run_steps(steps: int | str, warmup_steps: int, epoch_steps: int) -> int:
+    """The steps a training run executes: `steps` itself, or for ``steps: epoch`` the warm-up
+    (which replays the epoch's first batches) followed by all `epoch_steps` steps of epoch 0.
+
+    Whole epochs make the policies comparable sample for sample: each one's timed window
+    processes the same samples (the whole dataset), in however many steps its plan needs.
+    """
+    if steps == WHOLE_EPOCH:
+        return warmup_steps + epoch_steps
+    if isinstance(steps, bool) or not isinstance(steps, int):
+        raise UserError(f"train.steps {steps!r}: expected a step count or '{WHOLE_EPOCH}'")
+    return steps
+
+
+def window_kind(steps: int | str) -> str:
+    """The run summary's `timed_window`: "epoch" when the timed steps are one whole epoch
+    (every policy then processes the same samples), "steps" for a fixed number of steps."""
+    return WHOLE_EPOCH if steps == WHOLE_EPOCH else "steps"
+
+
+def timed(step: pd.Series | np.ndarray, warmup_steps: int) -> pd.Series | np.ndarray:
+    """Which rows (or step indices) lie in the timed window: the steps from `warmup_steps` on."""
+    return step >= warmup_steps
