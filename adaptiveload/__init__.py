@@ -5,7 +5,8 @@ holds the list and checks it):
 
     base         errors, io, progress, tokens, metrics, extras, provenance, experiment (the
                  experiment files and their schema), step_table (the per-step table),
-                 lifecycle (stop signals, the parent-death signal)
+                 lifecycle (stop signals, the parent-death signal), pipeline (what the
+                 workflow rules and the package share: layout, variants)
     ops          the LayerNorm-Modulate op and its CUDA build
     model        Wan 2.1 (architectures, the DiT, analytic FLOPs and memory)
     data         manifests, mixtures, bucketing, datasets

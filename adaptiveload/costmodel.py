@@ -47,7 +47,12 @@ from typing import Any
 import numpy as np
 
 from adaptiveload.errors import UserError
+from adaptiveload.experiment import schema_default
 from adaptiveload.io import read_json
+
+# the fraction of a device's memory the budgets leave free (an experiment's
+# calibration.headroom; files that do not record theirs were made with it)
+DEFAULT_HEADROOM = schema_default("calibration.headroom")
 
 
 @dataclass(frozen=True)
@@ -142,6 +147,11 @@ class Calibration:
     def label(self) -> str:
         """'measured (DEVICE)' or 'model (DEVICE)': how numbers derived from this are tagged."""
         return f"{self.source} ({self.device})"
+
+    @property
+    def headroom(self) -> float:
+        """The fraction of the capacity its budgets left free."""
+        return float(self.extra.get("headroom", DEFAULT_HEADROOM))
 
     def to_dict(self) -> dict[str, Any]:
         out = {k: v for k, v in asdict(self).items() if k not in ("cost", "extra")}
@@ -325,7 +335,7 @@ def derive_budgets(
     cost: CostModel,
     sample_tokens: Any,
     capacity_bytes: float,
-    headroom: float = 0.1,
+    headroom: float = DEFAULT_HEADROOM,
     ref_tokens: float | None = None,
     ref_batch: int | None = None,
 ) -> BudgetDerivation:

@@ -1,4 +1,5 @@
-"""Synthetic run files in the trainer/simulator schema, with effects planted on purpose.
+"""Synthetic run files in the trainer/simulator schema (the product's own: `STEP_COLUMNS`,
+`SUMMARY_KEYS`), with effects planted on purpose.
 
 Used by the analysis tests: a policy whose ranks are better balanced (smaller spread of
 per-rank compute) and faster per step by a known factor, or identical to the baseline.
@@ -13,7 +14,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from adaptiveload.analysis.aggregate import SUMMARY_KEYS
 from adaptiveload.metrics import summarize
+from adaptiveload.step_table import STEP_COLUMNS
 
 
 def write_run(
@@ -43,17 +46,18 @@ def write_run(
     samples = rng.integers(*samples_range, size=(steps, ranks))
     tokens = samples * 256
     step_time = compute.max(axis=1) + 0.01
-    step_wall = step_time * rng.uniform(1.0, 1.1, size=steps)  # a wall clock, a little slower
+    wall = rng.uniform(1.0, 1.1, size=steps)  # a wall clock, a little slower
     rows = [
-        dict(step=s, rank=r, compute_s=compute[s, r], wait_s=step_time[s] - compute[s, r],
-             samples=int(samples[s, r]), tokens=int(tokens[s, r]), frames=5, height=64,
-             width=64, peak_bytes=None, peak_bytes_model=1e8 * samples[s, r], loss=0.5,
-             step_time_s=step_time[s], step_wall_s=step_wall[s])
+        dict(step=s, rank=r, compute_s=compute[s, r], compute_wall_s=compute[s, r] * wall[s],
+             wait_s=step_time[s] - compute[s, r], samples=int(samples[s, r]),
+             tokens=int(tokens[s, r]), frames=5, height=64, width=64, peak_bytes=None,
+             peak_bytes_model=1e8 * samples[s, r], loss=0.5, step_time_s=step_time[s],
+             step_wall_s=step_time[s] * wall[s])
         for s in range(steps) for r in range(ranks)
-    ]
+    ]  # fmt: skip
     out = root / setup.replace("/", "_") / variant / policy / f"seed{seed}"
     out.mkdir(parents=True, exist_ok=True)
-    pd.DataFrame(rows).to_parquet(out / "steps.parquet")
+    pd.DataFrame(rows, columns=list(STEP_COLUMNS)).to_parquet(out / "steps.parquet")
     timed = slice(warmup, steps)
     metrics = summarize(compute[timed], samples[timed].sum(), tokens[timed].sum(),
                         step_time[timed].sum())
@@ -61,13 +65,14 @@ def write_run(
                    launch_mode="emulated", world_size=ranks, device=device, source=source,
                    warmup_steps=warmup, capacity_bytes=4e9, calibration=calibration,
                    timed_window=timed_window,
-                   **metrics.as_dict())
+                   **metrics.as_dict())  # fmt: skip
+    assert set(SUMMARY_KEYS) <= set(summary)  # what the analysis requires of every summary
     (out / "summary.json").write_text(json.dumps(summary))
     return dict(setup=setup, variant=variant, summary=str(out / "summary.json"),
                 steps=str(out / "steps.parquet"))
 
 
-def write_experiment(root: Path, planted: bool, seeds=(0, 1, 2)) -> list[dict]:
+def planted_runs(root: Path, planted: bool, seeds=(0, 1, 2)) -> list[dict]:
     """Baseline vs `adaptiveload`: with `planted`, the policy is 1.3x faster and balanced."""
     index = []
     for seed in seeds:

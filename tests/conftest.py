@@ -10,8 +10,7 @@ from types import ModuleType
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-GPU_SCRIPTS = REPO / "experiments" / "gpu"
+GPU_SCRIPTS = Path(__file__).resolve().parents[1] / "experiments" / "gpu"
 
 
 @pytest.fixture(scope="session")

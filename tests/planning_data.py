@@ -1,11 +1,12 @@
-"""Bucketed test manifests for the planning tests (shapes on Wan's 4k+1 / 16-px grid)."""
+"""Bucketed test manifests for the planning tests (shapes on Wan's 4k+1 / 16-px grid), bucketed
+by the product's own `bucketize` (exact mode keeps each shape), so they carry its columns."""
 
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 
-from adaptiveload.tokens import token_count
+from adaptiveload.data.bucketing import bucketize
 
 # (frames, height, width): images, short and long clips, one 720p clip over most budgets
 SHAPES = np.array(
@@ -20,12 +21,8 @@ def bucketed(n: int, seed: int = 0, shapes: np.ndarray = SHAPES) -> pd.DataFrame
     """`n` samples drawn over `shapes`, with the columns bucketize() adds."""
     rng = np.random.default_rng(seed)
     pick = np.asarray(shapes)[rng.integers(0, len(shapes), n)]
-    f, h, w = pick[:, 0], pick[:, 1], pick[:, 2]
-    return pd.DataFrame(
-        {
-            "sample_id": [f"s{i:07d}" for i in range(n)],
-            "num_frames": f, "height": h, "width": w,
-            "bucket_frames": f, "bucket_height": h, "bucket_width": w,
-            "tokens": token_count(f, h, w),
-        }
-    )  # fmt: skip
+    manifest = pd.DataFrame({
+        "sample_id": [f"s{i:07d}" for i in range(n)],
+        "num_frames": pick[:, 0], "height": pick[:, 1], "width": pick[:, 2],
+    })  # fmt: skip
+    return bucketize(manifest, mode="exact").samples

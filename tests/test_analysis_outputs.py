@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 import pandas as pd
-from analysis_synth import write_experiment, write_run
+from analysis_synth import planted_runs, write_run
 
 from adaptiveload.analysis.figures import FIGURES
 
@@ -19,7 +19,7 @@ def _cli(*args):
 
 
 def test_tables_and_figures_from_synthetic_runs(tmp_path):
-    index = write_experiment(tmp_path / "runs", planted=True, seeds=(0, 1))
+    index = planted_runs(tmp_path / "runs", planted=True, seeds=(0, 1))
     for p in (1.0, 1.5, 2.0):  # a simulated p sweep, labelled `model`
         for policy, speed in (("equal-token", 1.0), ("adaptiveload", 1.0 + p / 10)):
             index.append(write_run(tmp_path / "runs", policy, 0, setup="sim/h200",
@@ -29,7 +29,9 @@ def test_tables_and_figures_from_synthetic_runs(tmp_path):
         index.append(write_run(tmp_path / "runs", policy, 0, setup="sim/h200", speedup=speed,
                                source="model", device="H200", steps=12))
     runs, steps = tmp_path / "runs.parquet", tmp_path / "steps.parquet"
-    _cli("aggregate", "--index", json.dumps(index), "--runs-out", runs, "--steps-out", steps)
+    (tmp_path / "run_index.json").write_text(json.dumps(index))
+    _cli("aggregate", "--index", tmp_path / "run_index.json", "--runs-out", runs,
+         "--steps-out", steps)
     stats_csv, stats_md = tmp_path / "stats.csv", tmp_path / "stats.md"
     _cli("stats", "--runs", runs, "--steps", steps, "--csv", stats_csv, "--md", stats_md,
          "--n-boot", 200)
@@ -128,13 +130,13 @@ def test_figure_layouts_name_things_and_do_not_collide(tmp_path):
     from adaptiveload.analysis.aggregate import aggregate, parse_index
     from adaptiveload.analysis.stats import compare
 
-    index = write_experiment(tmp_path / "runs", planted=True, seeds=(0, 1))
+    index = planted_runs(tmp_path / "runs", planted=True, seeds=(0, 1))
     for seed in (0, 1):
         for policy in ("equal-token", "adaptiveload"):
             index.append(write_run(tmp_path / "runs", policy, seed, setup="sim/h200-1.3b",
                                    kernel="none", source="model", device="NVIDIA H200 (prior)",
                                    steps=12))  # fmt: skip
-    agg = aggregate(parse_index(json.dumps(index)))
+    agg = aggregate(parse_index(index))
     stats = compare(agg.runs, agg.steps, n_boot=200, seed=0)
     describe = {"manifest": "x/manifest.parquet", "num_samples": 3, "num_excluded": 0,
                 "buckets": [{"tokens": t, "count": 1} for t in (100, 400, 1600)]}  # fmt: skip
@@ -179,7 +181,7 @@ def test_labels_say_which_clock_measured_and_which_calibration_predicted(tmp_pat
                   device="NVIDIA H200 (analytic prior)",
                   calibration="model (NVIDIA H200 (analytic prior))"),
     ]  # fmt: skip
-    labels = aggregate(parse_index(json.dumps(index))).runs.set_index("setup")["label"]
+    labels = aggregate(parse_index(index)).runs.set_index("setup")["label"]
     assert labels["train"] == "measured (cpu)"
     assert labels["sim/measured"] == "model (measured calibration, cuda:NVIDIA H200)"
     assert labels["sim/prior"] == "model (NVIDIA H200 (analytic prior))"

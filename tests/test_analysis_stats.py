@@ -4,7 +4,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from analysis_synth import write_experiment, write_run
+from analysis_synth import planted_runs, write_run
 
 from adaptiveload.analysis.aggregate import aggregate, parse_index
 from adaptiveload.analysis.stats import (
@@ -20,10 +20,9 @@ from adaptiveload.errors import UserError
 
 
 def _stats(tmp_path, planted):
-    import json
 
-    index = write_experiment(tmp_path, planted=planted)
-    agg = aggregate(parse_index(json.dumps(index)))
+    index = planted_runs(tmp_path, planted=planted)
+    agg = aggregate(parse_index(index))
     return compare(agg.runs, agg.steps, n_boot=500, seed=0)
 
 
@@ -68,13 +67,12 @@ def test_hierarchical_ci_counts_the_seeds_that_disagree(tmp_path):
     """Faster by 1.3x in two seeds, slower by 1.3x in the third: each run's steps pin its own
     mean (the within-run CI excludes 1), but a third of the seeds say the opposite, so the
     CI over seeds, then steps, spans 1. Every bootstrap row's CI and p-value agree."""
-    import json
 
     index = []
     for seed, speedup in ((0, 1.3), (1, 1.3), (2, 1 / 1.3)):
         index.append(write_run(tmp_path, "equal-token", seed))
         index.append(write_run(tmp_path, "adaptiveload", seed, speedup=speedup))
-    agg = aggregate(parse_index(json.dumps(index)))
+    agg = aggregate(parse_index(index))
     table = compare(agg.runs, agg.steps, n_boot=1000, seed=0)
     within = _get(table, "samples_per_s ratio", WITHIN_RUNS)
     hier = _get(table, "samples_per_s ratio", HIERARCHICAL)
@@ -101,7 +99,6 @@ def test_whole_epoch_runs_resample_only_the_clock(tmp_path):
     number of steps draws which steps it holds, so the samples are resampled with the times;
     a whole epoch holds every sample once, so only the times are. Same files otherwise: the
     estimate is the same, the epoch's CI narrower and clear of 1 (a 1.3x planted speedup)."""
-    import json
 
     tables = {}
     for window in ("steps", "epoch"):
@@ -110,7 +107,7 @@ def test_whole_epoch_runs_resample_only_the_clock(tmp_path):
             for policy, speedup in (("equal-token", 1.0), ("adaptiveload", 1.3)):
                 index.append(write_run(tmp_path / window, policy, seed, speedup=speedup,
                                        samples_range=(1, 40), timed_window=window))
-        agg = aggregate(parse_index(json.dumps(index)))
+        agg = aggregate(parse_index(index))
         assert set(agg.runs["timed_window"]) == {window}
         tables[window] = _get(compare(agg.runs, agg.steps, n_boot=1000, seed=0),
                               "samples_per_s ratio", HIERARCHICAL)  # fmt: skip
@@ -138,10 +135,10 @@ def test_effect_sizes_on_hand_cases():
 def test_bad_summary_names_the_field(tmp_path):
     import json
 
-    index = write_experiment(tmp_path, planted=False, seeds=(0,))
+    index = planted_runs(tmp_path, planted=False, seeds=(0,))
     path = index[0]["summary"]
     data = json.loads(Path(path).read_text())
     del data["policy"]
     Path(path).write_text(json.dumps(data))
     with pytest.raises(UserError, match="policy"):
-        aggregate(parse_index(json.dumps(index)))
+        aggregate(parse_index(index))

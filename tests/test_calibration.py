@@ -18,6 +18,7 @@ from adaptiveload.calibration.grid import MAX_AXIS, bucket_shape, build_grid, la
 from adaptiveload.calibration.measure import calibrate
 from adaptiveload.calibration.mix import mixture_token_mix
 from adaptiveload.calibration.prior import prior
+from adaptiveload.calibration.settings import BudgetRules, CalibrationConfig, Grid
 from adaptiveload.costmodel import Calibration
 from adaptiveload.errors import UserError
 from adaptiveload.planning.policies import POLICIES
@@ -28,8 +29,9 @@ PRIORS = ROOT / "experiments" / "calibration"
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "adaptiveload", *args], capture_output=True, text=True, cwd=ROOT
-    )
+        [sys.executable, "-m", "adaptiveload", "calibrate", *args], capture_output=True,
+        text=True, cwd=ROOT,
+    )  # fmt: skip
 
 
 # These tests check what a calibration writes, not how good this machine's timings are (a
@@ -41,7 +43,7 @@ ROBUST = ("--threads", "1", "--timer", "cpu", "--max-loo-error", "10", "--quiet"
 def test_tiny_cpu_calibration_follows_the_grid_rules_and_writes_a_valid_file(tmp_path):
     out = tmp_path / "cal.json"
     proc = run_cli(
-        "calibrate", "--model", "wan2.1-tiny", "--device", "cpu", "--batch-sizes", "2,4",
+        "measure", "--model", "wan2.1-tiny", "--device", "cpu", "--batch-sizes", "2,4",
         "--tokens", "16,64,256,1024", "--repeats", "2", "--capacity-gb", "0.5",
         "--max-batch-tokens", "2048", "--mixture", "tiny-cpu", "--num-samples", "300", *ROBUST,
         "-o", str(out),
@@ -80,7 +82,7 @@ def test_tiny_cpu_calibration_follows_the_grid_rules_and_writes_a_valid_file(tmp
 def test_validate_times_micro_batches_drawn_from_every_policys_plan(tmp_path):
     out = tmp_path / "cal.json"
     proc = run_cli(
-        "calibrate", "--model", "wan2.1-micro", "--batch-sizes", "1,2", "--tokens",
+        "measure", "--model", "wan2.1-micro", "--batch-sizes", "1,2", "--tokens",
         "16,64,256,1024", "--repeats", "2", "--capacity-gb", "0.05", "--mixture", "tiny-cpu",
         "--num-samples", "200", "--validate", "6", "--validate-world-size", "4",
         "--validate-max-seconds", "0.2", *ROBUST, "-o", str(out),
@@ -111,13 +113,12 @@ def test_calibrate_takes_its_settings_from_an_experiment_file(tmp_path):
         "calibration": {"batch_sizes": [1, 2], "tokens": [16, 64, 256, 1024], "repeats": 2,
                         "capacity_gb": 0.1, "threads": 1, "timer": "cpu", "warmup": 2,
                         "max_loo_error": 10},
-        # spelled out: config.load cannot fill this section's $ref defaults yet
         "budgets": {"m_tok": "auto", "m_mem": "auto", "m_comp": "auto", "p": "auto"},
     }  # fmt: skip
     path = tmp_path / "exp.yaml"
     path.write_text(yaml.safe_dump(exp))
     out = tmp_path / "cal.json"
-    proc = run_cli("calibrate", "--config", str(path), "--quiet", "-o", str(out))
+    proc = run_cli("measure", "--config", str(path), "--quiet", "-o", str(out))
     assert proc.returncode == 0, proc.stderr
     data = json.loads(out.read_text())
     assert data["model"] == "wan2.1-micro"
@@ -125,6 +126,37 @@ def test_calibrate_takes_its_settings_from_an_experiment_file(tmp_path):
     assert (data["grid"]["timer"], data["grid"]["warmup"], data["fit"]["max_loo"]) == ("cpu", 2, 10)
     assert data["provenance"]["cpu_threads"] == 1 and data["manifest"]["num_samples"] == 200
     assert data["capacity_bytes"] == pytest.approx(0.1e9)
+    # a flag wins over the file
+    again = run_cli("measure", "--config", str(path), "--repeats", "3", "--quiet", "-o", str(out))
+    assert again.returncode == 0, again.stderr
+    assert json.loads(out.read_text())["grid"]["repeats"] == 3
+
+
+def test_an_experiment_becomes_one_calibration_config():
+    """Every field of a measurement comes from the experiment's sections (the workflow's
+    thread rule too); the step measured is the one training runs (activation checkpointing)."""
+    from adaptiveload.experiment import validate
+
+    exp = validate({"name": "x", "calibration": {"tokens": [16, 64, 256], "capacity_gb": 0.2,
+                                                 "ref_tokens": 200, "repeats": 4},
+                    "data": {"mixture": "tiny-cpu", "num_samples": 50},
+                    "train": {"activation_checkpointing": True}}, "test")  # fmt: skip
+    cfg = CalibrationConfig.from_experiment(exp)
+    assert cfg.grid == Grid(batch_sizes=(1, 2, 4), tokens=(16, 64, 256), repeats=4)
+    assert cfg.budgets == BudgetRules(capacity_gb=0.2, ref_tokens=200)
+    assert (cfg.mix.mixture, cfg.mix.num_samples, cfg.mix.grid) == ("tiny-cpu", 50, "tiny")
+    assert cfg.activation_checkpointing and cfg.model == "wan2.1-tiny"
+    assert cfg.clock() == ("cpu", 1) and cfg.job_threads(16) == 1
+    wall = CalibrationConfig.from_experiment(
+        validate({"name": "x", "calibration": {"timer": "wall"}}, "test")
+    )
+    assert wall.clock() == ("wall", None) and wall.job_threads(16) == 16
+    cuda = CalibrationConfig(device="cuda", threads=8)
+    assert cuda.clock() == ("wall", 8)
+    with pytest.raises(UserError, match="timer 'cpu' needs"):
+        CalibrationConfig(timer="cpu", threads=2)
+    with pytest.raises(UserError, match="headroom"):
+        BudgetRules(headroom=1.0)
 
 
 @pytest.mark.parametrize(
@@ -144,7 +176,7 @@ def test_bad_input_exits_2_and_writes_nothing(tmp_path, args, message):
     base = ["--model", "wan2.1-micro", "--batch-sizes", "1,2", "--tokens", "16,64,256"]
     if "--capacity-gb is required" not in message:
         base += ["--capacity-gb", "0.1"]
-    proc = run_cli("calibrate", *base, *args, "--quiet", "-o", str(out))
+    proc = run_cli("measure", *base, *args, "--quiet", "-o", str(out))
     assert proc.returncode == 2
     assert message in proc.stderr and "Traceback" not in proc.stderr
     assert not out.exists()
@@ -157,7 +189,7 @@ def test_empty_manifest_is_rejected_before_writing(tmp_path):
     )
     out = tmp_path / "cal.json"
     proc = run_cli(
-        "calibrate", "--model", "wan2.1-micro", "--batch-sizes", "1,2", "--tokens", "16,64",
+        "measure", "--model", "wan2.1-micro", "--batch-sizes", "1,2", "--tokens", "16,64",
         "--capacity-gb", "0.1", "--manifest", str(manifest), "--quiet", "-o", str(out),
     )  # fmt: skip
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
@@ -167,7 +199,8 @@ def test_empty_manifest_is_rejected_before_writing(tmp_path):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error")
 def test_cuda_without_a_gpu_is_a_user_error():
     with pytest.raises(UserError, match="no CUDA GPU"):
-        calibrate("wan2.1-micro", device="cuda", batch_sizes=[1, 2], tokens=[16, 64])
+        calibrate(CalibrationConfig(model="wan2.1-micro", device="cuda", budgets=BudgetRules(1.0),
+                                    grid=Grid(batch_sizes=(1, 2), tokens=(16, 64))))
 
 
 @pytest.mark.parametrize("tokens", [1, 16, 221, 1547, 3740, 4096, 32760, 75600, 97])
@@ -186,6 +219,28 @@ def test_old_calibration_files_without_m_tok_still_load(tmp_path):
     assert Calibration.from_dict(data).m_tok is None
     with pytest.raises(UserError, match="'m_tok' must be a positive number"):
         Calibration.from_dict({**data, "m_tok": -1})
+
+
+def test_prior_budgets_at_the_capacity_it_is_given(tmp_path):
+    """`calibrate prior --capacity-gb 80` derives the budgets for 80 GB (the H200's own 141 GB
+    without it), as `budgets --capacity-gb` does from the same cost model."""
+    out = tmp_path / "p80.json"
+    common = ["--model", "wan2.1-t2v-1.3b", "--mixture", "paper-mixed"]
+    proc = run_cli("prior", *common, "--capacity-gb", "80", "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    cal = Calibration.load(out)
+    assert cal.capacity_bytes == pytest.approx(80e9)
+    budgets = subprocess.run(
+        [sys.executable, "-m", "adaptiveload", "budgets", "--calibration",
+         str(PRIORS / "h200-wan2.1-t2v-1.3b.json"), "--mixture", "paper-mixed",
+         "--capacity-gb", "80"],
+        capture_output=True, text=True, cwd=ROOT, check=True,
+    )  # fmt: skip
+    derived = json.loads(budgets.stdout)
+    for name in ("m_mem", "m_tok", "m_comp", "p"):
+        assert getattr(cal, name) == pytest.approx(derived[name], rel=1e-9), name
+    shipped = Calibration.load(PRIORS / "h200-wan2.1-t2v-1.3b.json")
+    assert cal.m_mem < 0.6 * shipped.m_mem  # not the 141 GB device's
 
 
 @pytest.mark.parametrize("model", ["wan2.1-t2v-1.3b", "wan2.1-t2v-14b"])
@@ -216,10 +271,9 @@ def test_shipped_priors_are_reproducible(model):
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_calibration_measures_memory():
-    cal = calibrate(
-        "wan2.1-tiny", device="cuda", batch_sizes=[1, 2], tokens=[256, 1024, 4096, 8192],
-        repeats=2, progress=False,
-    )  # fmt: skip
+    grid = Grid(batch_sizes=(1, 2), tokens=(256, 1024, 4096, 8192), repeats=2)
+    cal = calibrate(CalibrationConfig(model="wan2.1-tiny", device="cuda", grid=grid),
+                    progress=False)  # fmt: skip
     assert cal.extra["memory_source"] == "measured" and cal.source == "measured"
     assert all(p["peak_bytes"] > 0 for p in cal.extra["points"])
     assert cal.cost.m_tok > 0 and cal.extra["fit"]["mem_r2"] is not None

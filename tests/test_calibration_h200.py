@@ -107,9 +107,10 @@ def test_refit_cli_writes_the_shipped_file_and_refuses_another_model(tmp_path):
     import sys
 
     out = tmp_path / "cal.json"
-    refs = [a for path in RUNS.values() for a in ("--refit", str(path))]
+    refs = [str(path) for path in RUNS.values()]
     proc = subprocess.run(
-        [sys.executable, "-m", "adaptiveload", "calibrate", *refs, "--mixture", "paper-mixed",
+        [sys.executable, "-m", "adaptiveload", "calibrate", "refit", *refs, "--mixture",
+         "paper-mixed",
          "--num-samples", "20000", "-o", str(out)],
         capture_output=True, text=True, cwd=ROOT,
     )  # fmt: skip
@@ -118,7 +119,8 @@ def test_refit_cli_writes_the_shipped_file_and_refuses_another_model(tmp_path):
     fresh, shipped = Calibration.load(out), Calibration.load(SHIPPED)
     assert fresh.model == "wan2.1-t2v-1.3b" and fresh.p == pytest.approx(shipped.p, rel=1e-6)
     wrong = subprocess.run(
-        [sys.executable, "-m", "adaptiveload", "calibrate", *refs, "--model", "wan2.1-t2v-14b",
+        [sys.executable, "-m", "adaptiveload", "calibrate", "refit", *refs, "--model",
+         "wan2.1-t2v-14b",
          "--mixture", "paper-mixed", "-o", str(tmp_path / "x.json")],
         capture_output=True, text=True, cwd=ROOT,
     )  # fmt: skip

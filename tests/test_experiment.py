@@ -3,13 +3,13 @@ import pytest
 from adaptiveload import experiment
 from adaptiveload.data.bucketing import DEFAULT_GRID, DEFAULT_MAX_FRAMES, DEFAULT_MODE, GRIDS, MODES
 from adaptiveload.errors import UserError
+from adaptiveload.pipeline import MAX_EMULATED_WORLD_SIZE, SWEEP_VARIANTS
 from adaptiveload.planning.policies import MAX_BUDGET, P_RANGE, POLICIES
 from adaptiveload.planning.simulate import DEFAULT_ALLREDUCE_GBPS
 from adaptiveload.training.settings import (
     BATCH_LAYOUTS,
     DEVICES,
     KERNELS,
-    MAX_WORLD_SIZE,
     TrainConfig,
     from_experiment,
 )
@@ -98,7 +98,8 @@ def test_schema_copies_of_code_constants():
     assert props["model"]["properties"]["kernels"]["items"]["enum"] == list(KERNELS)
     assert props["model"]["properties"]["batch_layout"]["enum"] == list(BATCH_LAYOUTS)
     assert props["calibration"]["properties"]["device"]["enum"] == list(DEVICES)
-    assert props["train"]["properties"]["world_size"]["maximum"] == MAX_WORLD_SIZE
+    assert props["train"]["properties"]["world_size"]["maximum"] == MAX_EMULATED_WORLD_SIZE
+    assert list(props["sweeps"]["properties"]) == list(SWEEP_VARIANTS)  # every axis is named
     budgets = props["budgets"]["properties"]
     assert budgets["m_comp"]["oneOf"][1]["maximum"] == MAX_BUDGET
     p = budgets["p"]["oneOf"][1]

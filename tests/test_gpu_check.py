@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pandas as pd
@@ -14,6 +15,7 @@ import pytest
 
 from adaptiveload import experiment
 from adaptiveload.calibration.measure import calibrate
+from adaptiveload.calibration.settings import BudgetRules, CalibrationConfig, Grid
 from adaptiveload.costmodel import Calibration
 from adaptiveload.errors import UserError
 
@@ -33,10 +35,9 @@ def _env() -> dict[str, str]:
 
 def test_max_batch_tokens_that_leaves_too_few_points_is_refused():
     with pytest.raises(UserError, match="leaves 3 grid point"):
-        calibrate(
-            "wan2.1-micro", batch_sizes=[1, 2], tokens=[16, 64], capacity_gb=0.1,
-            max_batch_tokens=64, progress=False,
-        )  # fmt: skip
+        grid = Grid(batch_sizes=(1, 2), tokens=(16, 64), max_batch_tokens=64)
+        calibrate(CalibrationConfig(model="wan2.1-micro", grid=grid, budgets=BudgetRules(0.1)),
+                  progress=False)  # fmt: skip
 
 
 def test_training_budgets_fit_the_longest_bucket_and_keep_the_measured_model():
@@ -65,7 +66,7 @@ def test_training_without_checkpoints_writes_none(tmp_path):
     cal_out = tmp_path / "cal-train.json"
     run = [sys.executable, "-m", "adaptiveload"]
     proc = subprocess.run(  # an analytic calibration: deterministic, no timing noise
-        [*run, "calibrate", "--prior", "h200", "--model", "wan2.1-micro", "--mixture",
+        [*run, "calibrate", "prior", "--model", "wan2.1-micro", "--mixture",
          "tiny-cpu", "--num-samples", "200", "--grid", "tiny", "-o", str(cal)],
         cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300,
     )  # fmt: skip
@@ -110,11 +111,15 @@ def test_dry_run_of_the_whole_check_imports_back(tmp_path):
     assert summary["dist"]["launch_mode"] == "distributed" and summary["dist"]["world_size"] == 2
     steps = pd.read_parquet(out / "dist" / "ddp" / "steps.parquet")
     assert sorted(steps["rank"].unique()) == [0, 1]
-    # what the device tool brings back: few files, two folder levels, each under 16 MiB
+    # PACKDIR as the README lists it: one tarball per part, the summary and steps.tsv beside
+    # them; files over 12 MB (long logs) are left out of the tarballs
     packed = sorted(p.name for p in pack.iterdir())
     assert packed == ["calibration.tar.gz", "dist.tar.gz", "env.tar.gz", "kernel.tar.gz",
                       "steps.tsv", "summary.txt", "train.tar.gz"]  # fmt: skip
-    assert all(p.stat().st_size < 16 * 2**20 for p in pack.iterdir())
+    for tarball in pack.glob("*.tar.gz"):
+        with tarfile.open(tarball) as tar:
+            members = tar.getmembers()
+        assert members and all(m.size < 12 * 2**20 for m in members), tarball.name
 
     dest = tmp_path / "reference" / "h200" / "{date}"
     with pytest.raises(UserError, match="not an H200"):

@@ -298,21 +298,20 @@ def test_installed_package_runs_the_pipelines_commands(full_venv, tmp_path):
            ["tracking", "init"])  # fmt: skip
     _stage(env, work,
            ["manifest", "describe", manifest, *bucket, "--json", "-o", "describe.json"],
-           ["calibrate", "--config", "tiny.yaml", "--threads", "1", "--manifest", manifest,
+           ["calibrate", "measure", "--config", "tiny.yaml", "--threads", "1", "--manifest",
+            manifest,
             "-o", cal],
            *[["plan", "--manifest", sim_manifest, "--policy", p, "--seed", "0",
               "--calibration", sim_cal, "--world-size", str(sim["world_size"]), *sim_bucket,
-              "--allreduce-gbps", str(sim["allreduce_gbps"]), "-o", f"{simd[p]}/plan.parquet",
-              "--summary", f"{simd[p]}/plan.json"] for p in policies])  # fmt: skip
+              "--allreduce-gbps", str(sim["allreduce_gbps"]),
+              "--simulation-steps", f"{simd[p]}/steps.parquet",
+              "--simulation-summary", f"{simd[p]}/summary.json",
+              "--warmup-steps", str(cfg["train"]["warmup_steps"]), "--experiment", cfg["name"]]
+             for p in policies])  # fmt: skip
     _stage(env, work,
            *[["plan", "--manifest", manifest, "--policy", p, "--seed", "0", "--calibration",
               cal, "--world-size", str(cfg["train"]["world_size"]), *bucket, "--allreduce-gbps",
-              str(cfg["train"]["allreduce_gbps"]), "-o", f"plans/{p}.parquet",
-              "--summary", f"plans/{p}.json"] for p in policies],
-           *[["simulate", "--plan", f"{simd[p]}/plan.parquet", "--calibration", sim_cal,
-              "--allreduce-gbps", str(sim["allreduce_gbps"]), "--warmup-steps",
-              str(cfg["train"]["warmup_steps"]), "--experiment", cfg["name"],
-              "-o", f"{simd[p]}/steps.parquet", "--summary", f"{simd[p]}/summary.json"]
+              str(cfg["train"]["allreduce_gbps"]), "--summary", f"plans/{p}.json"]
              for p in policies])  # fmt: skip
     _stage(env, work,
            *[["train", "--config", "tiny.yaml", "--policy", p, "--seed", "0", "--kernel",
@@ -325,7 +324,8 @@ def test_installed_package_runs_the_pipelines_commands(full_venv, tmp_path):
     index += [dict(setup=f"sim/{sim['name']}", variant="base", experiment=cfg["name"],
                    kernel="none", summary=f"{simd[p]}/summary.json",
                    steps=f"{simd[p]}/steps.parquet", calibration=sim_cal) for p in policies]
-    _cli(env, work, "analyze", "aggregate", "--index", json.dumps(index),
+    (work / "run_index.json").write_text(json.dumps(index))
+    _cli(env, work, "analyze", "aggregate", "--index", "run_index.json",
          "--runs-out", "runs.parquet", "--steps-out", "steps.parquet")  # fmt: skip
     tables = ["--runs", "runs.parquet", "--steps", "steps.parquet"]
     baseline = ["--baseline", cfg["analysis"]["baseline"]]

@@ -81,5 +81,5 @@ def test_bench_command_line_refuses_a_bad_list_in_one_line(tmp_path):
         capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.strip().splitlines()[-1].startswith("error: '1536,x'")
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: --dims '1536,x'")
     assert not (tmp_path / "b.csv").exists()

@@ -15,7 +15,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("base", ("adaptiveload", "adaptiveload.errors", "adaptiveload.io", "adaptiveload.progress",
               "adaptiveload.tokens", "adaptiveload.metrics", "adaptiveload.extras",
               "adaptiveload.provenance", "adaptiveload.experiment", "adaptiveload.step_table",
-              "adaptiveload.lifecycle")),
+              "adaptiveload.lifecycle", "adaptiveload.pipeline")),
     ("ops", ("adaptiveload.ops",)),
     ("model", ("adaptiveload.model",)),
     ("data", ("adaptiveload.data",)),

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
-from analysis_synth import write_experiment
+from analysis_synth import planted_runs
 
 from adaptiveload.analysis import paper_map as pm
 from adaptiveload.costmodel import Calibration
@@ -148,9 +148,11 @@ def test_tiny_sweep_through_the_cli_into_figure_and_paper_table(tmp_path):
     _cli("paper-map-figure", "--points", points, "--summary", summary, "-o", png)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
 
-    index = write_experiment(tmp_path / "runs", planted=True, seeds=(0,))
+    index = planted_runs(tmp_path / "runs", planted=True, seeds=(0,))
     runs, steps = tmp_path / "runs.parquet", tmp_path / "steps.parquet"
-    _cli("aggregate", "--index", json.dumps(index), "--runs-out", runs, "--steps-out", steps)
+    (tmp_path / "run_index.json").write_text(json.dumps(index))
+    _cli("aggregate", "--index", tmp_path / "run_index.json", "--runs-out", runs,
+         "--steps-out", steps)
     stats = tmp_path / "stats.csv"
     _cli("stats", "--runs", runs, "--steps", steps, "--csv", stats, "--md",
          tmp_path / "stats.md", "--n-boot", 100)

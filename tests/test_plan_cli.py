@@ -138,6 +138,42 @@ def test_plan_then_simulate(inputs):
     assert list(per_step.columns) == list(STEP_COLUMNS) and len(per_step) == s["steps"] * 8
 
 
+def test_plan_writes_its_one_simulation_as_simulate_would(inputs):
+    """`plan --simulation-steps/--simulation-summary` (the pipeline's simulations) writes what
+    `simulate --plan` writes for the same plan, from the one simulation planning made."""
+    root = inputs["root"] / "once"
+    root.mkdir()
+    common = ["--manifest", str(inputs["manifest"]), "--policy", "adaptiveload", "--seed", "1",
+              "--world-size", "8", "--calibration", str(inputs["calibration"])]  # fmt: skip
+    once = cli("plan", *common, "--simulation-steps", str(root / "once.parquet"),
+               "--simulation-summary", str(root / "once.json"), "--warmup-steps", "2",
+               "--experiment", "x")  # fmt: skip
+    assert once.returncode == 0, once.stderr
+    assert sorted(p.name for p in root.iterdir()) == ["once.json", "once.parquet"]
+    twice = [cli("plan", *common, "-o", str(root / "p.parquet"), "--summary", str(root / "p.json")),
+             cli("simulate", "--plan", str(root / "p.parquet"), "--calibration",
+                 str(inputs["calibration"]), "--warmup-steps", "2", "--experiment", "x",
+                 "-o", str(root / "twice.parquet"), "--summary", str(root / "twice.json"))]
+    assert all(done.returncode == 0 for done in twice), [d.stderr for d in twice]
+    pd.testing.assert_frame_equal(pd.read_parquet(root / "once.parquet"),
+                                  pd.read_parquet(root / "twice.parquet"))  # fmt: skip
+    got, want = json.loads((root / "once.json").read_text()), json.loads(
+        (root / "twice.json").read_text()
+    )
+    assert got.pop("plan")["plan_digest"] == want.pop("plan")["plan_digest"]
+    assert got == want and got["warmup_steps"] == 2 and got["steps"] > 0
+
+
+def test_plan_without_an_output_or_a_cost_model_to_simulate_is_refused(inputs):
+    common = ["--manifest", str(inputs["manifest"]), "--policy", "equal-token", "--seed", "0",
+              "--world-size", "4", "--m-tok", "5e4"]  # fmt: skip
+    nothing = cli("plan", *common)
+    assert nothing.returncode == 2 and "nothing to write" in nothing.stderr
+    blind = cli("plan", *common, "--simulation-steps", str(inputs["root"] / "s.parquet"))
+    assert blind.returncode == 2 and "give --calibration" in blind.stderr
+    assert not (inputs["root"] / "s.parquet").exists()
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [

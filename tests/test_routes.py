@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_pipeline import REPO, copy_workflow, snakemake
+from workflow_setup import REPO, copy_workflow, snakemake
 
 from adaptiveload.experiment import load_layered
 

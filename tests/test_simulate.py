@@ -81,3 +81,18 @@ def test_world_size_sweep_is_fast():
         imbalance[n] = simulate(plan.table, cost, world_size=n).summary["imbalance_rate"]
     assert time.perf_counter() - start < 15  # generous for a shared 2-core machine
     assert imbalance[1024] > imbalance[8]  # more ranks, larger spread per step
+
+
+def test_another_timed_window_needs_no_second_simulation():
+    """`Simulation.timed(w)` summarizes the same per-step predictions over steps >= w: what
+    simulating again with warmup_steps=w gives."""
+    plan = build_plan(bucketed(400), "adaptiveload", Budgets(m_mem=4000, m_comp=4000**1.5, p=1.5),
+                      4, 0)  # fmt: skip
+    cal = Calibration(model="wan2.1-micro", device="cpu", source="model", cost=COST, p=1.5,
+                      m_mem=4000, m_comp=4000**1.5, m_tok=4000, capacity_bytes=5e4)  # fmt: skip
+    whole = simulate(plan.table, cal)
+    again = simulate(plan.table, cal, warmup_steps=3)
+    assert whole.timed(3).summary == again.summary
+    assert whole.timed(3).summary["steps"] == whole.summary["steps"] - 3
+    assert whole.timed(0).summary == whole.summary
+    pd.testing.assert_frame_equal(whole.timed(3).steps, again.steps)

@@ -5,8 +5,6 @@ must hold however busy the machine is."""
 
 from __future__ import annotations
 
-import json
-
 import pandas as pd
 import torch
 from mlflow.tracking import MlflowClient
@@ -64,5 +62,5 @@ def test_emulated_cpu_run_is_thread_timed_and_says_so(tmp_path, monkeypatch):
 
     index = [{"setup": "train", "summary": str(out / "summary.json"),
               "steps": str(out / "steps.parquet")}]  # fmt: skip
-    label = aggregate(parse_index(json.dumps(index))).runs["label"].iloc[0]
+    label = aggregate(parse_index(index)).runs["label"].iloc[0]
     assert label.startswith(f"measured ({THREAD_TIME}, cpu:")

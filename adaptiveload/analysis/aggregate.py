@@ -10,7 +10,6 @@ for a simulated paper-scale configuration) and `variant` ("base", or a sweep poi
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +21,7 @@ from adaptiveload import metrics
 from adaptiveload.costmodel import Calibration
 from adaptiveload.errors import UserError
 from adaptiveload.io import read_json, read_table
+from adaptiveload.pipeline import BASE_VARIANT, parse_variant
 from adaptiveload.step_table import REQUIRED_STEP_COLUMNS, STEP_COLUMNS, timed
 
 # fields every run summary must carry (the trainer's and the simulator's; docs/tracking.md)
@@ -61,20 +61,14 @@ class Aggregate:
     steps: pd.DataFrame
 
 
-def parse_index(text: str) -> list[RunRef]:
-    """Read a run index: a JSON list of {setup, variant, summary, steps[, calibration, ...]},
-    inline or in a file. Other keys fill summary fields that are missing or null."""
-    origin = "run index"
-    if not text.lstrip().startswith("["):
-        origin = text
-        try:
-            text = Path(text).read_text()
-        except FileNotFoundError:
-            raise UserError(f"{origin}: run index file not found") from None
-    try:
-        items = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{origin}: not valid JSON ({exc})") from None
+def parse_index(index: str | Path | list[dict]) -> list[RunRef]:
+    """The runs of a run index: a list of {setup, variant, summary, steps[, calibration, ...]}
+    (what `adaptiveload.pipeline.run_index` gives), or a JSON file holding one. Other keys
+    fill summary fields that are missing or null."""
+    origin = "run index" if isinstance(index, list) else str(index)
+    items = index if isinstance(index, list) else read_json(index, "run index")
+    if not isinstance(items, list):
+        raise UserError(f"{origin}: a run index is a JSON list of runs")
     refs = []
     for i, item in enumerate(items):
         missing = [k for k in ("setup", "summary", "steps") if k not in item]
@@ -83,7 +77,7 @@ def parse_index(text: str) -> list[RunRef]:
         refs.append(
             RunRef(
                 setup=str(item["setup"]),
-                variant=str(item.get("variant", "base")),
+                variant=str(item.get("variant", BASE_VARIANT)),
                 summary=Path(item["summary"]),
                 steps=Path(item["steps"]),
                 defaults={k: v for k, v in item.items()
@@ -134,11 +128,6 @@ def _read_steps(path: Path) -> pd.DataFrame:
     return frame[list(STEP_COLUMNS)]
 
 
-def _sweep(variant: str) -> tuple[str, str]:
-    axis, _, value = variant.partition("=")
-    return (axis, value) if value else ("", "")
-
-
 def aggregate(refs: Sequence[RunRef]) -> Aggregate:
     """Read every run; the tables are sorted so that output is byte-stable across re-runs."""
     run_rows, step_frames = [], []
@@ -147,7 +136,7 @@ def aggregate(refs: Sequence[RunRef]) -> Aggregate:
         if summary.get("capacity_bytes") is None and ref.calibration is not None:
             summary["capacity_bytes"] = Calibration.load(ref.calibration).capacity_bytes
         steps = _read_steps(ref.steps)
-        axis, value = _sweep(ref.variant)
+        axis, value = parse_variant(ref.variant)
         labels = {
             "setup": ref.setup,
             "variant": ref.variant,

@@ -285,7 +285,8 @@ def _validation_panel(ax: plt.Axes, cal: dict) -> None:
     if rows.empty or rows["measured_s"].isna().all():
         ax.axis("off")
         ax.text(0.5, 0.5, "no per-micro-batch validation in this calibration\n"
-                "(adaptiveload calibrate --validate K)", ha="center", va="center", fontsize=9)
+                "(adaptiveload calibrate measure --validate K)", ha="center", va="center",
+                fontsize=9)
         return
     rows = rows[rows["measured_s"].notna()]
     val = cal["validation"]

@@ -15,6 +15,7 @@ import numpy as np
 
 from adaptiveload.calibration.fit import DEFAULT_MAX_LOO, fit_measured, required_terms
 from adaptiveload.calibration.mix import TokenMix
+from adaptiveload.calibration.settings import BudgetRules
 from adaptiveload.calibration.timing import pass_spread
 from adaptiveload.costmodel import Calibration, CostModel, derive_budgets
 from adaptiveload.errors import UserError
@@ -25,11 +26,11 @@ from adaptiveload.model.wan import build_on_meta, count_parameters
 
 def fit_points(
     cfg: WanConfig, device: str, points: list[dict[str, Any]], mix: TokenMix, capacity: float,
-    headroom: float, setup: analytic.TrainingSetup, num_params: int, memory_measured: bool,
-    max_loo: float | None = None, ref_tokens: float | None = None,
-    ref_batch: int | None = None, extra: dict[str, Any] | None = None,
+    rules: BudgetRules, setup: analytic.TrainingSetup, num_params: int, memory_measured: bool,
+    max_loo: float | None = None, extra: dict[str, Any] | None = None,
 ) -> Calibration:  # fmt: skip
-    """Fit measured points (`time_s`, and `peak_bytes` if `memory_measured`), derive budgets.
+    """Fit measured points (`time_s`, and `peak_bytes` if `memory_measured`), derive budgets
+    at `capacity` bytes by `rules` (headroom, reference batch).
 
     The fit is `fit.fit_measured` (floored form, leave-one-out checked, refused when
     degenerate); a derived p at a clamp bound is refused too. Without measured memory the
@@ -58,7 +59,8 @@ def fit_points(
     loo = iter(stats.loo_rel_err or [])
     for p in ok:
         p["loo_rel_err"] = next(loo)
-    budgets = derive_budgets(cost, mix.tokens, capacity, headroom, ref_tokens, ref_batch)
+    budgets = derive_budgets(cost, mix.tokens, capacity, rules.headroom, rules.ref_tokens,
+                             rules.ref_batch)  # fmt: skip
     if not 1.0 < budgets.p_unclamped < 2.0:
         raise UserError(
             f"derived p {budgets.p_unclamped:.3f} lies at or beyond the clamp [1, 2] over the "
@@ -67,7 +69,7 @@ def fit_points(
             "that range"
         )
     return calibration_record(
-        cfg, device, "measured", cost, budgets, capacity, headroom, num_params, mix,
+        cfg, device, "measured", cost, budgets, capacity, rules.headroom, num_params, mix,
         extra={
             "memory_source": "measured" if memory_measured else "model",
             "fit": {**stats.to_dict(), "required_terms": list(required), "max_loo": max_loo},
@@ -78,52 +80,23 @@ def fit_points(
 
 
 def refit(
-    paths: Sequence[str | Path], mix: TokenMix, headroom: float = 0.1,
-    max_loo: float | None = None, ref_tokens: float | None = None,
-    ref_batch: int | None = None,
-) -> Calibration:  # fmt: skip
+    paths: Sequence[str | Path], mix: TokenMix, rules: BudgetRules | None = None,
+    max_loo: float | None = None,
+) -> Calibration:
     """Refit the points of measured calibration files with today's form, checks and budgets.
 
     Several files of the same model, device and setup are pooled: every pass of a (B, S)
     point counts, its time is the minimum over all of them (as in `measure_grid`) and its
-    peak memory the maximum. The budgets are derived for `mix`; the provenance lists the
-    source files and what their grids lacked by today's rules (docs/calibration.md).
+    peak memory the maximum. The budgets are derived for `mix` by `rules`, at its capacity or
+    else the files' own; the provenance lists the source files and what their grids lacked by
+    today's rules (docs/calibration.md).
     """
-    if not paths:
-        raise UserError("--refit needs at least one measured calibration file")
-    sources = [(str(path), Calibration.load(path)) for path in paths]
+    rules = rules or BudgetRules()
+    sources = _sources(paths)
     first = sources[0][1]
-    for path, cal in sources:
-        if cal.source != "measured" or not cal.extra.get("points"):
-            raise UserError(f"{path}: not a measured calibration with points; cannot refit it")
-        same = (cal.model, cal.device, cal.extra.get("setup"), cal.capacity_bytes)
-        if same != (first.model, first.device, first.extra.get("setup"), first.capacity_bytes):
-            raise UserError(
-                f"{path}: model, device, setup or capacity differ from {sources[0][0]}; "
-                "refit files of one measurement setup together"
-            )
     timer = first.extra.get("grid", {}).get("timer", "wall")
-    pooled: dict[tuple[int, int], dict[str, Any]] = {}
-    for _, cal in sources:
-        for point in cal.extra["points"]:
-            key = (int(point["batch"]), int(point["tokens"]))
-            into = pooled.setdefault(key, {
-                "batch": key[0], "tokens": key[1], "status": "oom", "peak_bytes": None,
-                f"{timer}_s_passes": [],
-            })  # fmt: skip
-            passes = point.get(f"{timer}_s_passes") or []
-            if point.get("status") == "ok" and passes:
-                into["status"] = "ok"
-                into[f"{timer}_s_passes"] += passes
-                peak = point.get("peak_bytes")
-                if peak is not None:
-                    into["peak_bytes"] = max(into["peak_bytes"] or 0.0, float(peak))
+    pooled = _pool([cal for _, cal in sources], timer)
     points = sorted(pooled.values(), key=lambda p: (p["batch"] * p["tokens"], p["batch"]))
-    for point in points:
-        passes = point[f"{timer}_s_passes"]
-        point["time_s"] = min(passes) if passes else None
-        point[f"{timer}_s_median"] = statistics.median(passes) if passes else None
-        point["spread"] = pass_spread(passes)
     cfg = get_config(first.model)
     setup_info = first.extra.get("setup", {})
     setup = analytic.TrainingSetup(
@@ -144,10 +117,9 @@ def refit(
                 "(dropped by a batch-token cap): the reference bucket is extrapolated"
             )
     return fit_points(
-        cfg, first.device, points, mix, float(first.capacity_bytes), headroom, setup,
-        int(first.extra.get("num_params") or count_parameters(build_on_meta(cfg))),
-        memory_measured=memory_measured, max_loo=max_loo, ref_tokens=ref_tokens,
-        ref_batch=ref_batch,
+        cfg, first.device, points, mix, rules.capacity_bytes(first.capacity_bytes), rules,
+        setup, int(first.extra.get("num_params") or count_parameters(build_on_meta(cfg))),
+        memory_measured=memory_measured, max_loo=max_loo,
         extra={
             "provenance": {
                 "generator": "adaptiveload.calibration.refit",
@@ -165,6 +137,50 @@ def refit(
             "notes": [f"grid lacked by today's rules: {what}" for what in lacking],
         },
     )  # fmt: skip
+
+
+def _sources(paths: Sequence[str | Path]) -> list[tuple[str, Calibration]]:
+    """The files to refit, each a measured calibration of one and the same setup."""
+    if not paths:
+        raise UserError("refit needs at least one measured calibration file")
+    sources = [(str(path), Calibration.load(path)) for path in paths]
+    first = sources[0][1]
+    for path, cal in sources:
+        if cal.source != "measured" or not cal.extra.get("points"):
+            raise UserError(f"{path}: not a measured calibration with points; cannot refit it")
+        same = (cal.model, cal.device, cal.extra.get("setup"), cal.capacity_bytes)
+        if same != (first.model, first.device, first.extra.get("setup"), first.capacity_bytes):
+            raise UserError(
+                f"{path}: model, device, setup or capacity differ from {sources[0][0]}; "
+                "refit files of one measurement setup together"
+            )
+    return sources
+
+
+def _pool(calibrations: list[Calibration], timer: str) -> dict[tuple[int, int], dict[str, Any]]:
+    """Every (B, S) point of the files, pooled: all passes of `timer` seconds (the minimum is
+    its time, as in `measure_grid`), the largest peak memory, "ok" if any file ran it."""
+    pooled: dict[tuple[int, int], dict[str, Any]] = {}
+    for cal in calibrations:
+        for point in cal.extra["points"]:
+            key = (int(point["batch"]), int(point["tokens"]))
+            into = pooled.setdefault(key, {
+                "batch": key[0], "tokens": key[1], "status": "oom", "peak_bytes": None,
+                f"{timer}_s_passes": [],
+            })  # fmt: skip
+            passes = point.get(f"{timer}_s_passes") or []
+            if point.get("status") == "ok" and passes:
+                into["status"] = "ok"
+                into[f"{timer}_s_passes"] += passes
+                peak = point.get("peak_bytes")
+                if peak is not None:
+                    into["peak_bytes"] = max(into["peak_bytes"] or 0.0, float(peak))
+    for point in pooled.values():
+        passes = point[f"{timer}_s_passes"]
+        point["time_s"] = min(passes) if passes else None
+        point[f"{timer}_s_median"] = statistics.median(passes) if passes else None
+        point["spread"] = pass_spread(passes)
+    return pooled
 
 
 def setup_dict(setup: analytic.TrainingSetup, precision: str) -> dict[str, Any]:

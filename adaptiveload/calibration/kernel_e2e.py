@@ -28,12 +28,12 @@ import torch
 
 from adaptiveload.calibration.grid import latent_grid
 from adaptiveload.calibration.timing import random_batch, timed, train_step
-from adaptiveload.errors import UserError
+from adaptiveload.errors import UserError, int_list
 from adaptiveload.io import write_text
 from adaptiveload.model.architectures import get_config
 from adaptiveload.model.wan import WanModel
 from adaptiveload.ops import ln_modulate as lm
-from adaptiveload.ops.kernel_bench import check_positive, parse_ints, to_csv
+from adaptiveload.ops.kernel_bench import check_positive, to_csv
 
 COLUMNS = (
     "source", "device", "date", "torch", "cuda", "model", "precision",
@@ -151,19 +151,26 @@ def to_file(out: Path, cfg: E2EConfig) -> int:
 def main(argv: list[str] | None = None) -> int:
     """`python -m adaptiveload.calibration.kernel_e2e`: `adaptiveload kernel e2e` without the
     CLI's dependencies (the same options; the defaults are E2EConfig's)."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     argument_default=argparse.SUPPRESS)  # fmt: skip
     parser.add_argument("-o", "--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--model", help="model config name")
-    parser.add_argument("--seq-lens", type=parse_ints, help="comma-separated S values")
+    parser.add_argument("--seq-lens", help="comma-separated S values")
     parser.add_argument("--device", help="cuda, or cpu for a dry run")
     parser.add_argument("--steps", type=int, help="timed steps per point (median)")
-    args = parser.parse_args(argv)
-    given = {k: getattr(args, k) for k in ("model", "seq_lens", "device", "steps")}
+    given = vars(parser.parse_args(argv))  # only the options on the command line, and -o
     try:
-        cfg = E2EConfig(**{k: v for k, v in given.items() if v is not None})
+        cfg = E2EConfig(**e2e_fields(given))
     except UserError as exc:
         parser.error(str(exc))
-    return to_file(args.out, cfg)
+    return to_file(given["out"], cfg)
+
+
+def e2e_fields(flags: dict[str, Any]) -> dict[str, Any]:
+    """E2EConfig's fields from command-line text (a comma list of S), those given only."""
+    parse = {"model": str, "seq_lens": lambda v: int_list(v, "--seq-lens"), "device": str,
+             "steps": int}  # fmt: skip
+    return {k: parse[k](v) for k, v in flags.items() if k in parse and v is not None}
 
 
 if __name__ == "__main__":

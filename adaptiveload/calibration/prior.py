@@ -12,6 +12,7 @@ import torch
 from adaptiveload.calibration.files import calibration_record, setup_dict
 from adaptiveload.calibration.fit import fit
 from adaptiveload.calibration.mix import TokenMix
+from adaptiveload.calibration.settings import BudgetRules
 from adaptiveload.costmodel import Calibration, derive_budgets
 from adaptiveload.errors import UserError
 from adaptiveload.model import analytic
@@ -32,14 +33,14 @@ def prior(
     model_name: str,
     rates: str = "h200",
     mix: TokenMix | None = None,
-    headroom: float = 0.1,
-    ref_tokens: float | None = None,
-    ref_batch: int | None = None,
+    rules: BudgetRules | None = None,
     num_tokens: int = 10,
 ) -> Calibration:
     """A `source: model` calibration: the analytic step time and memory of `model_name` on a
     device's rates, evaluated on a grid spanning the manifest's tokens and fitted like a
-    measurement (so its fit statistics say how well the form captures the analytic model)."""
+    measurement (so its fit statistics say how well the form captures the analytic model).
+    The budgets follow `rules`: at its capacity if it names one, else the device's."""
+    rules = rules or BudgetRules()
     cfg = get_config(model_name)
     if rates not in analytic.PRIORS:
         raise UserError(f"prior '{rates}': unknown; expected one of {', '.join(analytic.PRIORS)}")
@@ -62,15 +63,16 @@ def prior(
     cost = replace(cost, m_static=m_static, m_tok=m_tok, m_seq=m_seq)
     for p in points:
         p["peak_bytes_model"] = float(cost.memory(p["batch"], p["tokens"]))
-    capacity = device.capacity_bytes
-    budgets = derive_budgets(cost, mix.tokens, capacity, headroom, ref_tokens, ref_batch)
+    capacity = rules.capacity_bytes(device.capacity_bytes)
+    budgets = derive_budgets(cost, mix.tokens, capacity, rules.headroom, rules.ref_tokens,
+                             rules.ref_batch)  # fmt: skip
     return calibration_record(
-        cfg, device.name, "model", cost, budgets, capacity, headroom, num_params, mix,
+        cfg, device.name, "model", cost, budgets, capacity, rules.headroom, num_params, mix,
         extra={
             "memory_source": "model",
             "provenance": {
                 "generator": "adaptiveload.calibration.prior",
-                "command": f"adaptiveload calibrate --prior {rates} --model {cfg.name} "
+                "command": f"adaptiveload calibrate prior --rates {rates} --model {cfg.name} "
                 "--mixture NAME --num-samples N (see `manifest.origin`)",
                 "date": dt.datetime.now(dt.timezone.utc).date().isoformat(),
                 "torch": torch.__version__,
@@ -98,8 +100,8 @@ def prior(
             "points": points,
             "notes": [
                 "source: model. Replace it with a measurement on an H200 (the 1.3B fits one "
-                "GPU; the 14B's optimizer state needs sharding): `adaptiveload calibrate --model "
-                f"{cfg.name} --device cuda --activation-checkpointing --batch-sizes 1,2,4 "
+                "GPU; the 14B's optimizer state needs sharding): `adaptiveload calibrate measure "
+                f"--model {cfg.name} --device cuda --activation-checkpointing --batch-sizes 1,2,4 "
                 "--tokens 1560,3600,7800,14040,32760 --mixture paper-mixed -o FILE`",
                 "budget rules (`budgets.rules`): one reference batch, the heaviest bucket within "
                 "M_mem at its memory-limited batch B_ref; M_tok = B_ref * S_ref (equal-token), "

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from adaptiveload.calibration.grid import bucket_shape, latent_grid
+from adaptiveload.calibration.settings import Grid
 from adaptiveload.model.architectures import WanConfig
 from adaptiveload.model.wan import WanModel
 from adaptiveload.progress import progress_bar
@@ -93,11 +94,11 @@ def warm_up_process(
 
 
 def measure_grid(
-    model: WanModel, grid: Sequence[tuple[int, int]], device: torch.device, repeats: int,
-    warmup: int, seed: int = 0, min_seconds: float = 0.05, progress: bool = True,
-    timer: str = "wall",
+    model: WanModel, grid: Sequence[tuple[int, int]], device: torch.device, passes: Grid,
+    seed: int = 0, min_seconds: float = 0.05, progress: bool = True, timer: str = "wall",
 ) -> list[dict[str, Any]]:  # fmt: skip
-    """Time every (B, S) point: `warmup` steps each, then `repeats` passes over the whole grid.
+    """Time every (B, S) point: `passes.warmup` steps each, then `passes.repeats` passes over
+    the whole grid (`passes`: the calibration's grid settings, whatever the points are).
 
     Passes (rather than back-to-back repeats) spread bursts of contention on a shared machine
     over all points instead of ruining one. A point's `time_s` is the minimum over passes of
@@ -108,6 +109,7 @@ def measure_grid(
     Both wall and thread-CPU seconds are kept. Peak memory (CUDA) is the max over passes,
     reset before every measurement.
     """
+    repeats, warmup = passes.repeats, passes.warmup
     points: dict[tuple[int, int], dict[str, Any]] = {}
     inputs: dict[tuple[int, int], tuple] = {}
     iters: dict[tuple[int, int], int] = {}

@@ -3,12 +3,14 @@ plans and compare them with the cost model's prediction (docs/calibration.md).""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import torch
 
 from adaptiveload.calibration.mix import TokenMix
+from adaptiveload.calibration.settings import Grid, PlanValidation
 from adaptiveload.calibration.timing import measure_grid
 from adaptiveload.costmodel import Calibration
 from adaptiveload.model.wan import WanModel
@@ -55,23 +57,26 @@ def draw_micro_batches(
 
 
 def validate_plans(
-    model: WanModel, cal: Calibration, mix: TokenMix, device: torch.device, k: int,
-    world_size: int, max_seconds: float | None, repeats: int, seed: int, timer: str,
-    progress: bool,
+    model: WanModel, cal: Calibration, mix: TokenMix, device: torch.device,
+    validation: PlanValidation, grid: Grid, seed: int, timer: str, progress: bool,
 ) -> dict[str, Any]:  # fmt: skip
-    """Time `k` planned micro-batches (`draw_micro_batches`) like grid points; compare.
+    """Time `validation.micro_batches` planned micro-batches (`draw_micro_batches`) like grid
+    points; compare.
 
     The error of each is |predicted - measured| / measured, measured as a grid point is (the
-    minimum over `repeats` passes, after one untimed step of the shape), so that the validation
-    checks the cost model on the shapes the planner really makes, not on the grid it was
-    fitted to.
+    minimum over the grid's `repeats` passes, after one untimed step of the shape), so that
+    the validation checks the cost model on the shapes the planner really makes, not on the
+    grid it was fitted to.
     """
+    k, world_size, max_seconds = (validation.micro_batches, validation.world_size,
+                                  validation.max_seconds)  # fmt: skip
     drawn, too_slow, population = draw_micro_batches(cal, mix, k, world_size, max_seconds, seed)
     shapes = sorted({(d["batch"], d["tokens"]) for d in drawn}, key=lambda bs: bs[0] * bs[1])
     # the model is warm from the grid: a new shape's untimed probe step is its warm-up
+    passes = replace(grid, warmup=0)
     measured = {
         (p["batch"], p["tokens"]): p
-        for p in measure_grid(model, shapes, device, repeats, 0, seed, progress=progress,
+        for p in measure_grid(model, shapes, device, passes, seed, progress=progress,
                               timer=timer)
     }  # fmt: skip
     rows = []

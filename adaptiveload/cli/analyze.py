@@ -36,11 +36,13 @@ def _read(path: Path):
 
 
 @analyze.command("aggregate", epilog=examples(
-    "adaptiveload analyze aggregate --index runs.json --runs-out runs.parquet "
+    "adaptiveload analyze aggregate --index run_index.json --runs-out runs.parquet "
     "--steps-out steps.parquet",
 ))
 def aggregate_cmd(
-    index: Annotated[str, Opt(help="JSON list of {setup, variant, summary, steps} or a file")],
+    index: Annotated[
+        Path, Opt(help="run index: a JSON file listing {setup, variant, summary, steps}")
+    ],
     runs_out: Annotated[Path, Opt(help="one row per run (Parquet)")],
     steps_out: Annotated[Path, Opt(help="one row per (run, step, rank) (Parquet)")],
 ) -> None:

@@ -4,7 +4,8 @@ Help is plain click text (`rich_markup_mode=None`): paragraphs rewrap to the ter
 docstrings wrapped at 100 columns in the source read well at any width and in log files.
 """
 
-from typing import Annotated
+import dataclasses
+from typing import Annotated, Any
 
 import typer
 
@@ -16,6 +17,13 @@ def group(name: str, help: str) -> typer.Typer:
     sub = typer.Typer(help=help, no_args_is_help=True, rich_markup_mode=None)
     app.add_typer(sub, name=name)
     return sub
+
+
+def overridden(settings: Any, **flags: Any) -> Any:
+    """`settings` (a frozen dataclass) with the flags given on the command line put in (a None
+    flag was not given: the setting stays), validated again."""
+    given = {k: v for k, v in flags.items() if v is not None}
+    return dataclasses.replace(settings, **given) if given else settings
 
 
 def examples(*lines: str) -> str:

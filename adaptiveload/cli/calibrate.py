@@ -1,68 +1,98 @@
-"""`adaptiveload calibrate`: measure (or, with --prior, model) a cost model and its budgets."""
+"""`adaptiveload calibrate measure|refit|prior`: a cost model and its budgets, measured on this
+device, fitted again from measured files, or modelled from a device's rates; `adaptiveload
+budgets`: the budgets a calibration gives a token mix.
+
+Every subcommand turns its flags into one `calibration.settings.CalibrationConfig`
+(`_settings`: the experiment file's given with --config, else the defaults, each flag over it).
+"""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from adaptiveload.cli.app import app, examples
-from adaptiveload.data.bucketing import (
-    DEFAULT_GRID,
-    DEFAULT_MAX_FRAMES,
-    DEFAULT_MODE,
-    GRIDS,
-    MODES,
-)
-from adaptiveload.errors import UserError
+from adaptiveload.cli.app import app as root
+from adaptiveload.cli.app import examples, group, overridden
+from adaptiveload.data.bucketing import DEFAULT_GRID, DEFAULT_MAX_FRAMES, DEFAULT_MODE, GRIDS, MODES
+from adaptiveload.errors import UserError, int_list
 from adaptiveload.experiment import schema_default
 
 Opt = typer.Option
-RELEASED = ("wan2.1-t2v-1.3b", "wan2.1-t2v-14b")
+calibrate = group(
+    "calibrate",
+    "A cost model and its budgets: measured on this device, refitted, or an analytic prior.",
+)
+
+# options every subcommand takes: what the budgets serve and how they are derived
+Output = Annotated[Path, Opt("-o", "--output", help="calibration JSON to write")]
+Config = Annotated[
+    Path | None, Opt(help="experiment YAML: its model, data and calibration sections")
+]
+Model = Annotated[
+    str | None,
+    Opt(help="model config", show_default=f"--config's, else {schema_default('model.config')}"),
+]
+Manifest = Annotated[
+    Path | None, Opt(help="manifest whose token range sets p and the reference bucket")
+]
+Mixture = Annotated[str | None, Opt(help="or a named synthetic mixture (e.g. tiny-cpu)")]
+NumSamples = Annotated[
+    int | None,
+    Opt(help="samples drawn from --mixture",
+        show_default=f"--config's, else {schema_default('simulate.num_samples')}"),
+]
+Grid = Annotated[
+    str | None, Opt(help="bucket grid for raw manifests: wan | tiny", show_default="by model")
+]
+Bucketing = Annotated[str | None, Opt(help="aspect | exact")]
+CapacityGb = Annotated[
+    float | None,
+    Opt(help="memory to budget against, GB", show_default="the device's own (CUDA, prior's)"),
+]
+Headroom = Annotated[float | None, Opt(help="fraction of capacity kept free")]
+RefTokens = Annotated[
+    float | None, Opt(help="override S_ref", show_default="the heaviest bucket that fits alone")
+]
+RefBatch = Annotated[int | None, Opt(help="override B_ref", show_default="floor(M_mem / S_ref)")]
+MaxLoo = Annotated[
+    float | None,
+    Opt("--max-loo-error",
+        help="refuse a fit whose leave-one-out error exceeds this (cuda 0.25, cpu 0.5)"),
+]
+Seed = Annotated[int | None, Opt(help="seed of the weights, inputs and mixture")]
 
 
-def _ints(text: str | None, flag: str) -> list[int] | None:
-    if text is None:
-        return None
-    try:
-        return [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise UserError(f"{flag} {text!r}: expected comma-separated integers, e.g. 1,2,4") from None
+def _settings(config: Path | None, flags: dict[str, Any]) -> Any:
+    """The one place a command line becomes a CalibrationConfig: the experiment file's (else
+    the defaults), every flag given over it (a None flag was not given)."""
+    from adaptiveload.calibration.settings import CalibrationConfig
+    from adaptiveload.experiment import load
 
-
-_SCHEMA = object()  # `_pick`'s default: the schema's default of calibration.<key>
-
-
-def _pick(flag: Any, section: dict[str, Any], key: str, default: Any = _SCHEMA) -> Any:
-    """An explicit flag wins over the experiment file, which wins over the default (the
-    schema's, unless the command line alone means something else)."""
-    if flag is not None:
-        return flag
-    if default is _SCHEMA:
-        default = schema_default(f"calibration.{key}")
-    return section.get(key, default)
-
-
-def _token_mix(
-    manifest: Path | None, mixture: str | None, num_samples: int, seed: int,
-    data: dict[str, Any], model_name: str, grid: str | None, bucketing: str | None,
-) -> Any:  # fmt: skip
-    """The token mix the budgets are derived for: --manifest, --mixture, else the experiment's
-    data; None when there is none (the calibration then budgets its own grid)."""
-    from adaptiveload.calibration.mix import manifest_token_mix, mixture_token_mix
-
-    grid_name = grid or data.get("grid") or (DEFAULT_GRID if model_name in RELEASED else "tiny")
-    mode = bucketing or data.get("bucketing", DEFAULT_MODE)
-    max_frames = data.get("max_frames", DEFAULT_MAX_FRAMES)
-    if manifest is None and mixture is None:  # no flag: the experiment's data, if any
-        manifest, mixture = data.get("manifest") or None, data.get("mixture") or None
-        num_samples = data.get("num_samples", num_samples)
-    if manifest is not None:
-        return manifest_token_mix(manifest, mode, grid_name, max_frames)
-    if mixture is not None:
-        return mixture_token_mix(mixture, num_samples, seed, mode, grid_name, max_frames)
-    return None
+    base = CalibrationConfig.from_experiment(load(config)) if config else CalibrationConfig()
+    f = {k: v for k, v in flags.items() if v is not None}
+    mix = base.mix
+    if "manifest" in f or "mixture" in f:  # a flag's token mix replaces the experiment's
+        mix = replace(mix, manifest=f.get("manifest"), mixture=f.get("mixture"))
+    ints = {k: int_list(f[k], f"--{k.replace('_', '-')}") for k in ("batch_sizes", "tokens")
+            if k in f}  # fmt: skip
+    return overridden(
+        base, model=f.get("model"), device=f.get("device"), threads=f.get("threads"),
+        timer=f.get("timer"), max_loo=f.get("max_loo"), seed=f.get("seed"),
+        activation_checkpointing=f.get("activation_checkpointing"),
+        grid=overridden(base.grid, **ints, repeats=f.get("repeats"), warmup=f.get("warmup"),
+                        max_batch_tokens=f.get("max_batch_tokens")),
+        mix=overridden(mix, num_samples=f.get("num_samples"), grid=f.get("grid"),
+                       bucketing=f.get("bucketing"), seed=f.get("seed")),
+        budgets=overridden(base.budgets, capacity_gb=f.get("capacity_gb"),
+                           headroom=f.get("headroom"), ref_tokens=f.get("ref_tokens"),
+                           ref_batch=f.get("ref_batch")),
+        validation=overridden(base.validation, micro_batches=f.get("validate"),
+                              world_size=f.get("validate_world_size"),
+                              max_seconds=f.get("validate_max_seconds")),
+    )  # fmt: skip
 
 
 def _report(output: Path, cal: Any) -> None:
@@ -77,7 +107,8 @@ def _report(output: Path, cal: Any) -> None:
     typer.echo(
         f"{output}: {cal.label} {cal.model}: p={cal.p:.3f} M_tok={cal.m_tok:.4g} "
         f"M_mem={cal.m_mem:.4g} M_comp={cal.m_comp:.4g} (fit R^2={fit['r2']:.4f}, worst point "
-        f"{100 * fit['max_rel_err']:.1f}%{loo}; memory: {cal.extra['memory_source']})",
+        f"{100 * fit['max_rel_err']:.1f}%{loo}; memory: {cal.extra['memory_source']}; "
+        f"capacity {cal.capacity_bytes / 1e9:.4g} GB)",
         err=True,
     )
     val = cal.extra.get("validation")
@@ -89,82 +120,65 @@ def _report(output: Path, cal: Any) -> None:
         )
 
 
-@app.command("calibrate", epilog=examples(
-    "adaptiveload calibrate --model wan2.1-tiny --mixture tiny-cpu --capacity-gb 0.15 "
+def _write(output: Path, cal: Any) -> None:
+    from adaptiveload.io import write_json
+
+    write_json(output, cal.to_dict())
+    _report(output, cal)
+
+
+@calibrate.command("measure", epilog=examples(
+    "adaptiveload calibrate measure --model wan2.1-tiny --mixture tiny-cpu --capacity-gb 0.15 "
     "-o calibration.json",
-    "adaptiveload calibrate --config experiments/default.yaml -o calibration.json",
-    "adaptiveload calibrate --model wan2.1-t2v-1.3b --prior h200 --mixture paper-mixed "
-    "-o h200-1.3b.json",
+    "adaptiveload calibrate measure --config experiments/default.yaml -o calibration.json",
 ))
-def calibrate_cmd(
-    output: Annotated[Path, Opt("-o", "--output", help="calibration JSON to write")],
-    model: Annotated[
-        str | None, Opt(help="model config", show_default="--config's, else wan2.1-tiny")
-    ] = None,
+def measure_cmd(
+    output: Output,
+    config: Config = None,
+    model: Model = None,
     device: Annotated[
-        str | None, Opt(help="cpu | cuda", show_default="--config's, else cpu")
+        str | None,
+        Opt(help="cpu | cuda",
+            show_default=f"--config's, else {schema_default('calibration.device')}"),
     ] = None,
     batch_sizes: Annotated[str | None, Opt(help="grid batch sizes, e.g. 1,2,4")] = None,
     tokens: Annotated[str | None, Opt(help="grid token counts, e.g. 16,64,256,1024,4096")] = None,
-    manifest: Annotated[
-        Path | None, Opt(help="manifest whose token range sets p and the reference bucket")
-    ] = None,
-    mixture: Annotated[str | None, Opt(help="or a named synthetic mixture (e.g. tiny-cpu)")] = None,
-    num_samples: Annotated[int, Opt(help="samples drawn from --mixture")] = 20000,
-    grid: Annotated[
-        str | None, Opt(help="bucket grid for raw manifests: wan | tiny", show_default="by model")
-    ] = None,
-    bucketing: Annotated[str | None, Opt(help="aspect | exact")] = None,
-    capacity_gb: Annotated[
-        float | None, Opt(help="memory to budget against, GB", show_default="on CUDA the device's")
-    ] = None,
-    headroom: Annotated[float | None, Opt(help="fraction of capacity kept free")] = None,
-    repeats: Annotated[
-        int | None, Opt(help="timed passes over the grid, >= 2 (a point's time: the minimum)")
-    ] = None,
-    warmup: Annotated[int | None, Opt(help="warm-up steps per grid point (default 1)")] = None,
-    threads: Annotated[int | None, Opt(help="torch CPU threads while measuring")] = None,
-    timer: Annotated[
-        str | None,
-        Opt(
-            help="auto (cpu on a CPU with one thread, wall on CUDA) | wall | cpu",
-            show_default="auto",
-        ),
-    ] = None,
     max_batch_tokens: Annotated[
         int | None, Opt(help="skip B > 1 grid points with B*S above this (large-B corners)")
     ] = None,
-    max_loo_error: Annotated[
-        float | None,
-        Opt(help="refuse a fit whose leave-one-out error exceeds this (cuda 0.25, cpu 0.5)"),
+    repeats: Annotated[
+        int | None, Opt(help="timed passes over the grid, >= 2 (a point's time: the minimum)")
     ] = None,
+    warmup: Annotated[int | None, Opt(help="warm-up steps per grid point")] = None,
+    threads: Annotated[int | None, Opt(help="torch CPU threads while measuring")] = None,
+    timer: Annotated[
+        str | None, Opt(help="auto (cpu on a CPU with one thread, wall on CUDA) | wall | cpu")
+    ] = None,
+    activation_checkpointing: Annotated[
+        bool | None,
+        Opt("--activation-checkpointing/--no-activation-checkpointing",
+            help="checkpoint every block", show_default="--config's train section, else off"),
+    ] = None,
+    manifest: Manifest = None,
+    mixture: Mixture = None,
+    num_samples: NumSamples = None,
+    grid: Grid = None,
+    bucketing: Bucketing = None,
+    capacity_gb: CapacityGb = None,
+    headroom: Headroom = None,
+    ref_tokens: RefTokens = None,
+    ref_batch: RefBatch = None,
+    max_loo_error: MaxLoo = None,
     validate: Annotated[
-        int, Opt(help="then time K micro-batches drawn from every policy's plan (0 = off)")
-    ] = 0,
-    validate_world_size: Annotated[int, Opt(help="ranks of the plans --validate draws from")] = 16,
+        int | None, Opt(help="then time K micro-batches drawn from every policy's plan (0 = off)")
+    ] = None,
+    validate_world_size: Annotated[
+        int | None, Opt(help="ranks of the plans --validate draws from")
+    ] = None,
     validate_max_seconds: Annotated[
         float | None, Opt(help="--validate draws no micro-batch predicted above this")
     ] = None,
-    refit: Annotated[
-        list[Path] | None,
-        Opt(help="no measurement: refit the points of measured calibration file(s), pooled"),
-    ] = None,
-    activation_checkpointing: Annotated[
-        bool, Opt("--activation-checkpointing", help="checkpoint every block")
-    ] = False,
-    ref_tokens: Annotated[
-        float | None, Opt(help="override S_ref", show_default="the heaviest bucket that fits alone")
-    ] = None,
-    ref_batch: Annotated[
-        int | None, Opt(help="override B_ref", show_default="floor(M_mem / S_ref)")
-    ] = None,
-    prior: Annotated[
-        str | None, Opt(help="no measurement: analytic prior for a device's rates (h200)")
-    ] = None,
-    config: Annotated[
-        Path | None, Opt(help="experiment YAML: model, data and calibration sections")
-    ] = None,
-    seed: Annotated[int, Opt(help="seed of the weights, inputs and mixture")] = 0,
+    seed: Seed = None,
     quiet: Annotated[bool, Opt("--quiet", help="no progress bar")] = False,
 ) -> None:
     """Time forward+backward over a (B, S) grid, fit t(B,S) and m(B,S), derive the budgets.
@@ -172,75 +186,84 @@ def calibrate_cmd(
     Flags override the experiment file given with --config. The file is written only after
     everything succeeded.
     """
-    from adaptiveload.calibration.files import refit as refit_files
-    from adaptiveload.calibration.measure import calibrate
-    from adaptiveload.calibration.prior import prior as analytic_prior
+    flags = dict(locals(), max_loo=max_loo_error)  # every option, by its name
+    from adaptiveload.calibration.measure import calibrate as measure
+
+    _write(output, measure(_settings(config, flags), progress=not quiet))
+
+
+@calibrate.command("refit", epilog=examples(
+    "adaptiveload calibrate refit results/reference/h200/2026-11-30/grid7/"
+    "calibration-grid7-run2.json results/reference/h200/2026-11-30/grid7/"
+    "calibration-grid7-run3.json --mixture paper-mixed -o h200-1.3b-measured.json",
+))
+def refit_cmd(
+    files: Annotated[list[Path], typer.Argument(help="measured calibration files, pooled")],
+    output: Output,
+    config: Config = None,
+    model: Annotated[str | None, Opt(help="refuse files measured for another model")] = None,
+    manifest: Manifest = None,
+    mixture: Mixture = None,
+    num_samples: NumSamples = None,
+    grid: Grid = None,
+    bucketing: Bucketing = None,
+    capacity_gb: Annotated[
+        float | None, Opt(help="memory to budget against, GB", show_default="the files'")
+    ] = None,
+    headroom: Headroom = None,
+    ref_tokens: RefTokens = None,
+    ref_batch: RefBatch = None,
+    max_loo_error: MaxLoo = None,
+) -> None:
+    """Fit the points of measured calibration files again, pooled, by today's form, checks and
+    budget rules (no measurement)."""
+    flags = dict(locals(), max_loo=max_loo_error)  # every option, by its name
+    from adaptiveload.calibration.files import refit
     from adaptiveload.costmodel import Calibration
-    from adaptiveload.io import write_json
 
-    exp: dict[str, Any] = {}
-    if config is not None:
-        from adaptiveload.experiment import load
-
-        exp = load(config)
-    cal_section, data = exp.get("calibration", {}), exp.get("data", {})
-    model_name = model or exp.get("model", {}).get("config", "wan2.1-tiny")
-    if refit:  # the files say which model they measured
-        measured_model = Calibration.load(refit[0]).model
-        if model is not None and model != measured_model:
-            raise UserError(f"{refit[0]}: calibration is for {measured_model!r}, not {model!r}")
-        model_name = measured_model
-
-    if cal_section.get("file") and prior is None:  # the experiment pins a calibration file
-        cal = Calibration.load(cal_section["file"])
-        if cal.model != model_name:
-            raise UserError(
-                f"{cal_section['file']}: calibration is for {cal.model!r}, the experiment "
-                f"trains {model_name!r}"
-            )
-        write_json(output, cal.to_dict())
-        typer.echo(f"{output}: copied {cal_section['file']} ({cal.label})", err=True)
-        return
-
-    mix = _token_mix(manifest, mixture, num_samples, seed, data, model_name, grid, bucketing)
-    head = _pick(headroom, cal_section, "headroom")
-    max_loo = _pick(max_loo_error, cal_section, "max_loo_error")
-    if refit:
-        if mix is None:
-            raise UserError("--refit needs --manifest or --mixture (the budgets' token range)")
-        cal = refit_files(refit, mix, head, max_loo, ref_tokens, ref_batch)
-    elif prior is not None:
-        cal = analytic_prior(model_name, prior, mix, head, ref_tokens, ref_batch)
-    else:
-        cal = calibrate(
-            model_name,
-            device=_pick(device, cal_section, "device"),
-            batch_sizes=_pick(_ints(batch_sizes, "--batch-sizes"), cal_section, "batch_sizes"),
-            tokens=_pick(_ints(tokens, "--tokens"), cal_section, "tokens"),
-            mix=mix,
-            # no --config: None, i.e. a CUDA device's own memory (the schema's 4 GB is a file's)
-            capacity_gb=_pick(capacity_gb, cal_section, "capacity_gb", None),
-            headroom=head,
-            repeats=_pick(repeats, cal_section, "repeats"),
-            warmup=_pick(warmup, cal_section, "warmup"),
-            activation_checkpointing=activation_checkpointing,
-            ref_tokens=ref_tokens,
-            ref_batch=ref_batch,
-            seed=seed,
-            threads=_pick(threads, cal_section, "threads"),
-            timer=_pick(timer, cal_section, "timer"),
-            progress=not quiet,
-            max_batch_tokens=_pick(max_batch_tokens, cal_section, "max_batch_tokens"),
-            max_loo=max_loo,
-            validate=validate,
-            validate_world_size=validate_world_size,
-            validate_max_seconds=validate_max_seconds,
-        )  # fmt: skip
-    write_json(output, cal.to_dict())
-    _report(output, cal)
+    measured = Calibration.load(files[0]).model  # the files say which model they measured
+    if model is not None and model != measured:
+        raise UserError(f"{files[0]}: calibration is for {measured!r}, not {model!r}")
+    cfg = _settings(config, dict(flags, model=measured))
+    mix = cfg.mix.load(cfg.model)
+    if mix is None:
+        raise UserError("refit needs --manifest or --mixture (the budgets' token range)")
+    _write(output, refit(files, mix, cfg.budgets, cfg.max_loo))
 
 
-@app.command("budgets", epilog=examples(
+@calibrate.command("prior", epilog=examples(
+    "adaptiveload calibrate prior --model wan2.1-t2v-1.3b --mixture paper-mixed "
+    "-o h200-1.3b.json",
+    "adaptiveload calibrate prior --model wan2.1-t2v-1.3b --mixture paper-mixed "
+    "--capacity-gb 80 -o h200-1.3b-80gb.json",
+))
+def prior_cmd(
+    output: Output,
+    rates: Annotated[str, Opt(help="the device whose rates model the step (h200)")] = "h200",
+    config: Config = None,
+    model: Model = None,
+    manifest: Manifest = None,
+    mixture: Mixture = None,
+    num_samples: NumSamples = None,
+    grid: Grid = None,
+    bucketing: Bucketing = None,
+    capacity_gb: Annotated[
+        float | None, Opt(help="memory to budget against, GB", show_default="the device's")
+    ] = None,
+    headroom: Headroom = None,
+    ref_tokens: RefTokens = None,
+    ref_batch: RefBatch = None,
+) -> None:
+    """A `source: model` calibration from the analytic step time and memory of the model on a
+    device's rates (no measurement), fitted like one: the shipped H200 priors."""
+    flags = dict(locals())  # every option, by its name
+    from adaptiveload.calibration.prior import prior
+
+    cfg = _settings(config, flags)
+    _write(output, prior(cfg.model, rates, cfg.mix.load(cfg.model), cfg.budgets))
+
+
+@root.command("budgets", epilog=examples(
     "adaptiveload budgets --calibration experiments/calibration/h200-wan2.1-t2v-1.3b.json "
     "--mixture paper-mixed",
     "adaptiveload budgets --calibration CAL.json --mixture paper-mixed --max-frames 5 "
@@ -252,7 +275,9 @@ def budgets_cmd(
         Path | None, Opt(help="manifest whose token range sets p and the reference bucket")
     ] = None,
     mixture: Annotated[str | None, Opt(help="or a named synthetic mixture")] = None,
-    num_samples: Annotated[int, Opt(help="samples drawn from --mixture")] = 20000,
+    num_samples: Annotated[
+        int, Opt(help="samples drawn from --mixture")
+    ] = schema_default("simulate.num_samples"),
     grid: Annotated[
         str, Opt(help="bucket grid for raw manifests: " + " | ".join(GRIDS))
     ] = DEFAULT_GRID,
@@ -289,7 +314,7 @@ def budgets_cmd(
         if manifest is not None
         else mixture_token_mix(mixture, num_samples, 0, bucketing, grid, max_frames)
     )
-    head = float(cal.extra.get("headroom", 0.1)) if headroom is None else headroom
+    head = cal.headroom if headroom is None else headroom
     if m_mem is not None:
         capacity = capacity_for(cal.cost, m_mem, head, float(mix.tokens.min()))
     elif capacity_gb is not None:

@@ -46,11 +46,6 @@ def build_cmd(
     typer.echo(f"kernel build {record['status']}: {detail}")
 
 
-def _config(cls: type, **flags: object) -> object:
-    """`cls` from the flags given on the command line (None: the dataclass's own default)."""
-    return cls(**{k: v for k, v in flags.items() if v is not None})
-
-
 @kernel.command("bench", epilog=examples(
     "adaptiveload kernel bench -o results/kernels/bench.csv --skip-ok",
     "adaptiveload kernel bench --dims 1536,5120 --seq-lens 16384,75600 --repeats 15",
@@ -74,13 +69,8 @@ def bench_cmd(
     TB/s, fraction of the copy bandwidth, speed-ups, saved activations."""
     from adaptiveload.ops import kernel_bench as kb
 
-    cfg = _config(
-        kb.KernelBenchConfig,
-        seq_lens=kb.parse_ints(seq_lens) if seq_lens else None,
-        dims=kb.parse_ints(dims) if dims else None,
-        repeats=repeats,
-        impls=tuple(impls.split(",")) if impls else None,
-    )
+    flags = {"seq_lens": seq_lens, "dims": dims, "repeats": repeats, "impls": impls}
+    cfg = kb.KernelBenchConfig(**kb.bench_fields(flags))
     raise typer.Exit(kb.bench_to_file(out or kb.DEFAULT_OUT, cfg, skip_ok))
 
 
@@ -102,15 +92,9 @@ def e2e_cmd(
     """Time whole Wan training steps with the LayerNorm-Modulate sites eager, then fused: step
     time and peak memory per sequence length (B = 1, activation checkpointing, bf16 on CUDA)."""
     from adaptiveload.calibration import kernel_e2e
-    from adaptiveload.ops.kernel_bench import parse_ints
 
-    cfg = _config(
-        kernel_e2e.E2EConfig,
-        model=model,
-        seq_lens=parse_ints(seq_lens) if seq_lens else None,
-        device=device,
-        steps=steps,
-    )
+    flags = {"model": model, "seq_lens": seq_lens, "device": device, "steps": steps}
+    cfg = kernel_e2e.E2EConfig(**kernel_e2e.e2e_fields(flags))
     raise typer.Exit(kernel_e2e.to_file(out or kernel_e2e.DEFAULT_OUT, cfg))
 
 

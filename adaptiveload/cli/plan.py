@@ -25,7 +25,7 @@ from adaptiveload.io import write_json, write_parquet
 from adaptiveload.planning.dealing import DEFAULT_WINDOW_STEPS
 from adaptiveload.planning.plan import build_plan, check_table
 from adaptiveload.planning.policies import AUTO, POLICIES, Budgets, MissingBudgetError, get_policy
-from adaptiveload.planning.simulate import DEFAULT_ALLREDUCE_GBPS, simulate
+from adaptiveload.planning.simulate import DEFAULT_ALLREDUCE_GBPS, Simulation, simulate
 
 Opt = typer.Option
 
@@ -52,8 +52,10 @@ def plan_cmd(
     policy: Annotated[str, Opt(help=f"one of: {', '.join(POLICIES)}")],
     world_size: Annotated[int, Opt(help="number of data-parallel ranks N")],
     seed: Annotated[int, Opt(help="plan seed (with the epoch, seeds all shuffles)")],
-    output: Annotated[Path, Opt("-o", "--output", help="plan table (Parquet) to write")],
-    summary: Annotated[Path, Opt(help="summary JSON to write")],
+    summary: Annotated[Path | None, Opt(help="plan summary JSON to write")] = None,
+    output: Annotated[
+        Path | None, Opt("-o", "--output", help="plan table (Parquet) to write")
+    ] = None,
     epoch: Annotated[int, Opt(help="epoch to plan")] = 0,
     calibration: Annotated[
         Path | None, Opt(help="calibration JSON: budgets set to 'auto' and the cost model")
@@ -83,8 +85,25 @@ def plan_cmd(
     allreduce_gbps: Annotated[
         float, Opt(help="ring all-reduce bandwidth, Gbit/s (predicted metrics)")
     ] = DEFAULT_ALLREDUCE_GBPS,
+    simulation_steps: Annotated[
+        Path | None,
+        Opt(help="also write the predicted per-(step, rank) table (Parquet; needs --calibration)"),
+    ] = None,
+    simulation_summary: Annotated[
+        Path | None, Opt(help="also write the simulation's run summary (JSON)")
+    ] = None,
+    warmup_steps: Annotated[
+        int, Opt(help="steps left out of the simulation summary's metrics")
+    ] = 0,
+    experiment: Annotated[
+        str | None, Opt(help="experiment name for the simulation summary")
+    ] = None,
 ) -> None:
-    """Plan one epoch: which samples form each micro-batch, and which rank runs it when."""
+    """Plan one epoch: which samples form each micro-batch, and which rank runs it when.
+
+    With a calibration the plan is simulated once through its cost model: the summary's
+    predictions, and with --simulation-steps/--simulation-summary what `adaptiveload simulate`
+    would write for it, without simulating it again."""
     from adaptiveload.data.manifest import load_manifest
 
     pol = get_policy(policy)
@@ -99,6 +118,14 @@ def plan_cmd(
             f"give {flags} or a --calibration file"
         ) from None
     _positive(allreduce_gbps=allreduce_gbps)
+    simulated = simulation_steps is not None or simulation_summary is not None
+    if summary is None and output is None and not simulated:
+        raise UserError("plan: nothing to write; give --summary, -o, --simulation-steps or "
+                        "--simulation-summary")  # fmt: skip
+    if simulated and cal is None:
+        raise UserError("--simulation-steps/--simulation-summary: give --calibration (the cost "
+                        "model the plan is simulated through)")  # fmt: skip
+    _check_warmup(warmup_steps)
     bucketed = bucketize(load_manifest(manifest), mode=bucketing, grid=grid, max_frames=max_frames)
     plan = build_plan(
         bucketed, pol, budgets, world_size, seed, epoch, cost_model=cal,
@@ -110,8 +137,14 @@ def plan_cmd(
         "calibration_label": cal.label if cal else None,
     }  # fmt: skip
     plan.table.attrs["plan"].update(info)
-    write_parquet(output, plan.table)
-    write_json(summary, {**plan.summary, **info})
+    if output is not None:
+        write_parquet(output, plan.table)
+    if summary is not None:
+        write_json(summary, {**plan.summary, **info})
+    if simulated:
+        sim = plan.simulation.timed(warmup_steps)
+        _write_simulation(sim, {**plan.summary, **info}, experiment, simulation_steps,
+                          simulation_summary)  # fmt: skip
     s = plan.summary
     line = f"{s['policy']}: {s['steps']} steps x {s['world_size']} ranks, {s['batches']} batches"
     if "predicted_imbalance_rate" in s:
@@ -146,22 +179,13 @@ def simulate_cmd(
     _positive(allreduce_gbps=allreduce_gbps)
     if grad_bytes is not None and grad_bytes < 0:
         raise UserError(f"--grad-bytes {grad_bytes}: must be >= 0")
-    if warmup_steps < 0:
-        raise UserError(f"--warmup-steps {warmup_steps}: must be >= 0")
+    _check_warmup(warmup_steps)
     table = _read_plan(plan)
-    meta = table.attrs.get("plan", {})
     sim = simulate(
         table, cal, allreduce_gbps=allreduce_gbps, grad_bytes=grad_bytes,
         warmup_steps=warmup_steps,
     )  # fmt: skip
-    run = {
-        "experiment": experiment, "policy": meta.get("policy"), "seed": meta.get("seed"),
-        "epoch": meta.get("epoch"), "kernel": None, "plan": str(plan), **sim.summary,
-    }  # fmt: skip
-    if output is not None:
-        write_parquet(output, sim.steps)
-    if summary is not None:
-        write_json(summary, run)
+    run = _write_simulation(sim, table.attrs.get("plan", {}), experiment, output, summary)
     if as_json:
         typer.echo(json.dumps(run, indent=2, default=float))
     else:
@@ -169,6 +193,28 @@ def simulate_cmd(
             f"{run['policy']}: imbalance {run.get('imbalance_rate', math.nan):.1%}, "
             f"{run.get('samples_per_s', math.nan):.3g} samples/s (model, {cal.label})"
         )
+
+
+def _write_simulation(
+    sim: Simulation, plan: dict, experiment: str | None, steps: Path | None,
+    summary: Path | None,
+) -> dict:  # fmt: skip
+    """The run summary of a simulated plan (what the analysis reads beside its per-step
+    table; `plan`: the plan's own summary), written with the table where asked."""
+    run = {
+        "experiment": experiment, "policy": plan.get("policy"), "seed": plan.get("seed"),
+        "epoch": plan.get("epoch"), "kernel": None, "plan": plan, **sim.summary,
+    }  # fmt: skip
+    if steps is not None:
+        write_parquet(steps, sim.steps)
+    if summary is not None:
+        write_json(summary, run)
+    return run
+
+
+def _check_warmup(warmup_steps: int) -> None:
+    if warmup_steps < 0:
+        raise UserError(f"--warmup-steps {warmup_steps}: must be >= 0")
 
 
 def _positive(**values: float) -> None:

@@ -11,6 +11,7 @@ import typer
 
 from adaptiveload.cli.app import app, examples, group
 from adaptiveload.errors import UserError
+from adaptiveload.pipeline import Layout
 from adaptiveload.planning.policies import POLICIES
 from adaptiveload.step_table import WHOLE_EPOCH
 
@@ -61,7 +62,7 @@ def train(
     out: Annotated[
         Path | None, typer.Option(
             "--out", help="run directory",
-            show_default="results/<experiment>/runs/<policy>/seed<seed>/<kernel>",
+            show_default=Layout("<experiment>").run_dir("<policy>", "<seed>", "<kernel>"),
         )
     ] = None,
     device: Annotated[str | None, typer.Option("--device", help="cpu | cuda")] = None,

@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-from adaptiveload.errors import UserError
+from adaptiveload.errors import UserError, int_list
 from adaptiveload.io import write_text
 from adaptiveload.ops import ln_modulate as lm
 
@@ -85,14 +85,6 @@ def check_positive(**lists: tuple[int, ...]) -> None:
     for name, values in lists.items():
         if not values or min(values) < 1:
             raise UserError(f"{name} {list(values)}: expected one or more values >= 1")
-
-
-def parse_ints(text: str) -> tuple[int, ...]:
-    """A comma-separated list of integers, as the benchmarks' command lines take them."""
-    try:
-        return tuple(int(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        raise UserError(f"{text!r}: expected comma-separated integers, e.g. 16384,75600") from None
 
 
 def _elapsed_us(fn: Callable[[], Any], warmup: int, repeats: int) -> list[float]:
@@ -305,20 +297,29 @@ def bench_to_file(out: Path, cfg: KernelBenchConfig, skip_ok: bool = False) -> i
 def main(argv: list[str] | None = None) -> int:
     """`python -m adaptiveload.ops.kernel_bench`: `adaptiveload kernel bench` without the CLI's
     dependencies (the same options and defaults, the defaults being KernelBenchConfig's)."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     argument_default=argparse.SUPPRESS)  # fmt: skip
     parser.add_argument("-o", "--out", type=Path, default=DEFAULT_OUT)
-    parser.add_argument("--seq-lens", type=parse_ints, help="comma-separated S values")
-    parser.add_argument("--dims", type=parse_ints, help="comma-separated D values")
+    parser.add_argument("--seq-lens", help="comma-separated S values")
+    parser.add_argument("--dims", help="comma-separated D values")
     parser.add_argument("--repeats", type=int, help="timed repeats per measurement (median)")
-    parser.add_argument("--impls", type=lambda v: tuple(v.split(",")), help="comma-separated")
-    parser.add_argument("--skip-ok", action="store_true", help="no CUDA: write a skip record")
-    args = parser.parse_args(argv)
-    given = {k: getattr(args, k) for k in ("seq_lens", "dims", "repeats", "impls")}
+    parser.add_argument("--impls", help="comma-separated: fused, eager, compile")
+    parser.add_argument("--skip-ok", action="store_true", default=False,
+                        help="no CUDA: write a skip record")  # fmt: skip
+    given = vars(parser.parse_args(argv))  # only the options on the command line, and -o
     try:
-        cfg = KernelBenchConfig(**{k: v for k, v in given.items() if v is not None})
+        cfg = KernelBenchConfig(**bench_fields(given))
     except UserError as exc:
         parser.error(str(exc))
-    return bench_to_file(args.out, cfg, args.skip_ok)
+    return bench_to_file(given["out"], cfg, given["skip_ok"])
+
+
+def bench_fields(flags: dict[str, Any]) -> dict[str, Any]:
+    """KernelBenchConfig's fields from command-line text (comma lists), those given only."""
+    parse = {"seq_lens": lambda v: int_list(v, "--seq-lens"),
+             "dims": lambda v: int_list(v, "--dims"), "repeats": int,
+             "impls": lambda v: tuple(v.split(","))}  # fmt: skip
+    return {k: parse[k](v) for k, v in flags.items() if k in parse and v is not None}
 
 
 if __name__ == "__main__":

@@ -132,10 +132,9 @@ class _Cache:
 def point_budgets(cal: Calibration, tokens: np.ndarray, reference: str, scale: float) -> dict:
     """The calibration's budget rules applied to a manifest's tokens with reference rule
     `reference`; AdaptiveLoad's M_comp times `scale`."""
-    headroom = float(cal.extra.get("headroom", 0.1))
-    first = derive_budgets(cal.cost, tokens, cal.capacity_bytes, headroom)
+    first = derive_budgets(cal.cost, tokens, cal.capacity_bytes, cal.headroom)
     ref = reference_tokens(tokens, first.m_mem, reference)
-    d = derive_budgets(cal.cost, tokens, cal.capacity_bytes, headroom, ref_tokens=ref)
+    d = derive_budgets(cal.cost, tokens, cal.capacity_bytes, cal.headroom, ref_tokens=ref)
     return {"p": d.p, "m_mem": d.m_mem, "m_tok": d.m_tok, "m_comp": d.m_comp * scale,
             "ref_tokens": d.ref_tokens, "ref_batch": d.ref_batch}  # fmt: skip
 

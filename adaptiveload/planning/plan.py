@@ -41,7 +41,7 @@ from adaptiveload.costmodel import Calibration, CostModel
 from adaptiveload.errors import UserError
 from adaptiveload.planning.dealing import DEFAULT_WINDOW_STEPS, deal_balanced
 from adaptiveload.planning.policies import Budgets, Policy, get_policy
-from adaptiveload.planning.simulate import DEFAULT_ALLREDUCE_GBPS, simulate
+from adaptiveload.planning.simulate import DEFAULT_ALLREDUCE_GBPS, Simulation, simulate
 
 REQUIRED_COLUMNS = ("sample_id", "bucket_frames", "bucket_height", "bucket_width", "tokens")
 TABLE_COLUMNS = (
@@ -56,10 +56,13 @@ PREDICTED = (
 @dataclass
 class Plan:
     """`table`: one row per (step, rank, sample), ordered by step, rank; `summary`: counts,
-    checks and budgets (and predicted metrics when a cost model was given)."""
+    checks and budgets (and predicted metrics when a cost model was given); `simulation`: the
+    plan through that cost model, whose whole-epoch metrics the predictions are (None without
+    one; `Simulation.timed` gives another window without simulating again)."""
 
     table: pd.DataFrame
     summary: dict[str, Any]
+    simulation: Simulation | None = None
 
 
 @dataclass(frozen=True)
@@ -142,11 +145,12 @@ def build_plan(
         "plan_digest": _digest(row_sample, batches.size[slots], slot_pad),
     }
     table.attrs["plan"] = dict(summary)
+    sim = None
     if cost_model is not None:
         sim = simulate(table, cost_model, allreduce_gbps=allreduce_gbps, world_size=world_size)
         summary.update({f"predicted_{k}": sim.summary[k] for k in PREDICTED if k in sim.summary})
         summary["predicted_source"] = "model"
-    return Plan(table=table, summary=summary)
+    return Plan(table=table, summary=summary, simulation=sim)
 
 
 def _make_batches(

@@ -27,9 +27,10 @@ import pandas as pd
 
 from adaptiveload import metrics
 from adaptiveload.costmodel import Calibration, CostModel
+from adaptiveload.experiment import schema_default
 from adaptiveload.step_table import STEP_COLUMNS, timed
 
-DEFAULT_ALLREDUCE_GBPS = 100.0
+DEFAULT_ALLREDUCE_GBPS = schema_default("train.allreduce_gbps")  # an experiment's default
 FP32_BYTES = 4
 
 @dataclass
@@ -39,6 +40,21 @@ class Simulation:
 
     steps: pd.DataFrame
     summary: dict[str, Any]
+    capacity_bytes: float | None = None
+
+    def timed(self, warmup_steps: int) -> Simulation:
+        """The same simulation summarized over another timed window (nothing is simulated
+        again: a plan's per-step predictions do not depend on the window)."""
+        summary = {k: v for k, v in self.summary.items() if k in _HEADER}
+        summary["warmup_steps"] = warmup_steps
+        summary.update(_metrics(self.steps, summary["world_size"], self.capacity_bytes,
+                                warmup_steps))  # fmt: skip
+        return Simulation(self.steps, summary, self.capacity_bytes)
+
+
+# the summary fields that describe the simulation itself (the rest are its window's metrics)
+_HEADER = ("launch_mode", "source", "device", "calibration", "world_size", "warmup_steps",
+           "allreduce_gbps", "grad_bytes", "allreduce_s")  # fmt: skip
 
 
 def allreduce_seconds(grad_bytes: float, world_size: int, gbps: float) -> float:
@@ -79,9 +95,28 @@ def simulate(
         grad_bytes = grad_bytes_of(calibration) if grad_bytes is None else grad_bytes
         capacity_bytes = capacity_bytes or calibration.capacity_bytes
     grad_bytes = grad_bytes or 0.0
-    table = plan_table
-    n = world_size or int(table.attrs.get("plan", {}).get("world_size") or 0)
-    n = n or int(table["rank"].max()) + 1
+    n = world_size or int(plan_table.attrs.get("plan", {}).get("world_size") or 0)
+    n = n or int(plan_table["rank"].max()) + 1
+    ar_s = allreduce_seconds(grad_bytes, n, allreduce_gbps)
+    summary: dict[str, Any] = {
+        "launch_mode": "simulated",
+        "source": "model",
+        "device": calibration.device if calibration else None,
+        "calibration": calibration.label if calibration else None,
+        "world_size": n,
+        "warmup_steps": warmup_steps,
+        "allreduce_gbps": allreduce_gbps,
+        "grad_bytes": grad_bytes,
+        "allreduce_s": ar_s,
+    }
+    frame = _step_table(plan_table, cost, n, ar_s)
+    summary.update(_metrics(frame, n, capacity_bytes, warmup_steps))
+    return Simulation(steps=frame, summary=summary, capacity_bytes=capacity_bytes)
+
+
+def _step_table(table: pd.DataFrame, cost: CostModel, n: int, allreduce_s: float) -> pd.DataFrame:
+    """The per-(step, rank) predictions: each rank's micro-batch (its first row gives the
+    bucket shape) through the cost model, every step waiting for its slowest rank."""
     step = table["step"].to_numpy(np.int64)
     rank = table["rank"].to_numpy(np.int64)
     if rank.size and rank.max() >= n:
@@ -101,45 +136,28 @@ def simulate(
 
     s_tok, frames, height, width = (first_of(c) for c in ("tokens", "frames", "height", "width"))
     compute = np.where(has, cost.step_time(batch, s_tok), 0.0).reshape(steps, n)
-    peak_model = np.where(has, cost.memory(batch, s_tok), np.nan)
     t_step = compute.max(axis=1)
-    ar_s = allreduce_seconds(grad_bytes, n, allreduce_gbps)
-    step_time = t_step + ar_s
-    frame = pd.DataFrame(
+    empty = pd.array([pd.NA] * cells, dtype="Float64")  # what only a measurement has
+    return pd.DataFrame(
         {
             "step": np.repeat(np.arange(steps), n),
             "rank": np.tile(np.arange(n), steps),
             "compute_s": compute.ravel(),
-            "compute_wall_s": pd.array([pd.NA] * cells, dtype="Float64"),
+            "compute_wall_s": empty,
             "wait_s": (t_step[:, None] - compute).ravel(),
             "samples": batch,
             "tokens": batch * s_tok,
             "frames": frames,
             "height": height,
             "width": width,
-            "peak_bytes": pd.array([pd.NA] * cells, dtype="Float64"),
-            "peak_bytes_model": peak_model,
-            "loss": pd.array([pd.NA] * cells, dtype="Float64"),
-            "step_time_s": np.repeat(step_time, n),
-            "step_wall_s": pd.array([pd.NA] * cells, dtype="Float64"),
+            "peak_bytes": empty.copy(),
+            "peak_bytes_model": np.where(has, cost.memory(batch, s_tok), np.nan),
+            "loss": empty.copy(),
+            "step_time_s": np.repeat(t_step + allreduce_s, n),
+            "step_wall_s": empty.copy(),
         },
         columns=list(STEP_COLUMNS),
     )
-    summary: dict[str, Any] = {
-        "launch_mode": "simulated",
-        "source": "model",
-        "device": calibration.device if calibration else None,
-        "calibration": calibration.label if calibration else None,
-        "world_size": n,
-        "warmup_steps": warmup_steps,
-        "allreduce_gbps": allreduce_gbps,
-        "grad_bytes": grad_bytes,
-        "allreduce_s": ar_s,
-    }
-    summary.update(
-        _metrics(compute, batch, s_tok, step_time, peak_model, capacity_bytes, warmup_steps)
-    )
-    return Simulation(steps=frame, summary=summary)
 
 
 def _split(cost_model: CostModel | Calibration) -> tuple[CostModel, Calibration | None]:
@@ -149,26 +167,22 @@ def _split(cost_model: CostModel | Calibration) -> tuple[CostModel, Calibration 
 
 
 def _metrics(
-    compute: np.ndarray,
-    batch: np.ndarray,
-    s_tok: np.ndarray,
-    step_time: np.ndarray,
-    peak_model: np.ndarray,
-    capacity_bytes: float | None,
-    warmup_steps: int,
+    frame: pd.DataFrame, n: int, capacity_bytes: float | None, warmup_steps: int
 ) -> dict[str, Any]:
-    steps, n = compute.shape
+    """The run-summary metrics of the predicted per-step table over its timed window."""
+    compute = frame["compute_s"].to_numpy(np.float64).reshape(-1, n)
+    steps = compute.shape[0]
     keep = timed(np.arange(steps), warmup_steps)
     window = compute[keep]
     if window.shape[0] == 0:
         return {"steps": 0}
     cells = np.repeat(keep, n)
-    wall_s = float(step_time[keep].sum())
-    peak = peak_model.reshape(steps, n)[keep]
+    wall_s = float(frame["step_time_s"].to_numpy(np.float64)[::n][keep].sum())
+    peak = frame["peak_bytes_model"].to_numpy(np.float64).reshape(steps, n)[keep]
     out: dict[str, Any] = metrics.window_metrics(
         window,
-        samples=float(batch[cells].sum()),
-        tokens=float((batch * s_tok)[cells].sum()),
+        samples=float(frame["samples"].to_numpy()[cells].sum()),
+        tokens=float(frame["tokens"].to_numpy()[cells].sum()),
         seconds=wall_s,
         peak_bytes=np.where(np.isnan(peak), 0.0, peak),  # a rank without a batch: no memory
         capacity_bytes=capacity_bytes,

@@ -67,27 +67,28 @@ class RunTracker:
         params: Mapping[str, Any],
         tags: Mapping[str, str],
         spool_path: Path,
-        run_id: str | None = None,
-        resume_step: int | None = None,
+        resume: Mapping[str, Any] | None = None,
         run_dir: Path | None = None,
         supersede: str | None = None,
         description: str | None = None,
         run_description: str | None = None,
     ) -> RunTracker:
-        """Create the run (or reopen `run_id` when resuming); the store must be reachable.
+        """Create the run, or reopen the one a checkpoint fed (`resume`: its `run_id` and the
+        checkpoint's `step`, the steps it holds); the store must be reachable.
 
         A new run tagged with `run_dir` supersedes the earlier runs of that folder (and the
         run `supersede`, the one a stale checkpoint fed): they get the tag SUPERSEDED_TAG,
         and those still RUNNING (killed before they could say so) are ended as KILLED.
-        Resuming `run_id` from a checkpoint of `resume_step` steps continues in a new run
-        instead when the old one cannot take the resumed steps: this store does not hold it
-        (the command rerun with another MLFLOW_TRACKING_URI), or it holds steps from
-        `resume_step` on (logged by the stopped process after its last checkpoint, and
-        measured again now). Either is said in one line; the trainer re-logs the
-        checkpoint's steps, so the new run has every step once, as the per-step table has
+        Resuming continues in a new run instead when the old one cannot take the resumed
+        steps: this store does not hold it (the command rerun with another
+        MLFLOW_TRACKING_URI), or it holds steps from the checkpoint's `step` on (logged by
+        the stopped process after its last checkpoint, and measured again now). Either is
+        said in one line; the trainer re-logs the checkpoint's steps, so the new run has
+        every step once, as the per-step table has
         it. `description`: the experiment's, shown by the MLflow UI (set when given, or when
         the experiment has none); `run_description`: the run's (set when it is created).
         """
+        run_id, resume_step = (resume["run_id"], resume["step"]) if resume else (None, None)
         stale = Spool.load(spool_path).run_id if Path(spool_path).exists() else None
         if stale is not None and stale != run_id:
             raise UserError(

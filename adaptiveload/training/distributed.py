@@ -31,7 +31,7 @@ import torch.distributed as dist
 from torch import nn
 
 from adaptiveload.errors import UserError
-from adaptiveload.training.settings import MAX_WORLD_SIZE
+from adaptiveload.pipeline import check_world_size
 
 
 @dataclass(frozen=True)
@@ -76,11 +76,7 @@ def resolve_ranks(emulate_world_size: int | None, world_size: int) -> Ranks:
         return Ranks(size, (rank,), True, rank, int(env.get("LOCAL_RANK", 0)))
     if emulate_world_size is None:
         return Ranks.emulated(world_size)
-    if not 1 <= emulate_world_size <= MAX_WORLD_SIZE:
-        raise UserError(
-            f"--emulate-world-size {emulate_world_size}: must be between 1 and {MAX_WORLD_SIZE}"
-        )
-    return Ranks.emulated(emulate_world_size)
+    return Ranks.emulated(check_world_size(emulate_world_size, "--emulate-world-size"))
 
 
 BACKEND_ENV = "ADAPTIVELOAD_DIST_BACKEND"

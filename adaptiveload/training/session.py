@@ -32,6 +32,7 @@ from adaptiveload import experiment
 from adaptiveload.costmodel import Calibration
 from adaptiveload.errors import UserError
 from adaptiveload.io import LockHeld, exclusive, write_json, write_parquet
+from adaptiveload.pipeline import Layout
 from adaptiveload.provenance import device_name, git_commit
 from adaptiveload.training import checkpoint
 from adaptiveload.training.distributed import Ranks, resolve_ranks, timer_of
@@ -86,10 +87,9 @@ def resolve(req: Request) -> Resolved:
     calibration = Calibration.load(cal_path) if cal_path else None
     if calibration is not None:
         calibration.require_model(cfg.model, cal_path)
-    # the pipeline's layout (workflow/rules/common.smk), so a hand-run lands beside its runs
-    default_out = (Path("results") / cfg.experiment / "runs" / cfg.policy / f"seed{cfg.seed}"
-                   / cfg.kernel)  # fmt: skip
-    return Resolved(exp, cfg, ranks, calibration, Path(req.out or default_out))
+    # the pipeline's layout, so a hand-run lands beside the pipeline's runs
+    out = req.out or Layout(cfg.experiment).run_dir(cfg.policy, cfg.seed, cfg.kernel)
+    return Resolved(exp, cfg, ranks, calibration, Path(out))
 
 
 # Summary fields whose MLflow key says which formula they are (adaptiveload.metrics): both are
@@ -123,8 +123,7 @@ class RunSink(StepSink, Protocol):
 
 
 # opens a run's sink from the keyword arguments `train` describes the run with (experiment,
-# run_name, params, tags, run_description, spool_path, run_id, resume_step, run_dir,
-# supersede, description)
+# run_name, params, tags, run_description, spool_path, resume, run_dir, supersede, description)
 OpenSink = Callable[..., RunSink]
 
 
@@ -254,8 +253,11 @@ def _open(
             "per-step and summary metrics measured"
         ),
         spool_path=run.out / "tracking.spool.jsonl",
-        run_id=resume.get("tracking", {}).get("run_id"),
-        resume_step=resume.get("step"),
+        resume=(
+            {"run_id": resume["tracking"]["run_id"], "step": resume["step"]}
+            if resume.get("tracking", {}).get("run_id")
+            else None
+        ),
         run_dir=run.out,
         supersede=(found.stale or {}).get("tracking", {}).get("run_id"),
         description=run.exp.get("description"),

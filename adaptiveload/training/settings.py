@@ -16,6 +16,7 @@ from typing import Any
 
 from adaptiveload.errors import UserError
 from adaptiveload.experiment import schema_default
+from adaptiveload.pipeline import check_world_size
 from adaptiveload.step_table import WHOLE_EPOCH, window_kind
 
 LAUNCH_MODES = ("emulated", "distributed")
@@ -24,9 +25,6 @@ KERNELS = ("eager", "fused")
 # one token stream (docs/packing.md)
 BATCH_LAYOUTS = ("dense", "packed")
 DEVICES = ("cpu", "cuda")
-# ranks one process emulates in turn (each holds its micro-batch); the schema's
-# train.world_size maximum is the same number
-MAX_WORLD_SIZE = 1024
 
 
 @dataclass(frozen=True)
@@ -78,8 +76,7 @@ class TrainConfig:
         ):
             if getattr(self, name) not in allowed:
                 raise UserError(f"{name} '{getattr(self, name)}': expected one of {allowed}")
-        if not 1 <= self.world_size <= MAX_WORLD_SIZE:
-            raise UserError(f"world_size {self.world_size}: must be between 1 and {MAX_WORLD_SIZE}")
+        check_world_size(self.world_size)
         if not 0 <= self.seed < 2**32:
             raise UserError(f"--seed {self.seed}: must be between 0 and {2**32 - 1}")
         if self.fsdp and self.launch_mode != "distributed":

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Fetch the wheels experiments/gpu/h200.sh needs on the H200 machine (Python 3.12, no network)
-# into <repo>/.whl, git-ignored through .git/info/exclude; the device call carries ".whl".
-# Its image lacks jsonschema (adaptiveload.experiment) and its three dependencies; pandas is
-# pinned to the version the project is tested with (the image's is unknown). Run on a
-# machine with PyPI access, before the device call; about 13 MB.
+# Fetch the wheels experiments/gpu/h200.sh installs on an H200 machine without PyPI access
+# (Python 3.12) into <repo>/.whl, git-ignored through .git/info/exclude; copy the checkout with
+# .whl/ to that machine. They are jsonschema (adaptiveload.experiment) and its three
+# dependencies, and pandas pinned to the version the project is tested with (the machine's is
+# unknown). Run on a machine with PyPI access; about 13 MB.
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 DEST="$REPO/.whl"

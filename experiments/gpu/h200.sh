@@ -1,26 +1,28 @@
 #!/usr/bin/env bash
-# The device check, v2: everything this repository needs measured on one H200, in ONE call of
-# at most 9 minutes of its own (TOTAL_BUDGET_S, default 530 s), each part under its own
-# `timeout`, its outputs packed into PACKDIR after every part (the device tool brings back at
-# most 8 files of 16 MiB from two folder levels, so each part is one tarball):
+# The device check, v2: everything this repository needs measured on one H200, in one run of
+# at most TOTAL_BUDGET_S seconds (530), each part under its own `timeout`, and each part's
+# outputs packed into its own tarball in PACKDIR as soon as it ends (so a run cut short still
+# leaves an archive of every part that finished; files over 12 MB, i.e. long logs, stay out):
 #
 #   dist         `torchrun --nproc-per-node 2 -m adaptiveload train`, two processes sharing
 #                the GPU over gloo (DDP; the multi-process CUDA path: LOCAL_RANK, CUDA events)
-#   kernel       experiments/gpu/kernel_check.sh (build, CUDA tests, bench of every width, eager vs fused)
-#   calibration  `adaptiveload calibrate` of Wan 2.1 T2V-1.3B with $CAL_FLAGS (grid rules,
-#                per-micro-batch validation)
+#   kernel       experiments/gpu/kernel_check.sh (build, CUDA tests, bench of every width,
+#                eager vs fused)
+#   calibration  `adaptiveload calibrate measure` of Wan 2.1 T2V-1.3B with $CAL_FLAGS (grid
+#                rules, per-micro-batch validation)
 #   train        16 emulated ranks of the 1.3B on micro-batches of 12k-18k tokens (not
 #                overhead-bound), each policy eager, then fused while time is left; measured
 #                vs predicted imbalance per policy in summary.txt
 #
-#   experiments/gpu/h200.sh OUTDIR [PACKDIR]         # on the GPU machine (README.md here)
-#   DRY_RUN=1 experiments/gpu/h200.sh OUTDIR PACKDIR  # the same plumbing on CPU, tiny
+#   bash experiments/gpu/h200.sh OUTDIR [PACKDIR]         # on the H200 machine (README.md here)
+#   DRY_RUN=1 bash experiments/gpu/h200.sh OUTDIR PACKDIR  # the same plumbing on CPU, tiny
 #
 # Environment: PYTHON (default python3), WHEELS (default <repo>/.whl; *.whl there are
-# installed first), PARTS (subset of "dist kernel calibrate train"), CALIBRATION (train with
-# this file, no calibrate), REPO_COMMIT (recorded; .git does not travel), TOTAL_BUDGET_S,
-# DIST_S, KERNEL_S, CALIBRATE_S, TRAIN_RUN_S (limits), TRAIN_STEPS, TRAIN_POLICIES,
-# TRAIN_KERNELS, TRAIN_FILL (M_mem over the longest training bucket).
+# installed first, for a machine without PyPI access), PARTS (subset of "dist kernel calibrate
+# train"), CALIBRATION (train with this file, no calibrate), REPO_COMMIT (recorded; for a copied
+# tree without .git), TOTAL_BUDGET_S, DIST_S, KERNEL_S, CALIBRATE_S, TRAIN_RUN_S (limits),
+# TRAIN_STEPS, TRAIN_POLICIES, TRAIN_KERNELS, TRAIN_FILL (M_mem over the longest training
+# bucket). Exit status 0 when every part finished, else 1.
 # Outputs (OUTDIR): env.txt, env.json, steps.tsv (part, status, seconds), summary.txt/.json,
 # dist/, kernel/, calibration/, train/; PACKDIR: env.tar.gz, <part>.tar.gz, summary.txt,
 # steps.tsv.
@@ -53,7 +55,7 @@ export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 MLFLOW_ENABLE_TELEMETRY=fals
 export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
 
-if [ "$DRY" = 1 ]; then  # tiny, CPU, and without the packages the device lacks
+if [ "$DRY" = 1 ]; then  # tiny, CPU, and without the packages no part may need
   DEVICE=cpu MODEL=wan2.1-micro
   # process CPU time with one thread: the stable timer on a shared machine
   CAL_ARGS=($CAL_FLAGS_DRY --capacity-gb 0.08 --mixture tiny-cpu --num-samples 1000 --threads 1
@@ -66,7 +68,7 @@ if [ "$DRY" = 1 ]; then  # tiny, CPU, and without the packages the device lacks
   TOTAL=${TOTAL_BUDGET_S:-1500} DIST_S=${DIST_S:-240} CALIBRATE_S=${CALIBRATE_S:-300}
   TRAIN_RUN_S=${TRAIN_RUN_S:-200}
   export OMP_NUM_THREADS=1 ALLOW_NO_GPU=1 BENCH_TIMEOUT_S=30
-  # the device has no mlflow/snakemake/diffusers/av/seaborn: prove nothing here needs them
+  # no part may need mlflow/snakemake/diffusers/av/seaborn/flash-attn: make them unimportable
   mkdir -p "$WORK/block" && cat > "$WORK/block/sitecustomize.py" <<'PY'
 import sys
 for name in ("mlflow", "snakemake", "diffusers", "av", "seaborn", "flash_attn"):
@@ -123,10 +125,10 @@ run_part() {  # run_part NAME LIMIT_S LOG CMD...: time-limited, status + seconds
 wants() { [[ " $PARTS " == *" $1 "* ]]; }
 free_port() { "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
-# --- 0. carried wheels, versions, imports ---------------------------------------------------
+# --- 0. wheels from WHEELS (for a machine without PyPI access), versions, imports ----------
 WHEELS=${WHEELS:-$REPO/.whl}
 if compgen -G "$WHEELS/*.whl" > /dev/null; then
-  if [ "$DRY" = 1 ]; then  # another Python here: install for the device's (cp312) to check
+  if [ "$DRY" = 1 ]; then  # another Python here: install for an H200 machine's (cp312) to check
     run_part wheels 60 "$OUTDIR/wheels.log" "$PY" -m pip install --no-index --no-deps \
       --no-compile --only-binary=:all: --python-version 3.12 --implementation cp \
       --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
@@ -185,7 +187,7 @@ if [ -z "$CAL" ] && wants calibrate; then
   CAL="$OUTDIR/calibration/h200-$MODEL.json"
   [ "$DRY" = 1 ] && CAL="$OUTDIR/calibration/dry-$MODEL.json"
   run_part calibrate "$(limit "${CALIBRATE_S:-170}" 190)" "$OUTDIR/calibration/calibrate.log" \
-    "$PY" -m adaptiveload calibrate --model "$MODEL" --device "$DEVICE" "${CAL_ARGS[@]}" \
+    "$PY" -m adaptiveload calibrate measure --model "$MODEL" --device "$DEVICE" "${CAL_ARGS[@]}" \
     -o "$CAL" || CAL=""
   pack calibration
 fi

@@ -5,7 +5,7 @@
 #   experiments/gpu/kernel_check.sh OUTDIR
 #
 # Needs only python with torch (CUDA build), nvcc and ninja: no `pip install -e .` (the repo
-# goes on PYTHONPATH), no typer/mlflow (the build and bench modules run directly).
+# goes on PYTHONPATH), no typer/mlflow (the build, bench and end-to-end modules run directly).
 # Uses pytest when importable, else runs the CUDA test module as a script.
 # Every part runs under its own `timeout`, and OUTDIR is packed into $PACK after each part, so a
 # cut window still leaves an archive of everything finished.

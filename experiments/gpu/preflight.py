@@ -55,7 +55,7 @@ def main(out: str, device: str) -> int:
         importlib.import_module(mod)
     for stage in importlib.import_module("adaptiveload.cli").STAGES:
         importlib.import_module(f"adaptiveload.cli.{stage}")
-    # the run outputs are Parquet: the (carried) pandas must work with this pyarrow
+    # the run outputs are Parquet: the installed pandas must work with this pyarrow
     import pandas as pd
 
     from adaptiveload.io import write_parquet

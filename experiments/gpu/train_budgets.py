@@ -41,7 +41,7 @@ def scaled(cal: Calibration, exp: dict, fill: float) -> Calibration:
         data["mixture"], data["num_samples"], 0, data["bucketing"], data["grid"],
         data["max_frames"],
     )  # fmt: skip
-    headroom = float(cal.extra.get("headroom", 0.1))
+    headroom = cal.headroom
     m_mem = fill * float(mix.tokens.max())
     capacity = capacity_for(cal.cost, m_mem, headroom, float(mix.tokens.min()))
     budgets = derive_budgets(cal.cost, mix.tokens, capacity, headroom)

@@ -33,10 +33,11 @@ WALL = ("--timer", "wall", "--threads", "2", "--max-loo-error", "10")
 
 
 def run_calibration(out: Path, extra: tuple[str, ...] = ()) -> dict:
-    """`adaptiveload calibrate --config experiments/default.yaml`, as the pipeline runs it."""
+    """`adaptiveload calibrate measure --config experiments/default.yaml`, as the pipeline
+    runs it."""
     start = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, "-m", "adaptiveload", "calibrate", "--config",
+        [sys.executable, "-m", "adaptiveload", "calibrate", "measure", "--config",
          str(ROOT / "experiments" / "default.yaml"), "--quiet", *extra, "-o", str(out)],
         capture_output=True, text=True, cwd=ROOT,
         env={**os.environ, "OMP_NUM_THREADS": "2" if extra else "1"},

@@ -136,8 +136,9 @@ def main() -> None:
         args.calibration = str(pipeline)
         if not pipeline.exists():
             args.calibration = str(work / "calibration.json")
-            subprocess.run([sys.executable, "-m", "adaptiveload", "calibrate", "--config",
-                            args.config, "-o", args.calibration, "--quiet"], check=True)
+            subprocess.run([sys.executable, "-m", "adaptiveload", "calibrate", "measure",
+                            "--config", args.config, "-o", args.calibration, "--quiet"],
+                           check=True)  # fmt: skip
     world = exp["train"]["world_size"]
     args.steps = args.steps or exp["train"]["steps"]
     conditions = {}

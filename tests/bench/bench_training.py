@@ -6,7 +6,7 @@ Run: .venv/bin/python tests/bench/bench_training.py [--config experiments/defaul
 
 Each run is the exact command the pipeline's `train` rule executes (a subprocess, MLflow
 tracking into a fresh sqlite store), timed wall-clock end to end (start-up included). Without
---calibration the CPU calibration is measured first (`adaptiveload calibrate`, timed apart:
+--calibration the CPU calibration is measured first (`adaptiveload calibrate measure`, timed apart:
 it is not training). Per run it records the measured metrics and the simulator's error.
 """
 
@@ -54,7 +54,8 @@ def main() -> None:
     calibration, calibrate_s = args.calibration, None
     if calibration is None:
         calibration = str(work / "calibration.json")
-        calibrate_s = cli("calibrate", "--config", args.config, "-o", calibration, "--quiet",
+        calibrate_s = cli("calibrate", "measure", "--config", args.config, "-o", calibration,
+                          "--quiet",
                           env=env)  # fmt: skip
     cli("tracking", "init", env=env)
 

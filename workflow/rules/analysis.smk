@@ -2,14 +2,32 @@
 # Snakemake report with captions) -> one "analysis" run in MLflow.
 
 
+rule run_index:
+    """Every run the analysis reads (adaptiveload.pipeline.run_index): a file, rewritten when
+    the experiment's runs change."""
+    output:
+        OUT.run_index,
+    params:
+        # a function: the list is this rule's params, so a changed index reruns it
+        index=lambda w: pipeline.run_index(config),
+    log:
+        f"{LOGS}/run_index.log",
+    benchmark:
+        f"{BENCH}/run_index.tsv"
+    run:
+        from adaptiveload.io import write_json, write_text
+
+        write_json(output[0], params.index)
+        write_text(log[0], f"wrote {output[0]}: {len(params.index)} runs\n")
+
+
 rule aggregate:
     input:
-        run_files(),
+        index=OUT.run_index,
+        runs=pipeline.run_files(pipeline.run_index(config)),
     output:
-        runs=f"{RES}/analysis/runs.parquet",
-        steps=f"{RES}/analysis/steps.parquet",
-    params:
-        index=json.dumps(run_index()),
+        runs=f"{OUT.analysis}/runs.parquet",
+        steps=f"{OUT.analysis}/steps.parquet",
     log:
         f"{LOGS}/aggregate.log",
     benchmark:
@@ -17,7 +35,7 @@ rule aggregate:
     conda:
         CONDA_ENV
     shell:
-        "adaptiveload analyze aggregate --index {params.index:q} --runs-out {output.runs} "
+        "adaptiveload analyze aggregate --index {input.index} --runs-out {output.runs} "
         "--steps-out {output.steps} > {log} 2>&1"
 
 
@@ -114,7 +132,7 @@ rule record:
         files=[f"{TABLES}/stats.md", *TABLE_FILES,
                *[f"{FIGS}/{name}.png" for name in figure_names()]],
     output:
-        f"{RES}/analysis/mlflow_analysis.json",
+        f"{OUT.analysis}/mlflow_analysis.json",
     params:
         artifacts=lambda w, input: " ".join(f"--artifact {f}" for f in input.files),
         experiment=EXP,

@@ -21,19 +21,14 @@ if config["calibration"]["file"]:
 else:
 
     rule calibrate:
-        """Measure this device (threads: the experiment's, else one on a CPU, where the timer
-        counts that thread's CPU seconds, and the whole machine on a GPU)."""
+        """Measure this device as the experiment's calibration section says (threads: the ones
+        its clock needs, one on a CPU where the timer counts that thread's CPU seconds, else
+        the whole machine)."""
         input:
             config=CONFIG,
             manifest=MANIFEST,
         output:
             CALIBRATION,
-        params:
-            ref=" ".join(
-                f"--{key.replace('_', '-')} {config['calibration'][key]}"
-                for key in ("ref_tokens", "ref_batch")
-                if config["calibration"][key] is not None
-            ),
         threads: calibration_threads()
         resources:
             gpu=1 if config["calibration"]["device"] == "cuda" else 0,
@@ -44,5 +39,5 @@ else:
         conda:
             CONDA_ENV
         shell:
-            "OMP_NUM_THREADS={threads} adaptiveload calibrate --config {input.config} --threads {threads} "
-            "--manifest {input.manifest} {params.ref} -o {output} > {log} 2>&1"
+            "OMP_NUM_THREADS={threads} adaptiveload calibrate measure --config {input.config} "
+            "--threads {threads} --manifest {input.manifest} -o {output} > {log} 2>&1"

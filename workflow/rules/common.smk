@@ -1,23 +1,22 @@
-# Shared helpers for the rules: paths and target lists derived from the validated config.
-# Layout (one experiment never overwrites another; see README "Where results land"):
-#   results/<name>/...            everything per experiment (data, plans, runs, sims, analysis)
-#   results/tables, results/figures   the published tables/figures of the `default` experiment
-#   results/<name>/tables|figures     ... of any other experiment
-#   logs/<name>/, benchmarks/<name>/  one log and one benchmark file per job
-#   results/mlflow.db             the MLflow store shared by all experiments
-import json
+# Shared helpers for the rules: paths and target lists derived from the validated config. Where
+# an experiment's files go, the names of sweep points and the run index are the package's
+# (adaptiveload.pipeline), so a command run by hand and the rules agree.
 import os
 import sys
 
 import yaml
 
+from adaptiveload import pipeline
+from adaptiveload.calibration.settings import CalibrationConfig
+
 EXP = config["name"]
-RES = f"results/{EXP}"
-PUB = "results" if EXP == "default" else RES
-TABLES = f"{PUB}/tables"
-FIGS = f"{PUB}/figures"
-LOGS = f"logs/{EXP}"
-BENCH = f"benchmarks/{EXP}"
+OUT = pipeline.Layout(EXP)
+TABLES = OUT.tables
+FIGS = OUT.figures
+LOGS = OUT.logs
+BENCH = OUT.benchmarks
+
+
 envvars:
     "PATH",
 
@@ -39,24 +38,21 @@ ALL_CORES = os.cpu_count() or 1
 
 
 def calibration_threads():
-    """The experiment's calibration threads, else one on a CPU (where the timer counts that
-    thread's CPU seconds) and the whole machine on a GPU or with the wall-clock timer."""
-    cal = config["calibration"]
-    if cal["threads"]:
-        return cal["threads"]
-    return 1 if cal["device"] == "cpu" and cal["timer"] != "wall" else ALL_CORES
+    """The cores of the calibration job: the ones its clock needs (one on a CPU, where the
+    timer counts that thread's CPU seconds), else the whole machine."""
+    return CalibrationConfig.from_experiment(config).job_threads(ALL_CORES)
 
 
-STORE = f"{RES}/tracking/store.ready"
-CONFIG = f"{RES}/config.yaml"
-CALIBRATION = f"{RES}/calibration/calibration.json"
-MANIFEST = config["data"]["manifest"] or f"{RES}/data/manifest.parquet"
-DESCRIBE = f"{RES}/data/describe.json"
+STORE = OUT.store_ready
+CONFIG = OUT.config
+CALIBRATION = OUT.calibration
+MANIFEST = config["data"]["manifest"] or OUT.manifest
+DESCRIBE = OUT.describe
 KERNEL_BUILD = "build/kernels/build.json"
-KERNEL_BENCH = [f"{RES}/kernel/bench.csv"] if config["kernel"]["bench"] else []
+KERNEL_BENCH = [OUT.kernel_bench] if config["kernel"]["bench"] else []
 PAPER_MAP = config["paper_map"]["enabled"]
-MAP_POINTS = f"{RES}/paper_map/points.csv"
-MAP_SUMMARY = f"{RES}/paper_map/summary.json"
+MAP_POINTS = OUT.map_points
+MAP_SUMMARY = OUT.map_summary
 
 
 wildcard_constraints:
@@ -64,7 +60,7 @@ wildcard_constraints:
     seed=r"\d+",
     kernel="eager|fused",
     sim="|".join(SIMS) if SIMS else "NO_SIMULATION",
-    variant=r"base|p=[0-9.]+|m_comp=[0-9.e+-]+|world_size=\d+|mixture=[A-Za-z0-9_.-]+",
+    variant=pipeline.VARIANT_PATTERN,
     mixture=r"[A-Za-z0-9_.-]+",
 
 
@@ -84,41 +80,23 @@ def budget_flags():
 
 
 # ---------------------------------------------------------------- simulations and sweeps
-def variants():
-    """'base' plus one variant per sweep point; each is planned and simulated for every policy."""
-    out = ["base"]
-    out += [f"p={v}" for v in SWEEPS["p"]]
-    out += [f"m_comp={v}" for v in SWEEPS["m_comp_scale"]]
-    out += [f"world_size={v}" for v in SWEEPS["world_sizes"]]
-    out += [f"mixture={v}" for v in SWEEPS["mixtures"]]
-    return out
-
-
-def sim_mixture(wildcards):
-    axis, _, value = wildcards.variant.partition("=")
-    return value if axis == "mixture" else SIMS[wildcards.sim]["mixture"]
-
-
 def sim_manifest(wildcards):
-    return f"{RES}/sim/{wildcards.sim}/manifests/{sim_mixture(wildcards)}.parquet"
+    point = pipeline.sweep_point(SIMS[wildcards.sim], wildcards.variant)
+    return OUT.sim_manifest(wildcards.sim, point.mixture)
 
 
 def sim_flags(wildcards):
     """The plan flags of one sweep point of one simulate entry. `adaptiveload plan` resolves
     the budgets of a p or M_comp point from the calibration (`Calibration.m_comp_at`)."""
     sim = SIMS[wildcards.sim]
-    axis, _, value = wildcards.variant.partition("=")
-    world = int(value) if axis == "world_size" else sim["world_size"]
-    flags = f"--world-size {world} {bucket_flags(sim)} --allreduce-gbps {sim['allreduce_gbps']}"
-    if axis == "p":
-        flags += f" --p {value}"
-    elif axis == "m_comp":
-        flags += f" --m-comp-scale {value}"
+    point = pipeline.sweep_point(sim, wildcards.variant)
+    flags = f"--world-size {point.world_size} {bucket_flags(sim)} "
+    flags += f"--allreduce-gbps {sim['allreduce_gbps']}"
+    if point.p is not None:
+        flags += f" --p {point.p}"
+    if point.m_comp_scale is not None:
+        flags += f" --m-comp-scale {point.m_comp_scale}"
     return flags
-
-
-def sim_dir(sim, variant, policy, seed):
-    return f"{RES}/sim/{sim}/{variant}/{policy}/seed{seed}"
 
 
 # ---------------------------------------------------------------- the paper map
@@ -129,33 +107,6 @@ def map_calibrations():
     for section in (spec["axes"], spec["factorial"]):
         files.update(section.get("calibration") or [])
     return sorted(files)
-
-
-# ---------------------------------------------------------------- the run index
-def run_index():
-    """Every run the analysis reads: training runs (measured) and simulations (model)."""
-    runs = []
-    if TRAIN:
-        for policy in POLICIES:
-            for seed in SEEDS:
-                for kernel in KERNELS:
-                    d = f"{RES}/runs/{policy}/seed{seed}/{kernel}"
-                    runs.append(dict(setup="train", variant="base", summary=f"{d}/summary.json",
-                                     steps=f"{d}/steps.parquet", calibration=CALIBRATION))
-    for sim in SIMS:
-        for variant in variants():
-            for policy in POLICIES:
-                for seed in SEEDS:
-                    d = sim_dir(sim, variant, policy, seed)
-                    runs.append(dict(setup=f"sim/{sim}", variant=variant, experiment=EXP,
-                                     kernel="none", summary=f"{d}/summary.json",
-                                     steps=f"{d}/steps.parquet",
-                                     calibration=SIMS[sim]["calibration"]))
-    return runs
-
-
-def run_files():
-    return [f for r in run_index() for f in (r["summary"], r["steps"])]
 
 
 # ---------------------------------------------------------------- figures and tables
@@ -174,7 +125,7 @@ def describe_input():
     if TRAIN:
         return MANIFEST
     sim = next(iter(SIMS.values()))
-    return f"{RES}/sim/{sim['name']}/manifests/{sim['mixture']}.parquet"
+    return OUT.sim_manifest(sim["name"], sim["mixture"])
 
 
 def describe_flags():
@@ -186,13 +137,12 @@ TABLE_FILES = [f"{TABLES}/{t}.{ext}" for t in ("paper_table", "kernel_table")
 
 
 def all_targets():
-    targets = [CONFIG, f"{TABLES}/stats.md", f"{RES}/analysis/mlflow_analysis.json",
+    targets = [CONFIG, f"{TABLES}/stats.md", f"{OUT.analysis}/mlflow_analysis.json",
                *TABLE_FILES, *[f"{FIGS}/{name}.png" for name in figure_names()]]
     if config["kernel"]["build"]:
         targets.append(KERNEL_BUILD)
     if PAPER_MAP:
         targets += [MAP_SUMMARY, f"{FIGS}/paper_map.png"]
     if TRAIN:
-        targets += expand(f"{RES}/plans/{{policy}}/seed{{seed}}.json", policy=POLICIES,
-                          seed=SEEDS)
+        targets += [OUT.plan(policy, seed) for policy in POLICIES for seed in SEEDS]
     return targets

@@ -62,7 +62,7 @@ rule describe:
 rule sim_manifest:
     """A mixture at the size of a simulate entry (paper scale)."""
     output:
-        f"{RES}/sim/{{sim}}/manifests/{{mixture}}.parquet",
+        OUT.sim_manifest("{sim}", "{mixture}"),
     params:
         n=lambda w: SIMS[w.sim]["num_samples"],
     log:

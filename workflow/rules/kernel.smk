@@ -30,7 +30,7 @@ rule kernel_bench:
     input:
         KERNEL_BUILD,
     output:
-        f"{RES}/kernel/bench.csv",
+        OUT.kernel_bench,
     resources:
         gpu=1,
     log:

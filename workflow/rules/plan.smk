@@ -1,16 +1,18 @@
 # Plans: which samples form each micro-batch and which rank runs it, per policy and seed.
 # The training setup's plans are the ones `train` executes (same manifest, calibration, seed);
 # the simulations plan paper-scale mixtures and predict them through a calibration file.
+# Every plan is simulated once, by `adaptiveload plan` itself: the plan summary's predictions
+# and a simulation's per-step table and run summary come from that one simulation.
 
 
 rule plan:
-    """The training plan of one policy and seed (with the cost model's predictions)."""
+    """The training plan of one policy and seed: its summary (what `train --plan` checks the
+    plan it executes against, with the cost model's predictions)."""
     input:
         manifest=MANIFEST,
         calibration=CALIBRATION,
     output:
-        plan=f"{RES}/plans/{{policy}}/seed{{seed}}.parquet",
-        summary=f"{RES}/plans/{{policy}}/seed{{seed}}.json",
+        summary=OUT.plan("{policy}", "{seed}"),
     params:
         flags=f"--world-size {config['train']['world_size']} {bucket_flags(config['data'])} "
         f"{budget_flags()} --allreduce-gbps {config['train']['allreduce_gbps']}",
@@ -23,22 +25,20 @@ rule plan:
     shell:
         "adaptiveload plan --manifest {input.manifest} --policy {wildcards.policy} "
         "--seed {wildcards.seed} --calibration {input.calibration} {params.flags} "
-        "-o {output.plan} --summary {output.summary} > {log} 2>&1"
+        "--summary {output.summary} > {log} 2>&1"
 
 
 rule simulate:
-    """Plan one sweep point of a simulate entry and predict it through its calibration."""
+    """Plan one sweep point of a simulate entry and predict it through its calibration: the
+    per-step table and the run summary (the plan's own summary inside it) the analysis reads."""
     input:
         manifest=sim_manifest,
         calibration=lambda w: SIMS[w.sim]["calibration"],
     output:
-        plan=f"{RES}/sim/{{sim}}/{{variant}}/{{policy}}/seed{{seed}}/plan.parquet",
-        plan_summary=f"{RES}/sim/{{sim}}/{{variant}}/{{policy}}/seed{{seed}}/plan.json",
-        steps=f"{RES}/sim/{{sim}}/{{variant}}/{{policy}}/seed{{seed}}/steps.parquet",
-        summary=f"{RES}/sim/{{sim}}/{{variant}}/{{policy}}/seed{{seed}}/summary.json",
+        steps=f"{OUT.sim_dir('{sim}', '{variant}', '{policy}', '{seed}')}/steps.parquet",
+        summary=f"{OUT.sim_dir('{sim}', '{variant}', '{policy}', '{seed}')}/summary.json",
     params:
         flags=sim_flags,
-        gbps=lambda w: SIMS[w.sim]["allreduce_gbps"],
         warmup=config["train"]["warmup_steps"],
         experiment=EXP,
     log:
@@ -48,10 +48,8 @@ rule simulate:
     conda:
         CONDA_ENV
     shell:
-        "(adaptiveload plan --manifest {input.manifest} --policy {wildcards.policy} "
+        "adaptiveload plan --manifest {input.manifest} --policy {wildcards.policy} "
         "--seed {wildcards.seed} --calibration {input.calibration} {params.flags} "
-        "-o {output.plan} --summary {output.plan_summary} && "
-        "adaptiveload simulate --plan {output.plan} --calibration {input.calibration} "
-        "--allreduce-gbps {params.gbps} --warmup-steps {params.warmup} "
-        "--experiment {params.experiment} "
-        "-o {output.steps} --summary {output.summary}) > {log} 2>&1"
+        "--simulation-steps {output.steps} "
+        "--simulation-summary {output.summary} --warmup-steps {params.warmup} "
+        "--experiment {params.experiment} > {log} 2>&1"

@@ -11,12 +11,12 @@ rule train:
         config=CONFIG,
         manifest=MANIFEST,
         calibration=CALIBRATION,
-        plan=f"{RES}/plans/{{policy}}/seed{{seed}}.json",
+        plan=OUT.plan("{policy}", "{seed}"),
         store=STORE,
         kernel=lambda w: KERNEL_BUILD if w.kernel == "fused" else [],
     output:
-        steps=f"{RES}/runs/{{policy}}/seed{{seed}}/{{kernel}}/steps.parquet",
-        summary=f"{RES}/runs/{{policy}}/seed{{seed}}/{{kernel}}/summary.json",
+        steps=f"{OUT.run_dir('{policy}', '{seed}', '{kernel}')}/steps.parquet",
+        summary=f"{OUT.run_dir('{policy}', '{seed}', '{kernel}')}/summary.json",
     params:
         out=lambda w, output: os.path.dirname(output.summary),
     threads: ALL_CORES if config["calibration"]["device"] == "cuda" else 1

@@ -1,0 +1,211 @@
+"""The resolved settings of one calibration, built from a validated experiment dict
+(`CalibrationConfig.from_experiment`) or field by field; frozen, like `training.settings`.
+
+Grouped by what they decide:
+
+- `Grid`: which points are timed and how often (the (B, S) bucket shapes of
+  `grid.build_grid`). A kind of point (e.g. a named pack of samples of different lengths
+  timed as one micro-batch) is a field here, read by `build_grid` and `timing.measure_grid`,
+  not another argument threaded through the stage;
+- `TokenMixSource`: the samples the budgets must serve (a manifest, a named mixture, else
+  the grid's own sizes);
+- `BudgetRules`: capacity, headroom and the reference batch the budgets are derived with
+  (`costmodel.derive_budgets`); the same for a measurement, a refit and a prior;
+- `PlanValidation`: the planned micro-batches timed against the fit after it;
+- `CalibrationConfig`: all of them, plus the model, device, clock and fit checks of a
+  measurement (`measure.calibrate`).
+
+Defaults are the experiment schema's (`experiment.schema_default`), so a field left out of
+an experiment file and one left out of a constructor call agree. Nothing here imports torch:
+the workflow reads the thread rule (`CalibrationConfig.job_threads`) while building its DAG.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from adaptiveload.calibration.grid import validate_grid
+from adaptiveload.costmodel import DEFAULT_HEADROOM
+from adaptiveload.data.bucketing import DEFAULT_MAX_FRAMES, DEFAULT_MODE, GRIDS, MODES
+from adaptiveload.errors import UserError
+from adaptiveload.experiment import schema_default
+
+TIMERS = ("auto", "wall", "cpu")
+DEVICES = ("cpu", "cuda")
+# the released Wan 2.1 models, bucketed on Wan's own grid; every other config on the tiny one
+RELEASED = ("wan2.1-t2v-1.3b", "wan2.1-t2v-14b")
+
+
+def _section(name: str) -> Any:
+    return schema_default(f"calibration.{name}")
+
+
+@dataclass(frozen=True)
+class Grid:
+    """The (B, S) points timed: B = 1 at every token size (and the mix's largest bucket),
+    every batch size at every listed size, B > 1 points over `max_batch_tokens` dropped;
+    `warmup` steps per point, then the minimum over `repeats` passes (docs/calibration.md)."""
+
+    batch_sizes: tuple[int, ...] = tuple(_section("batch_sizes"))
+    tokens: tuple[int, ...] = tuple(_section("tokens"))
+    max_batch_tokens: int | None = _section("max_batch_tokens")
+    repeats: int = _section("repeats")
+    warmup: int = _section("warmup")
+
+    def __post_init__(self) -> None:
+        validate_grid(self.batch_sizes, self.tokens, self.repeats, self.warmup)
+        if self.max_batch_tokens is not None and self.max_batch_tokens < 1:
+            raise UserError(f"max_batch_tokens {self.max_batch_tokens}: expected >= 1")
+
+
+@dataclass(frozen=True)
+class TokenMixSource:
+    """Where the budgets' token range comes from: a manifest file, else a named synthetic
+    mixture of `num_samples` (seed `seed`), else nothing (the grid's sizes stand in). `grid`
+    None: Wan's bucket grid for the released models, the tiny one otherwise."""
+
+    manifest: Path | None = None
+    mixture: str | None = None
+    num_samples: int = schema_default("simulate.num_samples")
+    seed: int = 0
+    bucketing: str = DEFAULT_MODE
+    grid: str | None = None
+    max_frames: int = DEFAULT_MAX_FRAMES
+
+    def __post_init__(self) -> None:
+        if self.bucketing not in MODES:
+            raise UserError(f"bucketing {self.bucketing!r}: expected one of {', '.join(MODES)}")
+        if self.grid is not None and self.grid not in GRIDS:
+            raise UserError(f"grid {self.grid!r}: expected one of {', '.join(GRIDS)}")
+        if self.num_samples < 1:
+            raise UserError(f"num_samples {self.num_samples}: expected >= 1")
+
+    def load(self, model: str) -> Any:
+        """The `calibration.mix.TokenMix` of this source for `model`, or None without one."""
+        from adaptiveload.calibration.mix import manifest_token_mix, mixture_token_mix
+
+        grid = self.grid or ("wan" if model in RELEASED else "tiny")
+        if self.manifest is not None:
+            return manifest_token_mix(self.manifest, self.bucketing, grid, self.max_frames)
+        if self.mixture is not None:
+            return mixture_token_mix(self.mixture, self.num_samples, self.seed, self.bucketing,
+                                     grid, self.max_frames)  # fmt: skip
+        return None
+
+
+@dataclass(frozen=True)
+class BudgetRules:
+    """How the budgets are derived: against `capacity_gb` of memory (None: the device's own:
+    a CUDA device's, the measured files' for a refit, the rates' device for a prior) with
+    `headroom` of it kept free, for the reference batch (`ref_tokens`, `ref_batch`; None: the
+    heaviest bucket within M_mem at its memory-limited batch size)."""
+
+    capacity_gb: float | None = None
+    headroom: float = DEFAULT_HEADROOM
+    ref_tokens: float | None = None
+    ref_batch: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.capacity_gb is not None and not self.capacity_gb > 0:
+            raise UserError(f"capacity {self.capacity_gb} GB: expected > 0")
+        if not 0 <= self.headroom < 1:
+            raise UserError(f"headroom {self.headroom}: expected 0 <= headroom < 1")
+
+    def capacity_bytes(self, own: float | None) -> float:
+        """The bytes to budget against: `capacity_gb`, else the device's `own`."""
+        if self.capacity_gb is not None:
+            return self.capacity_gb * 1e9
+        if own is None:
+            raise UserError("--capacity-gb is required on CPU (there is no device memory to read)")
+        return float(own)
+
+
+@dataclass(frozen=True)
+class PlanValidation:
+    """After the fit: time `micro_batches` drawn from every policy's plan at `world_size`
+    ranks against the prediction (0: none); none predicted above `max_seconds` is drawn."""
+
+    micro_batches: int = 0
+    world_size: int = schema_default("simulate.world_size")
+    max_seconds: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.micro_batches < 0 or self.world_size < 1:
+            raise UserError("--validate and --validate-world-size: expected >= 0 and >= 1")
+
+
+@dataclass(frozen=True)
+class CalibrationConfig:
+    """One measurement of `model` on `device` (`measure.calibrate`).
+
+    `timer` "cpu" counts the measuring thread's CPU seconds, which on a shared CPU machine
+    with ONE thread is the work without the time spent waiting for a core; "wall" the wall
+    clock; "auto": cpu on a CPU with one thread (unless `threads` > 1), wall on CUDA.
+    `threads` None: one where the timer is cpu, else all cores. `max_loo` None: the device
+    type's `fit.DEFAULT_MAX_LOO`."""
+
+    model: str = schema_default("model.config")
+    device: str = _section("device")
+    grid: Grid = field(default_factory=Grid)
+    mix: TokenMixSource = field(default_factory=TokenMixSource)
+    budgets: BudgetRules = field(default_factory=BudgetRules)
+    threads: int | None = _section("threads")
+    timer: str = _section("timer")
+    max_loo: float | None = _section("max_loo_error")
+    activation_checkpointing: bool = schema_default("train.activation_checkpointing")
+    seed: int = 0
+    validation: PlanValidation = field(default_factory=PlanValidation)
+
+    def __post_init__(self) -> None:
+        if self.device not in DEVICES:
+            raise UserError(f"device '{self.device}': expected 'cpu' or 'cuda'")
+        self.clock()  # refuses a timer/threads pair that cannot measure
+
+    @classmethod
+    def from_experiment(cls, exp: dict[str, Any]) -> CalibrationConfig:
+        """The calibration an experiment's `model`, `data`, `calibration` and `train` sections
+        ask for (a validated experiment: `experiment.load`, or Snakemake's config)."""
+        cal, data = exp["calibration"], exp["data"]
+        return cls(
+            model=exp["model"]["config"],
+            device=cal["device"],
+            grid=Grid(batch_sizes=tuple(cal["batch_sizes"]), tokens=tuple(cal["tokens"]),
+                      max_batch_tokens=cal["max_batch_tokens"], repeats=cal["repeats"],
+                      warmup=cal["warmup"]),
+            mix=TokenMixSource(
+                manifest=Path(data["manifest"]) if data["manifest"] else None,
+                mixture=None if data["manifest"] else data["mixture"],
+                num_samples=data["num_samples"], bucketing=data["bucketing"],
+                grid=data["grid"], max_frames=data["max_frames"],
+            ),
+            budgets=BudgetRules(capacity_gb=cal["capacity_gb"], headroom=cal["headroom"],
+                                ref_tokens=cal["ref_tokens"], ref_batch=cal["ref_batch"]),
+            threads=cal["threads"],
+            timer=cal["timer"],
+            max_loo=cal["max_loo_error"],
+            # measure the step training runs: with its activation checkpointing or without
+            activation_checkpointing=exp["train"]["activation_checkpointing"],
+        )
+
+    def clock(self) -> tuple[str, int | None]:
+        """The timer `auto` stands for and the torch threads it needs (None: leave torch's
+        setting, all cores); UserError for a pair that cannot measure."""
+        if self.timer not in TIMERS:
+            raise UserError(f"timer '{self.timer}': expected 'auto', 'wall' or 'cpu'")
+        if self.threads is not None and self.threads < 1:
+            raise UserError(f"threads {self.threads}: expected >= 1")
+        timer, threads = self.timer, self.threads
+        if timer == "auto":
+            timer = "cpu" if self.device == "cpu" and threads in (None, 1) else "wall"
+        if timer == "cpu":
+            if self.device == "cuda" or threads not in (None, 1):
+                raise UserError("timer 'cpu' needs --device cpu and --threads 1")
+            threads = 1
+        return timer, threads
+
+    def job_threads(self, all_cores: int) -> int:
+        """The cores a calibration job takes (the workflow's `threads:`): the clock's threads,
+        else the whole machine."""
+        return self.clock()[1] or all_cores

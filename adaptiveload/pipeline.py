@@ -1,0 +1,207 @@
+"""What the pipeline's rules (Snakefile, workflow/rules/*.smk) and the package must agree on,
+written once here and called from both: where an experiment's files go (`Layout`), the names
+of sweep points (`variants`, `parse_variant`, `sweep_point`), the ranks a run may emulate
+(`check_world_size`) and the index of every run the analysis reads (`run_index`).
+
+Layout of one experiment (one never overwrites another; README "Where results land"):
+
+    results/<name>/                 everything of the experiment: config.yaml, data/,
+                                    calibration/, plans/, runs/, sim/, kernel/, analysis/
+    results/tables|figures          the published tables and figures of `default`
+    results/<name>/tables|figures   ... of any other experiment
+    logs/<name>/, benchmarks/<name>/  one log and one benchmark file per job
+
+A path function called with Snakemake wildcards (``"{policy}"``) gives the rule's pattern, with
+values the concrete path: the same function serves the rule and the command run by hand.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from adaptiveload.errors import UserError
+
+PUBLISHED_EXPERIMENT = "default"  # its tables and figures go to results/tables|figures
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The files of experiment `name`, relative to the working directory."""
+
+    name: str
+
+    @property
+    def root(self) -> str:
+        return f"results/{self.name}"
+
+    @property
+    def published(self) -> str:
+        return "results" if self.name == PUBLISHED_EXPERIMENT else self.root
+
+    @property
+    def tables(self) -> str:
+        return f"{self.published}/tables"
+
+    @property
+    def figures(self) -> str:
+        return f"{self.published}/figures"
+
+    @property
+    def logs(self) -> str:
+        return f"logs/{self.name}"
+
+    @property
+    def benchmarks(self) -> str:
+        return f"benchmarks/{self.name}"
+
+    @property
+    def config(self) -> str:
+        """The resolved experiment (defaults filled) that every stage reads."""
+        return f"{self.root}/config.yaml"
+
+    @property
+    def calibration(self) -> str:
+        return f"{self.root}/calibration/calibration.json"
+
+    @property
+    def manifest(self) -> str:
+        """The synthesized manifest of the experiment's mixture (a user's own file stays put)."""
+        return f"{self.root}/data/manifest.parquet"
+
+    @property
+    def describe(self) -> str:
+        return f"{self.root}/data/describe.json"
+
+    @property
+    def store_ready(self) -> str:
+        return f"{self.root}/tracking/store.ready"
+
+    @property
+    def kernel_bench(self) -> str:
+        return f"{self.root}/kernel/bench.csv"
+
+    @property
+    def map_points(self) -> str:
+        return f"{self.root}/paper_map/points.csv"
+
+    @property
+    def map_summary(self) -> str:
+        return f"{self.root}/paper_map/summary.json"
+
+    @property
+    def run_index(self) -> str:
+        return f"{self.root}/analysis/run_index.json"
+
+    @property
+    def analysis(self) -> str:
+        return f"{self.root}/analysis"
+
+    def plan(self, policy: str, seed: int | str) -> str:
+        """The summary of a training plan (what `train --plan` checks its plan against)."""
+        return f"{self.root}/plans/{policy}/seed{seed}.json"
+
+    def run_dir(self, policy: str, seed: int | str, kernel: str) -> str:
+        """A training run's folder: steps.parquet, summary.json, checkpoints/."""
+        return f"{self.root}/runs/{policy}/seed{seed}/{kernel}"
+
+    def sim_manifest(self, sim: str, mixture: str) -> str:
+        return f"{self.root}/sim/{sim}/manifests/{mixture}.parquet"
+
+    def sim_dir(self, sim: str, variant: str, policy: str, seed: int | str) -> str:
+        """A simulation's folder: plan.json, steps.parquet, summary.json."""
+        return f"{self.root}/sim/{sim}/{variant}/{policy}/seed{seed}"
+
+
+# ---------------------------------------------------------------- sweep points
+BASE_VARIANT = "base"
+# a `sweeps:` axis of the experiment -> the name of its points, "<name>=<value>"
+SWEEP_VARIANTS = {"p": "p", "m_comp_scale": "m_comp", "world_sizes": "world_size",
+                  "mixtures": "mixture"}  # fmt: skip
+_VALUES = {"p": r"[0-9.]+", "m_comp": r"[0-9.e+-]+", "world_size": r"\d+",
+           "mixture": r"[A-Za-z0-9_.-]+"}  # fmt: skip
+# every variant name (the `variant` wildcard of the rules)
+VARIANT_PATTERN = "|".join([BASE_VARIANT, *(f"{n}={v}" for n, v in _VALUES.items())])
+
+
+def variants(sweeps: dict[str, list[Any]]) -> list[str]:
+    """"base" plus one variant per sweep point; each is planned and simulated for every
+    policy and seed of every `simulate:` entry."""
+    return [BASE_VARIANT] + [
+        f"{name}={value}" for axis, name in SWEEP_VARIANTS.items() for value in sweeps[axis]
+    ]
+
+
+def parse_variant(variant: str) -> tuple[str, str]:
+    """(axis name, value) of a sweep point, ("", "") for the base; UserError for anything else."""
+    if not re.fullmatch(VARIANT_PATTERN, variant):
+        raise UserError(f"variant {variant!r}: expected {BASE_VARIANT} or one of "
+                        f"{', '.join(f'{n}=VALUE' for n in _VALUES)}")  # fmt: skip
+    axis, _, value = variant.partition("=")
+    return (axis, value) if value else ("", "")
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    """How one variant of a `simulate:` entry is planned: its ranks and mixture, and the p or
+    M_comp multiple the budgets are resolved at (None: the calibration's)."""
+
+    world_size: int
+    mixture: str
+    p: float | None = None
+    m_comp_scale: float | None = None
+
+
+def sweep_point(sim: dict[str, Any], variant: str) -> SweepPoint:
+    """The variant `variant` of the `simulate:` entry `sim`."""
+    axis, value = parse_variant(variant)
+    return SweepPoint(
+        world_size=int(value) if axis == "world_size" else int(sim["world_size"]),
+        mixture=value if axis == "mixture" else str(sim["mixture"]),
+        p=float(value) if axis == "p" else None,
+        m_comp_scale=float(value) if axis == "m_comp" else None,
+    )
+
+
+# ---------------------------------------------------------------- ranks
+MAX_EMULATED_WORLD_SIZE = 1024  # train.world_size's maximum in the schema (a test checks)
+
+
+def check_world_size(world_size: int, name: str = "world_size") -> int:
+    """`world_size` if one process can emulate that many ranks; UserError naming `name` else."""
+    if isinstance(world_size, bool) or not 1 <= world_size <= MAX_EMULATED_WORLD_SIZE:
+        raise UserError(f"{name} {world_size}: must be between 1 and {MAX_EMULATED_WORLD_SIZE}")
+    return world_size
+
+
+# ---------------------------------------------------------------- the run index
+def run_index(config: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every run the analysis of a validated experiment reads: its training runs (measured)
+    and simulations (model), each with its comparison group (`setup`), variant, files and
+    the calibration whose capacity scales its memory (`analysis.aggregate.parse_index`)."""
+    out = Layout(config["name"])
+    runs = []
+    if config["train"]["enabled"]:
+        for policy in config["policies"]:
+            for seed in config["seeds"]:
+                for kernel in config["model"]["kernels"]:
+                    d = out.run_dir(policy, seed, kernel)
+                    runs.append({"setup": "train", "variant": BASE_VARIANT,
+                                 "summary": f"{d}/summary.json", "steps": f"{d}/steps.parquet",
+                                 "calibration": out.calibration})  # fmt: skip
+    for sim in config["simulate"]:
+        for variant in variants(config["sweeps"]):
+            for policy in config["policies"]:
+                for seed in config["seeds"]:
+                    d = out.sim_dir(sim["name"], variant, policy, seed)
+                    runs.append({"setup": f"sim/{sim['name']}", "variant": variant,
+                                 "experiment": config["name"], "kernel": "none",
+                                 "summary": f"{d}/summary.json", "steps": f"{d}/steps.parquet",
+                                 "calibration": sim["calibration"]})  # fmt: skip
+    return runs
+
+
+def run_files(index: list[dict[str, Any]]) -> list[str]:
+    """The files of the runs in `index` (the inputs of the analysis)."""
+    return [path for run in index for path in (run["summary"], run["steps"])]

@@ -1,0 +1,148 @@
+"""Replan every plan the pipeline would make for the experiment files and list their digests.
+
+    python tests/plan_digests.py -o digests.json                   # all experiments/*.yaml
+    python tests/plan_digests.py --compare tests/data/plan_digests.json    # all of them again
+
+tests/data/plan_digests.json holds the 360 plans of every experiment file at commit 48e969a
+(before the refactor that gave each module its layer): a change meant to keep every plan is
+checked against it.
+
+A refactor that must not change any plan is checked by running this before and after it: the
+plan commands come from the pipeline itself (`snakemake -n -p -F` per experiment file, so the
+rules' own flags are replanned), their manifests are synthesized by the pipeline's own
+`manifest synth` commands, and each plan's `plan_digest` (`planning.plan`: a hash over the
+samples of every micro-batch and its slot) is read from the summary the plan command writes.
+A plan is named by where the pipeline puts it under results/ (`plan_name`: e.g.
+`default/plans/adaptiveload/seed0`, `default/sim/h200-1.3b-prior/base/adaptiveload/seed0`).
+
+A training plan's calibration is measured by the pipeline (`results/<name>/calibration/`), so
+here it is replaced by a fixed stand-in of the same model: the shipped H200 prior where one
+exists (`experiments/calibration/h200-<model>.json`), else `tests/data/tiny-prior.json`.
+Everything runs in one process, outputs in a temporary folder; nothing in the checkout is
+written but Snakemake's own `.snakemake/` metadata.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+STAND_IN_TINY = REPO / "tests" / "data" / "tiny-prior.json"
+# the pipeline's commands that make a plan's inputs or the plan itself
+PLANNING = (("manifest", "synth"), ("plan",))
+
+
+def pipeline_commands(experiment: Path) -> list[list[str]]:
+    """The `adaptiveload` command lines (argument lists) of every planning job of a dry run."""
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "snakemake"), "-n", "-p", "-F", "--configfile",
+         str(experiment.relative_to(REPO))],
+        cwd=REPO, capture_output=True, text=True, check=True, timeout=600,
+    )  # fmt: skip
+    out = []
+    for shell in re.findall(r"^Shell command: (.*)$", proc.stdout, re.M):
+        shell = re.sub(r"\s*>\s*\S+\s*2>&1\s*$", "", shell).strip().strip("()")
+        for part in shell.split("&&"):
+            args = shlex.split(part.strip())
+            if args[:1] == ["adaptiveload"] and any(
+                tuple(args[1 : 1 + len(cmd)]) == cmd for cmd in PLANNING
+            ):
+                out.append(args[1:])
+    return out
+
+
+def localize(args: list[str], tmp: Path, model: str) -> list[str]:
+    """`args` with every results/ path moved under `tmp`, and a calibration the pipeline would
+    measure replaced by the model's stand-in (the shipped H200 prior, else the tiny one)."""
+    shipped = REPO / "experiments" / "calibration" / f"h200-{model}.json"
+    out = []
+    for i, arg in enumerate(args):
+        measured = re.fullmatch(r"results/[^/]+/calibration/calibration\.json", arg)
+        if i and args[i - 1] == "--calibration" and measured:
+            arg = str(shipped if shipped.exists() else STAND_IN_TINY)
+        elif arg.startswith("results/"):
+            arg = str(tmp / arg)
+        out.append(arg)
+    return out
+
+
+def digests(experiment: Path) -> dict[str, str]:
+    """plan summary path (under results/) -> plan_digest, for every plan of `experiment`."""
+    from adaptiveload.cli import _register, app
+
+    try:  # the experiment loader's module was renamed once; either version runs this script
+        from adaptiveload.experiment import load_layered
+    except ImportError:
+        from adaptiveload.config import load_layered  # type: ignore[no-redef]
+
+    _register()
+    model = load_layered(experiment)["model"]["config"]
+    found = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for args in pipeline_commands(experiment):
+            local = localize(args, Path(tmp), model)
+            app(local, standalone_mode=False)
+            if args[0] == "plan":
+                key, digest = read_digest(args, local)
+                found[key] = digest
+    return found
+
+
+def read_digest(args: list[str], local: list[str]) -> tuple[str, str]:
+    """The plan's name and digest: from its summary (--summary), else from the simulation's
+    run summary, which carries the plan's summary under `plan` (--simulation-summary)."""
+    for flag in ("--summary", "--simulation-summary"):
+        if flag in args:
+            summary = json.loads(Path(local[local.index(flag) + 1]).read_text())
+            plan = summary if flag == "--summary" else summary["plan"]
+            return plan_name(args[args.index(flag) + 1]), plan["plan_digest"]
+    raise SystemExit(f"a plan command without a summary: {' '.join(args)}")
+
+
+def plan_name(path: str) -> str:
+    """A plan's name from the path of a summary it wrote: a training plan's file without its
+    suffix (`default/plans/adaptiveload/seed0`), a simulation's folder
+    (`default/sim/<entry>/<variant>/<policy>/seed0`)."""
+    path = path.removeprefix("results/")
+    return path.removesuffix(".json") if "/plans/" in path else path.rpartition("/")[0]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("experiments", nargs="*", type=Path,
+                        default=sorted((REPO / "experiments").glob("*.yaml")))  # fmt: skip
+    parser.add_argument("-o", "--out", type=Path, help="write the digests as JSON")
+    parser.add_argument("--compare", type=Path, help="digests JSON to compare with")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    found: dict[str, str] = {}
+    for experiment in args.experiments:
+        plans = digests(experiment.resolve())
+        print(f"{experiment.name}: {len(plans)} plans", file=sys.stderr)
+        found.update(plans)
+    if args.out:
+        args.out.write_text(json.dumps(dict(sorted(found.items())), indent=1) + "\n")
+    if args.compare is None:
+        return 0
+    before = json.loads(args.compare.read_text())
+    missing = sorted(set(found) - set(before))
+    changed = sorted(k for k in found if k in before and before[k] != found[k])
+    for key in changed:
+        print(f"changed: {key}: {before[key]} -> {found[key]}")
+    for key in missing:
+        print(f"not in {args.compare}: {key}")
+    same = len(found) - len(changed) - len(missing)
+    print(f"{same} of {len(found)} plan digests identical to {args.compare}")
+    return 1 if changed or missing else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
