@@ -332,8 +332,9 @@ def test_truncated_per_step_table_in_aggregate_is_one_line(tmp_path):
         "experiment": "t", "policy": "p", "seed": 0, "kernel": "eager", "world_size": 1,
         "launch_mode": "emulated", "device": "cpu", "source": "measured", "warmup_steps": 0,
     }))  # fmt: skip
-    index = json.dumps([{"setup": "train", "summary": str(summary), "steps": str(steps)}])
-    done = adaptiveload("analyze", "aggregate", "--index", index, "--runs-out",
+    index = tmp_path / "run_index.json"
+    index.write_text(json.dumps([{"setup": "train", "summary": str(summary), "steps": str(steps)}]))
+    done = adaptiveload("analyze", "aggregate", "--index", str(index), "--runs-out",
                         str(tmp_path / "r.parquet"), "--steps-out", str(tmp_path / "s.parquet"),
                         env=cli_env(), cwd=tmp_path, timeout=300)  # fmt: skip
     _one_line_error(done, str(steps), "cannot be read", "delete it and run the pipeline again")
