@@ -4,6 +4,7 @@ MLflow store. Each test backs one row of the fault table in docs/robustness.md."
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -21,7 +22,7 @@ from training_setup import ROOT, adaptiveload, cli_env, write_experiment
 
 from adaptiveload.analysis.record import KIND_TAG, log_analysis
 from adaptiveload.io import LockHeld, exclusive
-from adaptiveload.tracking.run import SUPERSEDED_TAG
+from adaptiveload.tracking.run import SUPERSEDED_TAG, RunTracker
 from adaptiveload.tracking.store import init_store, run_artifact_dir
 
 
@@ -339,3 +340,104 @@ def test_truncated_per_step_table_in_aggregate_is_one_line(tmp_path):
                         env=cli_env(), cwd=tmp_path, timeout=300)  # fmt: skip
     _one_line_error(done, str(steps), "cannot be read", "delete it and run the pipeline again")
     assert not (tmp_path / "r.parquet").exists()
+
+
+# -- the pipeline's job shell ---------------------------------------------------------------
+def _descendants(pid: int) -> list[int]:
+    found = []
+    for children in Path(f"/proc/{pid}/task").glob("*/children"):
+        with contextlib.suppress(OSError):
+            found += [int(c) for c in children.read_text().split()]
+    return found + [d for c in found for d in _descendants(c)]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_job_and_everything_it_started_die_with_its_killed_parent(tmp_path):
+    """`adaptiveload-job -c "a & b; wait"` as Snakemake starts it: SIGKILL the parent and
+    both commands go, within the job shell's grace period, instead of running on."""
+    shell = Path(sys.executable).parent / "adaptiveload-job"
+    parent_code = (
+        "import subprocess, sys\n"
+        f"p = subprocess.Popen([{str(shell)!r}, '-c', 'sleep 300 & sleep 301; wait'])\n"
+        "print(p.pid, flush=True)\n"
+        "p.wait()\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", parent_code], stdout=subprocess.PIPE,
+                              text=True)  # fmt: skip
+    job = int(parent.stdout.readline())
+    deadline = time.monotonic() + 60
+    while len([p for p in _descendants(job) if b"sleep" in Path(f"/proc/{p}/cmdline")
+               .read_bytes()]) < 2:  # fmt: skip
+        assert time.monotonic() < deadline, "the job did not start"
+        time.sleep(0.05)
+    started = [job, *_descendants(job)]
+    parent.kill()
+    parent.wait()
+    try:
+        deadline = time.monotonic() + 10
+        while any(_alive(p) for p in started) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not [p for p in started if _alive(p)]
+    finally:
+        for pid in started:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_the_job_shell_exits_with_the_status_of_its_command(tmp_path):
+    shell = str(Path(sys.executable).parent / "adaptiveload-job")
+    assert subprocess.run([shell, "-c", "exit 3"]).returncode == 3
+    done = subprocess.run([shell, "-c", "set -euo pipefail; false | cat; echo no"],
+                          capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 1 and "no" not in done.stdout
+    assert subprocess.run([shell, "-c", "kill -TERM $$"]).returncode == 128 + signal.SIGTERM
+
+
+# -- the end-of-training check --------------------------------------------------------------
+def test_a_store_that_filled_up_during_training_fails_the_check_until_it_is_synced(tmp_path):
+    """The store's disk fills during a run: the run's records go to its spool and the run
+    stays RUNNING. `tracking check` (the pipeline's end-of-training job) then fails in one
+    line naming the spool; once there is space it uploads them and finds the run FINISHED."""
+    run_dir = tmp_path / "run"
+    with small_disk(tmp_path / "disk", 8192) as disk:
+        uri = init_store(f"sqlite:///{disk / 'mlflow.db'}")
+        tracker = RunTracker.start(uri, "e", "r", {}, {}, run_dir / "tracking.spool.jsonl",
+                                   run_dir=run_dir)  # fmt: skip
+        tracker.retry_s = 0.0
+        tracker.log_step(0, {"loss": 1.0})
+        fill(disk)
+        with pytest.warns(UserWarning):
+            for step in range(1, 200):  # until sqlite needs a page it cannot get
+                tracker.log_step(step, {"loss": 1.0, **{f"m{i}": float(i) for i in range(50)}})
+            assert not tracker.finish()
+        assert (run_dir / "tracking.spool.jsonl").exists()
+        check = ["tracking", "check", "--experiment", "e", str(run_dir), "-o",
+                 str(tmp_path / "check.json")]  # fmt: skip
+        failed = adaptiveload(*check, env=cli_env(uri), cwd=tmp_path, timeout=300)
+        _one_line_error(failed, "tracking.spool.jsonl", "full", "run the pipeline again")
+        assert not (tmp_path / "check.json").exists()
+        (disk / "filler").unlink()
+        done = adaptiveload(*check, env=cli_env(uri), cwd=tmp_path, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        (run,) = _runs(uri, "e")
+        assert run.info.status == "FINISHED"
+        steps = [m.step for m in MlflowClient(uri).get_metric_history(run.info.run_id, "loss")]
+        assert sorted(steps) == list(range(200))
+        assert not (run_dir / "tracking.spool.jsonl").exists()
+
+
+def test_the_check_refuses_a_run_left_running(tmp_path):
+    uri = init_store(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    run_dir = tmp_path / "run"
+    RunTracker.start(uri, "e", "r", {}, {}, run_dir / "tracking.spool.jsonl", run_dir=run_dir)
+    done = adaptiveload("tracking", "check", "--experiment", "e", str(run_dir), "-o",
+                        str(tmp_path / "c.json"), env=cli_env(uri), cwd=tmp_path, timeout=300)
+    _one_line_error(done, str(run_dir), "is RUNNING", "delete its summary.json")

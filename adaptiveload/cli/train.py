@@ -139,3 +139,26 @@ def init(
     from adaptiveload.tracking.store import init_store
 
     typer.echo(f"tracking store ready: {init_store(uri)}", err=True)
+
+
+@tracking_app.command("check", epilog=examples(
+    "adaptiveload tracking check --experiment default results/default/runs/*/seed*/* "
+    "-o results/default/tracking/check.json",
+))
+def check(
+    run_dirs: Annotated[list[Path], typer.Argument(help="training run folders")],
+    experiment: Annotated[str, typer.Option("--experiment", help="their MLflow experiment")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="JSON report of the check")],
+) -> None:
+    """The end of training: upload every run folder's spooled records, then require that each
+    folder's MLflow run is FINISHED (the pipeline's check before its analysis)."""
+    from adaptiveload.io import write_json
+    from adaptiveload.tracking.run import check_runs
+    from adaptiveload.tracking.store import configure_environment, tracking_uri
+
+    configure_environment()
+    report = check_runs(experiment, run_dirs)
+    write_json(out, {"tracking_uri": tracking_uri(), "runs": report})
+    uploaded = sum(r["uploaded"] for r in report)
+    typer.echo(f"{len(report)} run(s) FINISHED in the store; {uploaded} spooled record(s) "
+               "uploaded", err=True)  # fmt: skip

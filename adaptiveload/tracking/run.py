@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from adaptiveload.errors import UserError, notice
+from adaptiveload.pipeline import RUN_SPOOL
 from adaptiveload.tracking.spool import Spool
 from adaptiveload.tracking.store import (
     DESCRIPTION_TAG,
@@ -30,6 +31,7 @@ from adaptiveload.tracking.store import (
     log_params,
     store_errors,
     store_failure,
+    tracking_uri,
 )
 
 log = logging.getLogger(__name__)
@@ -315,10 +317,59 @@ def sync(spool_path: str | Path, uri: str | None = None) -> int:
     if not spool.records:
         return 0
     pending = len(spool.records)
-    uri = check_reachable(uri or spool.uri)
-    with store_errors(uri):
-        tracker = RunTracker(uri, spool.run_id, Path(spool_path))
+    uri = uri or spool.uri
+    try:
+        check_reachable(uri)
+        with store_errors(uri):
+            tracker = RunTracker(uri, spool.run_id, Path(spool_path))
+    except UserError as exc:
+        raise UserError(f"{spool_path}: kept, not uploaded: {exc}") from None
     if not tracker.flush(force=True):
         reason = store_failure(uri, tracker.last_error or RuntimeError("upload failed"))
         raise UserError(f"{spool_path}: kept, not uploaded: {reason}")
     return pending
+
+
+def check_runs(experiment: str, run_dirs: list[Path], uri: str | None = None) -> list[dict]:
+    """The end of a pipeline's training: upload what each run folder spooled (`sync`), then
+    require that the store holds a FINISHED run of each folder (the newest one not
+    superseded). One entry per folder (its MLflow run and the records uploaded); a spool the
+    store refuses, or a run that is missing or not FINISHED, is a UserError naming the
+    folder and the fix, so a pipeline never ends with runs RUNNING or records only on disk."""
+    uri = uri or tracking_uri()
+    report = []
+    for run_dir in map(Path, run_dirs):
+        spool = run_dir / RUN_SPOOL
+        try:
+            uploaded = sync(spool, uri)
+        except UserError as exc:
+            raise UserError(f"{exc}; then run the pipeline again (or `adaptiveload sync "
+                            f"{spool}`)") from None  # fmt: skip
+        client = _client(check_reachable(uri))
+        with store_errors(uri):
+            run = _current_run(client, experiment, run_dir)
+        if run is None:
+            raise UserError(
+                f"{run_dir}: no MLflow run of this folder in {uri} (trained with --no-track, "
+                "or with another MLFLOW_TRACKING_URI); delete its summary.json and run the "
+                "pipeline again to train it into this store"
+            )
+        if run.info.status != "FINISHED":
+            raise UserError(
+                f"{run_dir}: its MLflow run {run.info.run_id} is {run.info.status} though the "
+                "run wrote its results; delete its summary.json and run the pipeline again "
+                "(the run resumes from its last checkpoint)"
+            )
+        report.append({"run_dir": str(run_dir), "run_id": run.info.run_id, "uploaded": uploaded})
+    return report
+
+
+def _current_run(client: Any, experiment: str, run_dir: Path) -> Any:
+    """The newest run of `run_dir` that no later run superseded, or None."""
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        return None
+    folder = str(run_dir.resolve()).replace("'", "\\'")
+    runs = client.search_runs([exp.experiment_id], f"tags.`{RUN_DIR_TAG}` = '{folder}'",
+                              order_by=["attributes.start_time DESC"])  # fmt: skip
+    return next((r for r in runs if SUPERSEDED_TAG not in r.data.tags), None)

@@ -32,7 +32,7 @@ from adaptiveload import experiment
 from adaptiveload.costmodel import Calibration
 from adaptiveload.errors import UserError
 from adaptiveload.io import LockHeld, exclusive, write_json, write_parquet
-from adaptiveload.pipeline import Layout
+from adaptiveload.pipeline import RUN_SPOOL, Layout
 from adaptiveload.provenance import device_name, git_commit
 from adaptiveload.training import checkpoint
 from adaptiveload.training.distributed import Ranks, resolve_ranks, timer_of
@@ -252,7 +252,7 @@ def _open(
             f"on {cfg.world_size} {cfg.launch_mode} ranks ({device_name(cfg.device)}); "
             "per-step and summary metrics measured"
         ),
-        spool_path=run.out / "tracking.spool.jsonl",
+        spool_path=run.out / RUN_SPOOL,
         resume=(
             {"run_id": resume["tracking"]["run_id"], "step": resume["step"]}
             if resume.get("tracking", {}).get("run_id")
@@ -260,5 +260,5 @@ def _open(
         ),
         run_dir=run.out,
         supersede=(found.stale or {}).get("tracking", {}).get("run_id"),
-        description=run.exp.get("description"),
+        description=run.exp.get("description"),  # a stage view has none: kept as it is
     )
