@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import yaml
 from fault_setup import fill, limited_writer, read_only, small_disk
 from mlflow.tracking import MlflowClient
 from training_setup import ROOT, adaptiveload, cli_env, write_experiment
@@ -441,3 +442,33 @@ def test_the_check_refuses_a_run_left_running(tmp_path):
     done = adaptiveload("tracking", "check", "--experiment", "e", str(run_dir), "-o",
                         str(tmp_path / "c.json"), env=cli_env(uri), cwd=tmp_path, timeout=300)
     _one_line_error(done, str(run_dir), "is RUNNING", "delete its summary.json")
+
+
+# -- stage views: a stage depends on the fields it reads --------------------------------------
+def test_a_stage_view_holds_exactly_what_its_stage_reads(tmp_path):
+    """Each stage configured from its view gets the settings it gets from the whole
+    experiment; a field outside the view is absent (a stage reading it fails loudly, never
+    with a silent default)."""
+    from adaptiveload import experiment, pipeline
+    from adaptiveload.calibration.settings import CalibrationConfig
+    from adaptiveload.training.settings import from_experiment
+
+    full = experiment.load(ROOT / "tests" / "data" / "tiny.yaml")
+    views = {}
+    for stage in pipeline.STAGE_FIELDS:
+        path = tmp_path / f"{stage}.yaml"
+        path.write_text(yaml.safe_dump(pipeline.stage_view(full, stage)))
+        views[stage] = experiment.load(path)
+    assert CalibrationConfig.from_experiment(views["calibrate"]) == (
+        CalibrationConfig.from_experiment(full)
+    )
+    ranks = {"launch_mode": "emulated", "world_size": 2, "kernel": "eager"}
+    assert from_experiment(views["train"], "adaptiveload", 0, **ranks) == (
+        from_experiment(full, "adaptiveload", 0, **ranks)
+    )
+    assert views["paper_map"]["paper_map"] == full["paper_map"]
+    for stage, view in views.items():
+        assert "description" not in view and "analysis" not in view, stage
+    assert "steps" not in views["calibrate"]["train"]
+    with pytest.raises(KeyError):
+        views["train"]["simulate"]

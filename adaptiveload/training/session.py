@@ -13,9 +13,12 @@ Outputs under `out` (all written atomically):
     plan_summary.json    the plan's summary (epoch 0)
     checkpoints/         ckpt-<step>.pt, the newest two
     tracking.spool.jsonl metrics waiting for an unreachable store (only while some are)
-Starting the same command again resumes from the newest checkpoint, in the same MLflow run,
-if the run's identity (config, budgets, calibration, data, plan, code) is unchanged; otherwise
-it starts over in a new MLflow run and tags the old one superseded.
+    .train.lock          held while a trainer writes the folder (one writer per folder)
+Starting the same command again resumes from the newest checkpoint if the run's identity
+(config, budgets, calibration, data, plan, code) is unchanged: in the same MLflow run, or in
+a new one that re-logs the checkpoint's steps when the store holds steps the stopped process
+logged after that checkpoint (MLflow then agrees with the per-step table); otherwise it
+starts over in a new MLflow run. Either way the old run is tagged superseded.
 """
 
 from __future__ import annotations
