@@ -40,7 +40,7 @@ for AdaptiveLoad and M_tok for the equal-token baseline, both calibrated to one 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -114,6 +114,15 @@ class CostModel:
         s = np.asarray(tokens, dtype=np.float64).ravel()
         return float(self.pack_memory(s.size, s.sum()))
 
+    def step_lower_bound(self, work_sum: Any, work_max: Any, ranks: int) -> Any:
+        """The least slowest-rank time any packing of one step's samples over `ranks` ranks
+        can reach, given their per-sample costs' sum `work_sum` and maximum `work_max`
+        (`per_sample_time`): some rank holds at least the average, one holds the costliest
+        sample, and each pays c0 and the floor. Broadcasts over steps; memory is ignored, so a
+        plan may sit above it for want of room, never below."""
+        work = np.maximum(np.asarray(work_sum, dtype=np.float64) / ranks, work_max)
+        return np.maximum(self.t_floor, self.c0 + work)
+
     def effective_exponent(self, s_lo: float, s_hi: float) -> float:
         """p such that the per-sample cost grows like S^p between s_lo and s_hi."""
         if not 0 < s_lo < s_hi:
@@ -142,6 +151,16 @@ class Calibration:
     m_tok: float | None = None  # equal-token budget; None in files older than the rule
     capacity_bytes: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def usable_bytes(self) -> float | None:
+        """capacity x (1 - headroom): the memory every budget of this file is derived to stay
+        under (BUDGET_RULES["m_mem"]); None without a capacity. Files without a headroom field
+        were derived with the default."""
+        if not self.capacity_bytes:
+            return None
+        headroom = float(self.extra.get("headroom", DEFAULT_HEADROOM))
+        return float(self.capacity_bytes) * (1 - headroom)
 
     @property
     def label(self) -> str:
@@ -204,7 +223,39 @@ class Calibration:
 
     @classmethod
     def load(cls, path: str | Path) -> Calibration:
+        """A calibration file, or a shipped calibration by name (`shipped_calibrations`: the
+        H200 files, package data, so an installed package has them without a checkout)."""
+        shipped = shipped_calibrations()
+        if not Path(path).exists() and str(path) in shipped:
+            path = shipped[str(path)]
+        elif not Path(path).exists():
+            raise UserError(
+                f"{path}: calibration file not found; write one with `adaptiveload calibrate` "
+                f"or name a shipped one: {', '.join(shipped)}"
+            )
         return cls.from_dict(read_json(path, "calibration file"), origin=str(path))
+
+    def for_tokens(
+        self, tokens: Any, capacity_bytes: float | None = None, headroom: float | None = None
+    ) -> Calibration:
+        """This cost model with its budgets derived for another token mix (`derive_budgets`:
+        p over these tokens' range, the reference batch among them), at `capacity_bytes`
+        (None: the file's) and `headroom` (None: the file's). The what-if of a user's own
+        data: a calibration keeps the p and budgets of the mix it was made for."""
+        capacity = self.capacity_bytes if capacity_bytes is None else capacity_bytes
+        if not capacity:
+            raise UserError(
+                f"calibration of {self.model} ({self.label}) records no capacity_bytes; "
+                "give the device's memory (--capacity-gb)"
+            )
+        if headroom is None:
+            headroom = self.headroom
+        derived = derive_budgets(self.cost, tokens, float(capacity), headroom)
+        extra = {**self.extra, "budgets": derived.to_dict(), "headroom": headroom}
+        return replace(
+            self, p=derived.p, m_mem=derived.m_mem, m_comp=derived.m_comp, m_tok=derived.m_tok,
+            capacity_bytes=float(capacity), extra=extra,
+        )  # fmt: skip
 
     def require_model(self, model: str, origin: str | Path) -> None:
         """UserError unless this calibration was made for `model`: the same name and, where
@@ -250,6 +301,14 @@ class Calibration:
                 "regenerate it with `adaptiveload calibrate` or give M_comp explicitly"
             )
         return scale * (b_ref * s_ref**p)
+
+
+def shipped_calibrations() -> dict[str, Path]:
+    """The calibrations that come with the package (package data), by name: the analytic H200
+    priors of Wan 2.1 1.3B and 14B, and the 1.3B measured on an H200 (docs/calibration.md).
+    `Calibration.load` takes these names wherever it takes a path."""
+    folder = Path(__file__).parent / "calibration" / "shipped"
+    return {p.stem: p for p in sorted(folder.glob("*.json"))}
 
 
 def _finite_number(value: Any) -> bool:

@@ -19,10 +19,14 @@ import pandas as pd
 from adaptiveload.errors import UserError
 
 # compute_s / step_time_s: by the run's timer (a prediction in a simulation); compute_wall_s /
-# step_wall_s: by the wall clock beside it (measured runs only, empty in a simulation)
+# step_wall_s: by the wall clock beside it (measured runs only, empty in a simulation).
+# samples, tokens, tokens_sq: n, sum S and sum S^2 of the rank's micro-batch (what its cost
+# depends on); frames, height, width: the bucket shape of its largest sample (of all of them
+# unless the micro-batch is a pack of several shapes)
 STEP_COLUMNS = (
-    "step", "rank", "compute_s", "compute_wall_s", "wait_s", "samples", "tokens", "frames",
-    "height", "width", "peak_bytes", "peak_bytes_model", "loss", "step_time_s", "step_wall_s",
+    "step", "rank", "compute_s", "compute_wall_s", "wait_s", "samples", "tokens", "tokens_sq",
+    "frames", "height", "width", "peak_bytes", "peak_bytes_model", "loss", "step_time_s",
+    "step_wall_s",
 )  # fmt: skip
 # the columns a table must have to be analysed; a producer may leave the others out
 REQUIRED_STEP_COLUMNS = ("step", "rank", "compute_s", "samples", "tokens", "step_time_s")

@@ -7,6 +7,7 @@ from adaptiveload.pipeline import MAX_EMULATED_WORLD_SIZE, SWEEP_VARIANTS
 from adaptiveload.planning.policies import MAX_BUDGET, P_RANGE, POLICIES
 from adaptiveload.planning.simulate import DEFAULT_ALLREDUCE_GBPS
 from adaptiveload.training.settings import (
+    AUTO_LAYOUT,
     BATCH_LAYOUTS,
     DEVICES,
     KERNELS,
@@ -19,7 +20,9 @@ def test_minimal_file_gets_every_default(tmp_path):
     path = tmp_path / "x.yaml"
     path.write_text("name: x\n")
     cfg = experiment.load(path)
-    assert cfg["budgets"] == {"m_tok": "auto", "m_mem": "auto", "m_comp": "auto", "p": "auto"}
+    assert cfg["budgets"] == {
+        "m_tok": "auto", "m_mem": "auto", "m_comp": "auto", "pack_tokens": None, "p": "auto",
+    }  # fmt: skip
     assert cfg["train"]["world_size"] >= 1
     assert cfg["data"]["bucketing"] == "aspect"
 
@@ -96,11 +99,12 @@ def test_schema_copies_of_code_constants():
     for field in ("train", "simulate", "paper_map"):
         assert experiment.schema_default(f"{field}.allreduce_gbps") == DEFAULT_ALLREDUCE_GBPS
     assert props["model"]["properties"]["kernels"]["items"]["enum"] == list(KERNELS)
-    assert props["model"]["properties"]["batch_layout"]["enum"] == list(BATCH_LAYOUTS)
+    assert props["model"]["properties"]["batch_layout"]["enum"] == [AUTO_LAYOUT, *BATCH_LAYOUTS]
     assert props["calibration"]["properties"]["device"]["enum"] == list(DEVICES)
     assert props["train"]["properties"]["world_size"]["maximum"] == MAX_EMULATED_WORLD_SIZE
     assert list(props["sweeps"]["properties"]) == list(SWEEP_VARIANTS)  # every axis is named
     budgets = props["budgets"]["properties"]
     assert budgets["m_comp"]["oneOf"][1]["maximum"] == MAX_BUDGET
+    assert budgets["pack_tokens"]["maximum"] == MAX_BUDGET
     p = budgets["p"]["oneOf"][1]
     assert (p["minimum"], p["maximum"]) == P_RANGE

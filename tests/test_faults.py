@@ -266,6 +266,7 @@ def _record(paper: Path, stats: Path, out: Path, uri: str, *artifacts: Path):
                         cwd=out.parent, timeout=300)  # fmt: skip
 
 
+@pytest.mark.slow
 def test_record_on_a_store_that_is_not_a_database_is_one_line(tmp_path):
     paper, stats = _analysis_inputs(tmp_path)
     (tmp_path / "mlflow.db").write_bytes(os.urandom(4096))
@@ -274,6 +275,7 @@ def test_record_on_a_store_that_is_not_a_database_is_one_line(tmp_path):
     assert not (tmp_path / "a.json").exists()
 
 
+@pytest.mark.slow
 def test_analysis_run_is_replaced_only_once_the_new_one_is_complete(tmp_path):
     """A figure the store cannot take (RLIMIT_FSIZE: the kernel refuses the write as a full
     disk does): the previous analysis run stays, FINISHED; the new one is gone, files too."""
@@ -323,6 +325,7 @@ def test_record_on_a_full_disk_is_one_line_and_keeps_the_previous_analysis(tmp_p
         assert not list((disk / "mlartifacts").rglob("*.tmp"))
 
 
+@pytest.mark.slow
 def test_truncated_per_step_table_in_aggregate_is_one_line(tmp_path):
     columns = ("step", "rank", "compute_s", "samples", "tokens", "step_time_s")
     table = pd.DataFrame({c: [0, 1] if c == "step" else [1, 1] for c in columns})
@@ -403,6 +406,7 @@ def test_the_job_shell_exits_with_the_status_of_its_command(tmp_path):
 
 
 # -- the end-of-training check --------------------------------------------------------------
+@pytest.mark.slow
 def test_a_store_that_filled_up_during_training_fails_the_check_until_it_is_synced(tmp_path):
     """The store's disk fills during a run: the run's records go to its spool and the run
     stays RUNNING. `tracking check` (the pipeline's end-of-training job) then fails in one
@@ -435,6 +439,7 @@ def test_a_store_that_filled_up_during_training_fails_the_check_until_it_is_sync
         assert not (run_dir / "tracking.spool.jsonl").exists()
 
 
+@pytest.mark.slow
 def test_the_check_refuses_a_run_left_running(tmp_path):
     uri = init_store(f"sqlite:///{tmp_path / 'mlflow.db'}")
     run_dir = tmp_path / "run"

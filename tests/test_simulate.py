@@ -83,6 +83,42 @@ def test_world_size_sweep_is_fast():
     assert imbalance[1024] > imbalance[8]  # more ranks, larger spread per step
 
 
+def test_a_pack_costs_what_its_samples_cost():
+    """A cell of several shapes (a pack): n, sum S, sum S^2 price it (CostModel.pack_time);
+    its row reports the largest sample's shape; the step's lower bound is the costliest
+    sample or the average, plus c0."""
+    t = pd.DataFrame(
+        {"step": 0, "rank": [0, 0, 1], "tokens": [100, 300, 200],
+         "frames": [1, 5, 1], "height": [16, 32, 16], "width": [16, 48, 32]}
+    )  # fmt: skip
+    t["sample_id"], t["is_padding"] = ["a", "b", "c"], False
+    sim = simulate(t, COST, capacity_bytes=1000)
+    st = sim.steps
+    # t = 1 + 0.01 * 400 + 1e-4 * (100^2 + 300^2) = 15 | 1 + 0.01 * 200 + 1e-4 * 200^2 = 7
+    np.testing.assert_allclose(st["compute_s"], [15, 7])
+    assert st["samples"].tolist() == [2, 1] and st["tokens"].tolist() == [400, 200]
+    assert st["tokens_sq"].tolist() == [100_000, 40_000]
+    assert st[["frames", "height", "width"]].values.tolist() == [[5, 32, 48], [1, 16, 32]]
+    np.testing.assert_allclose(st["peak_bytes_model"], [410, 210])
+    # per-sample work 2, 12, 6: max(20 / 2, 12) + c0 = 13
+    assert sim.summary["lower_bound_s"] == pytest.approx(13.0)
+    assert sim.summary["vs_lower_bound"] == pytest.approx(15 / 13)
+
+
+def test_homogeneous_cells_price_as_before():
+    """One shape per cell: the cost of the set is t(B, S), so plans of the homogeneous
+    policies (and their plan files) simulate as they did."""
+    df = bucketed(2_000, seed=3)
+    bud = Budgets(m_tok=60_000, m_mem=60_000, m_comp=60_000**1.4, p=1.4)
+    table = build_plan(df, "adaptiveload", bud, 8, seed=0).table
+    table.attrs = {}  # a plan file from elsewhere: no summary attached
+    st = simulate(table, COST, world_size=8).steps
+    cells = table.groupby(["step", "rank"])["tokens"].agg(["size", "first"])
+    expect = COST.step_time(cells["size"].to_numpy(), cells["first"].to_numpy())
+    np.testing.assert_allclose(st["compute_s"], expect, rtol=1e-12)
+    np.testing.assert_array_equal(st["tokens_sq"], cells["size"] * cells["first"] ** 2)
+
+
 def test_another_timed_window_needs_no_second_simulation():
     """`Simulation.timed(w)` summarizes the same per-step predictions over steps >= w: what
     simulating again with warmup_steps=w gives."""

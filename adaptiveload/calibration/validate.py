@@ -20,7 +20,7 @@ def draw_micro_batches(
     cal: Calibration, mix: TokenMix, k: int, world_size: int, max_seconds: float | None,
     seed: int = 0,
 ) -> tuple[list[dict[str, Any]], int, int]:  # fmt: skip
-    """`k` micro-batches (policy, B, S) drawn from one epoch's plan of every policy.
+    """`k` micro-batches (policy, B, S) drawn from one epoch's plan of every homogeneous policy.
 
     Each policy is planned with the calibration's own budgets on the mix's samples at
     `world_size` ranks (what the simulations run); its real (non-padding) micro-batches are
@@ -34,7 +34,8 @@ def draw_micro_batches(
     budgets = Budgets.resolve(calibration=cal)
     rng = np.random.default_rng(seed)
     drawn, too_slow, population = [], 0, 0
-    names = list(POLICIES)
+    # the grid times micro-batches of one shape; packs (several shapes) are left out
+    names = [name for name, cls in POLICIES.items() if not cls.packed]
     for i, name in enumerate(names):
         table = build_plan(mix.samples, name, budgets, world_size, seed, cost_model=cal).table
         real = table[~table["is_padding"]]
@@ -72,13 +73,11 @@ def validate_plans(
                                   validation.max_seconds)  # fmt: skip
     drawn, too_slow, population = draw_micro_batches(cal, mix, k, world_size, max_seconds, seed)
     shapes = sorted({(d["batch"], d["tokens"]) for d in drawn}, key=lambda bs: bs[0] * bs[1])
-    # the model is warm from the grid: a new shape's untimed probe step is its warm-up
-    passes = replace(grid, warmup=0)
-    measured = {
-        (p["batch"], p["tokens"]): p
-        for p in measure_grid(model, shapes, device, passes, seed, progress=progress,
-                              timer=timer)
-    }  # fmt: skip
+    # the model is warm from the grid: a new shape's untimed probe step is its warm-up (the
+    # grid's packs were timed with it)
+    passes = replace(grid, warmup=0, packs=())
+    points, _ = measure_grid(model, shapes, device, passes, seed, progress=progress, timer=timer)
+    measured = {(p["batch"], p["tokens"]): p for p in points}
     rows = []
     for d in drawn:
         point = measured[d["batch"], d["tokens"]]

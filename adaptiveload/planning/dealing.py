@@ -10,7 +10,9 @@ over steps of those maxima is minimised exactly by sorting the batches by cost a
 the sorted list into consecutive groups of N (exchange argument: the costliest batch sets
 one step's time whatever it is grouped with, so it should be grouped with the next N-1
 costliest, and so on). LPT/KK solve a different problem (several items per bin, bins =
-ranks) that arises only with gradient accumulation. Sorting is O(n log n) and vectorised.
+ranks): which samples share a micro-batch, once a micro-batch may hold samples of several
+lengths (``adaptiveload.planning.packing``, which deals its packs here). Sorting is
+O(n log n) and vectorised.
 """
 
 from __future__ import annotations
@@ -33,18 +35,28 @@ def deal_balanced(
     `cost` and cut into steps of `world_size`; the steps of a window are then shuffled, and
     the ranks within a step too, so the order of steps stays random.
     """
-    cost = np.asarray(cost, dtype=np.float64)
-    n_slots = cost.size
+    n_slots = np.asarray(cost).size
     if n_slots % world_size:
         raise ValueError("slot count must be a multiple of world_size (pad first)")
     steps = n_slots // world_size
     per_window = steps if window_steps is None else max(1, int(window_steps))
-    window = np.arange(n_slots) // (per_window * world_size)
-    by_cost = np.lexsort((cost, window))  # within each window, cheapest first
-    chunk = np.arange(n_slots) // world_size  # the step each sorted slot would form
-    chunk_window = np.arange(steps) // per_window
-    chunk_order = np.lexsort((rng.random(steps), chunk_window))  # shuffle steps in a window
+    return deal_in_windows(cost, world_size, np.arange(steps) // per_window, rng)
+
+
+def deal_in_windows(
+    cost: np.ndarray, world_size: int, step_window: np.ndarray, rng: np.random.Generator
+) -> np.ndarray:
+    """`deal_balanced` with the windows given: `step_window[s]` is the (non-decreasing) window
+    of step s, so windows may differ in length (the packed policy's do)."""
+    cost = np.asarray(cost, dtype=np.float64)
+    step_window = np.asarray(step_window)
+    steps = step_window.size
+    if cost.size != steps * world_size:
+        raise ValueError("slot count must be world_size times the number of steps")
+    by_cost = np.lexsort((cost, np.repeat(step_window, world_size)))  # cheapest first
+    chunk = np.arange(cost.size) // world_size  # the step each sorted slot would form
+    chunk_order = np.lexsort((rng.random(steps), step_window))  # shuffle steps in a window
     new_step = np.empty(steps, dtype=np.int64)
     new_step[chunk_order] = np.arange(steps)
-    final = np.lexsort((rng.random(n_slots), new_step[chunk]))  # shuffle ranks in a step
+    final = np.lexsort((rng.random(cost.size), new_step[chunk]))  # shuffle ranks in a step
     return by_cost[final]

@@ -18,6 +18,11 @@ Per epoch (everything vectorised; 1M samples at N = 1024 plan in about a second)
 5. deal: slot j -> step j // N, rank j % N (Open-Sora style); balanced policies first
    reorder the slots with ``dealing.deal_balanced`` on predicted cost.
 
+The packed policy replaces steps 1-5 with ``packing.make_packs``: packs of samples of any
+lengths under the memory and compute limits, dealt by predicted cost; it pads only where a
+window has fewer samples than packs (fewer samples than ranks, or samples that each need a
+pack of their own).
+
 A sample over a budget on its own forms B = 1 and is counted in ``num_oversize``. A sample
 that cannot run on one device at all (a Calibration's predicted memory of B = 1 above its
 capacity) is never planned: it is excluded and counted in ``num_over_capacity`` (and in
@@ -25,12 +30,20 @@ capacity) is never planned: it is excluded and counted in ``num_over_capacity`` 
 
 Table columns: ``step, rank, sample_id``; ``frames, height, width, tokens`` of the sample's
 *bucket* shape (what the model is fed); ``batch_id`` (a padding repeat shares the id of the
-batch it repeats); ``is_padding``. ``table.attrs["plan"]`` holds the summary (kept in Parquet).
+batch it repeats); ``is_padding``. One row per (step, rank, sample): a (step, rank) cell is one
+micro-batch, of one bucket shape under the homogeneous policies, of several in a pack.
+``table.attrs["plan"]`` holds the summary (kept in Parquet).
+
+With a cost model the summary adds predicted metrics (``PREDICTED``, through
+``simulate.simulate``), among them ``predicted_vs_lower_bound``: the plan's summed step compute
+over the sum of each step's lower bound (``CostModel.step_lower_bound``: no packing of the
+step's samples can do better), for every policy.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +53,7 @@ import pandas as pd
 from adaptiveload.costmodel import Calibration, CostModel
 from adaptiveload.errors import UserError
 from adaptiveload.planning.dealing import DEFAULT_WINDOW_STEPS, deal_balanced
+from adaptiveload.planning.packing import Packs, make_packs
 from adaptiveload.planning.policies import Budgets, Policy, get_policy
 from adaptiveload.planning.simulate import DEFAULT_ALLREDUCE_GBPS, Simulation, simulate
 
@@ -47,8 +61,16 @@ REQUIRED_COLUMNS = ("sample_id", "bucket_frames", "bucket_height", "bucket_width
 TABLE_COLUMNS = (
     "step", "rank", "sample_id", "frames", "height", "width", "tokens", "batch_id", "is_padding",
 )  # fmt: skip
+# summary fields that say what a plan was made from, in the order a mismatch is reported: two
+# plans whose digests differ are told apart by the first of these that differs
+PLAN_INPUTS = (
+    "policy", "seed", "epoch", "world_size", "num_samples", "num_excluded",
+    "m_tok", "m_mem", "m_comp", "p", "window_steps", "deal_cost",
+)  # fmt: skip
+# a plan whose padding repeats exceed this share of its real batches is reported
+HEAVY_PADDING = 0.1
 PREDICTED = (
-    "imbalance_rate", "idle_fraction", "samples_per_s", "tokens_per_s",
+    "imbalance_rate", "idle_fraction", "samples_per_s", "tokens_per_s", "vs_lower_bound",
     "vram_utilization_mean", "vram_utilization_max",  # only with a capacity (a Calibration)
 )  # fmt: skip
 
@@ -68,14 +90,12 @@ class Plan:
 @dataclass(frozen=True)
 class _Batches:
     """The epoch's micro-batches: batch k holds samples ``order[start[k] : start[k] + size[k]]``
-    (row positions), all of bucket ``bucket[k]`` with ``tokens[k]`` tokens each."""
+    (row positions), all with ``tokens[k]`` tokens (None for packs, which mix lengths)."""
 
     order: np.ndarray
     start: np.ndarray
     size: np.ndarray
-    bucket: np.ndarray
-    tokens: np.ndarray
-    bucket_shape: np.ndarray  # [buckets, 3]: frames, height, width
+    tokens: np.ndarray | None = None
 
 
 def build_plan(
@@ -107,43 +127,45 @@ def build_plan(
     cost = cost_model.cost if isinstance(cost_model, Calibration) else cost_model
     rng = np.random.default_rng([seed, epoch])
     tokens = frame["tokens"].to_numpy(np.int64)
+    buckets = _buckets(frame, tokens)
 
-    batches = _make_batches(frame, tokens, pol, budgets, rng)
-    slots, slot_pad = _shuffle_and_pad(batches.size.size, world_size, rng)
-    if pol.balanced:
-        size, tok = batches.size[slots], batches.tokens[slots]
-        slot_cost = (
-            cost.step_time(size, tok) if cost is not None else size * tok.astype(float) ** budgets.p
-        )
-        deal = deal_balanced(slot_cost, world_size, window_steps, rng)
-        slots, slot_pad = slots[deal], slot_pad[deal]
-    table, row_sample = _rows(frame, tokens, batches, slots, slot_pad, world_size)
+    batches, slots, slot_pad, packs = _micro_batches(
+        pol, budgets, buckets, tokens, cost_model, world_size, window_steps, rng
+    )
+    table, row_sample = _rows(frame, tokens, buckets.shape, batches, slots, slot_pad, world_size)
 
     real = ~table["is_padding"].to_numpy()
     seen = np.bincount(row_sample[real], minlength=len(frame))
+    by_cost = pol.balanced or pol.packed
     summary: dict[str, Any] = {
         "policy": pol.name,
         "world_size": world_size,
         "num_samples": len(frame) + excluded,
         "num_planned": int((seen > 0).sum()),
         "num_excluded": excluded,
-        "num_oversize": int(pol.oversize(tokens, budgets).sum()),
+        "num_oversize": int(
+            (packs.oversize if packs is not None else pol.oversize(tokens, budgets)).sum()
+        ),
         "num_over_capacity": over_capacity,
         "num_padding": int((~real).sum()),
         "num_padding_batches": int(slot_pad.sum()),
         "duplicates": int((seen > 1).sum()),
         "steps": slots.size // world_size,
         "batches": int(batches.size.size),
-        "max_tokens_per_batch": int((batches.size * batches.tokens).max()),
-        "constraint_violations": int(pol.violates(batches.size, batches.tokens, budgets).sum()),
+        "min_sample_tokens": int(tokens.min()),
+        "max_tokens_per_batch": int(np.add.reduceat(tokens[batches.order], batches.start).max()),
+        "constraint_violations": _violations(pol, budgets, batches, packs),
         **budgets.as_dict(),
         "seed": seed,
         "epoch": epoch,
-        "window_steps": window_steps if pol.balanced else None,
-        "deal_cost": ("cost_model" if cost is not None else "B*S^p") if pol.balanced else None,
-        # ranks can all-gather this to check they planned the same (inputs in the same order)
-        "plan_digest": _digest(row_sample, batches.size[slots], slot_pad),
+        "window_steps": window_steps if by_cost else None,
+        "deal_cost": _deal_cost(pol, cost),
+        **_digests(frame, row_sample, batches.size[slots], slot_pad),
     }
+    if packs is not None:
+        summary["pack_limits"] = packs.limits.as_dict()
+        fill = zip(packs.limits.names, packs.fill.mean(axis=0), strict=True)
+        summary["pack_fill_mean"] = {name: float(f) for name, f in fill}
     table.attrs["plan"] = dict(summary)
     sim = None
     if cost_model is not None:
@@ -153,24 +175,74 @@ def build_plan(
     return Plan(table=table, summary=summary, simulation=sim)
 
 
-def _make_batches(
-    frame: pd.DataFrame, tokens: np.ndarray, pol: Policy, budgets: Budgets,
+def _micro_batches(
+    pol: Policy, budgets: Budgets, buckets: _Buckets, tokens: np.ndarray,
+    cost_model: CostModel | Calibration | None, world_size: int, window_steps: int | None,
     rng: np.random.Generator,
-) -> _Batches:  # fmt: skip
-    """Steps 1-2: shuffle within each bucket shape, cut each bucket into batches of B(S)."""
+) -> tuple[_Batches, np.ndarray, np.ndarray, Packs | None]:  # fmt: skip
+    """Steps 1-5 (the packed policy: its packs): the batches, the slot list (the batch each
+    slot runs) and its padding flags, and the packs if the policy packs."""
+    if pol.packed:
+        packs = make_packs(tokens, budgets, cost_model, world_size, window_steps, rng)
+        batches = _Batches(order=packs.order, start=packs.start, size=packs.size)
+        return batches, packs.slots, packs.slot_pad, packs
+    batches = _make_batches(buckets, pol, budgets, rng)
+    slots, slot_pad = _shuffle_and_pad(batches.size.size, world_size, rng)
+    if pol.balanced:
+        size, tok = batches.size[slots], batches.tokens[slots]
+        cost = cost_model.cost if isinstance(cost_model, Calibration) else cost_model
+        slot_cost = (
+            cost.step_time(size, tok) if cost is not None else size * tok.astype(float) ** budgets.p
+        )
+        deal = deal_balanced(slot_cost, world_size, window_steps, rng)
+        slots, slot_pad = slots[deal], slot_pad[deal]
+    return batches, slots, slot_pad, None
+
+
+@dataclass(frozen=True)
+class _Buckets:
+    """Each sample's bucket `shape` [samples, 3] (frames, height, width) and bucket index
+    `of`; each bucket's `tokens` (checked: one count per shape, shapes positive, < 2^20)."""
+
+    shape: np.ndarray
+    of: np.ndarray
+    tokens: np.ndarray
+
+
+def _buckets(frame: pd.DataFrame, tokens: np.ndarray) -> _Buckets:
     shape = np.stack([frame[c].to_numpy(np.int64) for c in REQUIRED_COLUMNS[1:4]], axis=1)
     if shape.min() < 1 or shape.max() >= 1 << 20 or tokens.min() < 1:
         raise UserError("bucketed samples: bucket shapes and tokens must be positive (< 2^20)")
-    packed = (shape[:, 0] << 40) | (shape[:, 1] << 20) | shape[:, 2]
-    bucket, keys = pd.factorize(packed, sort=True)  # hashing: O(n), few distinct shapes
-    bucket_shape = np.stack([keys >> 40, (keys >> 20) & 0xFFFFF, keys & 0xFFFFF], axis=1)
-    n_buckets = len(keys)
-    bucket_tokens = np.zeros(n_buckets, dtype=np.int64)
+    key = (shape[:, 0] << 40) | (shape[:, 1] << 20) | shape[:, 2]
+    bucket, keys = pd.factorize(key, sort=True)  # hashing: O(n), few distinct shapes
+    bucket_tokens = np.zeros(len(keys), dtype=np.int64)
     bucket_tokens[bucket] = tokens
     if np.any(bucket_tokens[bucket] != tokens):
         raise UserError("bucketed samples: column tokens differs within one bucket shape")
+    return _Buckets(shape=shape, of=bucket, tokens=bucket_tokens)
 
-    perm = rng.permutation(len(frame))
+
+def _deal_cost(pol: Policy, cost: CostModel | None) -> str | None:
+    """What a cost-aware policy dealt on: the cost model, else its proxy."""
+    if not (pol.balanced or pol.packed):
+        return None
+    return "cost_model" if cost is not None else ("sum S^p" if pol.packed else "B*S^p")
+
+
+def _violations(pol: Policy, budgets: Budgets, batches: _Batches, packs: Packs | None) -> int:
+    """Micro-batches of more than one sample over a budget (a pack: over one of its limits)."""
+    if packs is None:
+        return int(pol.violates(batches.size, batches.tokens, budgets).sum())
+    return int(((packs.fill > 1).any(axis=1) & (packs.size > 1)).sum())
+
+
+def _make_batches(
+    buckets: _Buckets, pol: Policy, budgets: Budgets, rng: np.random.Generator
+) -> _Batches:
+    """Steps 1-2: shuffle within each bucket shape, cut each bucket into batches of B(S)."""
+    bucket, bucket_tokens = buckets.of, buckets.tokens
+    n_buckets = bucket_tokens.size
+    perm = rng.permutation(bucket.size)
     narrow = np.int16 if n_buckets <= np.iinfo(np.int16).max else np.int64
     # grouped by bucket, random inside (a stable sort of int16 keys is a radix sort: O(n))
     order = perm[np.argsort(bucket[perm].astype(narrow), kind="stable")]
@@ -178,14 +250,11 @@ def _make_batches(
     b_size = pol.batch_size(bucket_tokens, budgets)
     n_batches = -(-count // b_size)
     sorted_bucket = bucket[order]
-    pos = np.arange(len(frame)) - _starts(count)[sorted_bucket]
+    pos = np.arange(bucket.size) - _starts(count)[sorted_bucket]
     batch_of_sorted = _starts(n_batches)[sorted_bucket] + pos // b_size[sorted_bucket]
     size = np.bincount(batch_of_sorted, minlength=int(n_batches.sum()))
     batch_bucket = np.repeat(np.arange(n_buckets), n_batches)
-    return _Batches(
-        order=order, start=_starts(size), size=size, bucket=batch_bucket,
-        tokens=bucket_tokens[batch_bucket], bucket_shape=bucket_shape,
-    )  # fmt: skip
+    return _Batches(order=order, start=_starts(size), size=size, tokens=bucket_tokens[batch_bucket])
 
 
 def _shuffle_and_pad(
@@ -201,8 +270,8 @@ def _shuffle_and_pad(
 
 
 def _rows(
-    frame: pd.DataFrame, tokens: np.ndarray, batches: _Batches, slots: np.ndarray,
-    slot_pad: np.ndarray, world_size: int,
+    frame: pd.DataFrame, tokens: np.ndarray, shape: np.ndarray, batches: _Batches,
+    slots: np.ndarray, slot_pad: np.ndarray, world_size: int,
 ) -> tuple[pd.DataFrame, np.ndarray]:  # fmt: skip
     """The plan table (one row per sample of each slot) and each row's sample position."""
     slot_size = batches.size[slots]
@@ -210,7 +279,7 @@ def _rows(
     within = np.arange(row_slot.size) - _starts(slot_size)[row_slot]
     row_sample = batches.order[batches.start[slots][row_slot] + within]
     row_batch = slots[row_slot]
-    row_shape = batches.bucket_shape[batches.bucket[row_batch]]
+    row_shape = shape[row_sample]
     table = pd.DataFrame(
         {
             "step": row_slot // world_size,
@@ -268,11 +337,106 @@ def check_table(table: pd.DataFrame, origin: str) -> None:
 
 
 def _digest(*arrays: np.ndarray) -> str:
-    """Short content hash of the plan's row positions, batch sizes and padding flags."""
+    """Short content hash of arrays (the plan's row positions, batch sizes, padding flags)."""
     h = hashlib.sha256()
     for arr in arrays:
         h.update(np.ascontiguousarray(arr).tobytes())
     return h.hexdigest()[:16]
+
+
+def table_digest(table: pd.DataFrame) -> str:
+    """The digest of a plan table that carries no summary (one not written by `build_plan`):
+    its steps, ranks, sample_ids and padding flags, row by row."""
+    cols = ["step", "rank", "sample_id", "is_padding"]
+    return _digest(pd.util.hash_pandas_object(table[cols], index=False).to_numpy())
+
+
+# what a differing field says about two plans (plan_difference), beyond its name
+_DIFFERENCE_MEANS = {"data_digest": "other samples, or the same ones in another row order"}
+
+
+def plan_difference(a: Mapping[str, Any], b: Mapping[str, Any]) -> tuple[str, Any, Any]:
+    """The first field in which plan summaries `a` and `b` differ, and its two values: an input
+    (PLAN_INPUTS, in that order), then the data, then the plan digest itself. The data
+    field's name says what it means ("data_digest (other samples, or ...)")."""
+    keys = (*PLAN_INPUTS, "data_digest")
+    for k in keys:
+        if k in a and k in b and a[k] != b[k]:
+            name = f"{k} ({_DIFFERENCE_MEANS[k]})" if k in _DIFFERENCE_MEANS else k
+            return name, a[k], b[k]
+    return "plan_digest", a.get("plan_digest"), b.get("plan_digest")
+
+
+def _digests(
+    frame: pd.DataFrame, row_sample: np.ndarray, slot_size: np.ndarray, slot_pad: np.ndarray
+) -> dict[str, str]:
+    """The plan's identity: `data_digest` (the samples planned: ids, bucket shapes and tokens,
+    in row order) and `plan_digest` (which samples run where and when: the row positions,
+    batch sizes and padding flags, with the data digest that says what a position means).
+    Resumes (`PlanBatchSampler.load_state_dict`) and ranks (`PlanBatchSampler.check_ranks`)
+    compare them; 1M samples digest in tens of milliseconds."""
+    data = hashlib.sha256()
+    _hash_strings(data, frame["sample_id"])
+    for col in REQUIRED_COLUMNS[1:]:
+        data.update(np.ascontiguousarray(frame[col].to_numpy(np.int64)).tobytes())
+    data_digest = data.hexdigest()[:16]
+    plan = _digest(np.frombuffer(data_digest.encode(), np.uint8), row_sample, slot_size, slot_pad)
+    return {"data_digest": data_digest, "plan_digest": plan}
+
+
+def _hash_strings(h: Any, values: pd.Series) -> None:
+    """Feed a column of strings (other values by their text) to hash `h` through its Arrow
+    buffers (offsets and bytes): no Python object per row, zero-copy for pandas' Arrow-backed
+    strings."""
+    import pyarrow as pa
+
+    try:
+        arr = pa.array(values, type=pa.large_string(), from_pandas=True)
+    except (pa.ArrowTypeError, pa.ArrowInvalid):  # ids that are not strings (integers)
+        arr = pa.array(values.astype(str), type=pa.large_string(), from_pandas=True)
+    if isinstance(arr, pa.ChunkedArray):  # a column read in chunks (Parquet, large CSVs)
+        arr = arr.combine_chunks()
+    offsets = np.frombuffer(arr.buffers()[1], np.int64)[arr.offset : arr.offset + len(arr) + 1]
+    h.update((offsets - offsets[0]).tobytes())
+    body = arr.buffers()[2]
+    if body is not None:
+        h.update(memoryview(body)[offsets[0] : offsets[-1]])
+
+
+def plan_warnings(summary: dict[str, Any]) -> list[str]:
+    """What about a plan is unusual enough to tell the user, one clause each: samples never
+    trained (excluded: no bucket, over the device's capacity), samples over a budget on their
+    own (they run alone, B = 1; all of them means a budget below every sample), heavy
+    padding. The sampler joins them into one warning line; the CLI prints them, or refuses
+    them with --strict."""
+    found = []
+    excluded, total = summary["num_excluded"], summary["num_samples"]
+    if excluded:
+        over = summary.get("num_over_capacity", 0)
+        why = f", {over} of them over the device's capacity" if over else ""
+        found.append(f"{excluded} of {total} samples excluded (never trained{why})")
+    oversize, planned = summary["num_oversize"], total - excluded
+    if oversize:
+        pol = get_policy(summary["policy"])
+        limits = ", ".join(f"{k}={summary[k]:.6g}" for k in pol.requires if k != "p")
+        if oversize == planned:
+            found.append(
+                f"every sample exceeds the {pol.name} budget {limits} on its own (the smallest "
+                f"has {summary['min_sample_tokens']} tokens): each batch is one sample; raise "
+                "the budget or derive it for this data with `adaptiveload budgets`"
+            )
+        else:
+            found.append(
+                f"{oversize} of {planned} samples exceed the {pol.name} budget {limits} on "
+                "their own and run alone (B = 1)"
+            )
+    pad, batches = summary["num_padding_batches"], summary["batches"]
+    if pad > HEAVY_PADDING * batches:
+        found.append(
+            f"{pad} padding batches for {batches} real ones ({summary['world_size']} ranks): "
+            "each repeats a batch of the epoch; fewer ranks or more data pad less"
+        )
+    return found
 
 
 def _starts(counts: np.ndarray) -> np.ndarray:

@@ -5,10 +5,15 @@ are dealt to ranks.
 - ``adaptiveload`` (the paper): ``B(S) = max(1, min(floor(M_mem / S), floor(M_comp / S^p)))``.
 - ``adaptiveload-balanced`` (beyond the paper): the ``adaptiveload`` batches, dealt so that the
   ranks of one step hold near-equal predicted cost (see ``adaptiveload.planning.dealing``).
+- ``adaptiveload-packed`` (beyond the paper): micro-batches of samples of any lengths (packs),
+  formed under the memory and compute budgets so that every rank of a step holds near-equal
+  predicted cost (see ``adaptiveload.planning.packing``); it needs a model that runs packed
+  micro-batches.
 
-Budgets are in tokens (``M_tok``, ``M_mem``) and tokens^p (``M_comp``). A calibration derives
-all of them from one reference batch (``costmodel.BUDGET_RULES``): equal-token equalises tokens
-to it, AdaptiveLoad compute. Adding a policy is one subclass of ``Policy`` and one entry in
+Budgets are in tokens (``M_tok``, ``M_mem``, ``pack_tokens``) and tokens^p (``M_comp``). A
+calibration derives all but ``pack_tokens`` (a user's cap on a pack's tokens) from one
+reference batch (``costmodel.BUDGET_RULES``): equal-token equalises tokens to it, AdaptiveLoad
+compute. Adding a policy is one subclass of ``Policy`` and one entry in
 ``POLICIES``.
 """
 
@@ -39,10 +44,14 @@ class Budgets:
     m_mem: float | None = None
     m_comp: float | None = None
     p: float | None = None
+    # the packed policy's cap on tokens per pack (None: packs fill toward the memory budget);
+    # a user holds it lower to keep the global batch an optimizer recipe was tuned for
+    pack_tokens: float | None = None
 
     def __post_init__(self) -> None:
         _check_exponent(self.p)
-        for name in ("m_mem", "m_comp", "m_tok"):  # m_tok may be m_mem's value: name m_mem
+        # m_tok may be m_mem's value: name m_mem
+        for name in ("m_mem", "m_comp", "m_tok", "pack_tokens"):
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and 0 < value <= MAX_BUDGET):
                 raise UserError(
@@ -61,6 +70,7 @@ class Budgets:
         p: float | str | None = AUTO,
         calibration: Calibration | None = None,
         m_comp_scale: float = 1.0,
+        pack_tokens: float | str | None = None,
     ) -> Budgets:
         """Budgets from explicit numbers, with ``"auto"``/None taken from `calibration`.
 
@@ -71,7 +81,8 @@ class Budgets:
         budget. An ``"auto"`` ``m_comp`` is the calibration's at the resolved ``p``, times
         `m_comp_scale` (``Calibration.m_comp_at``: an explicit ``p`` keeps the reference
         batch, as the p sweep does). Without a calibration, other ``"auto"`` values stay unset
-        and the policy reports which one it needs.
+        and the policy reports which one it needs. `pack_tokens` is never derived: None (or
+        ``"auto"``) leaves packs uncapped in tokens.
         """
 
         def pick(name: str, value: Any, from_calibration: float | None) -> float | None:
@@ -97,7 +108,10 @@ class Budgets:
             comp = cal.m_comp_at(exponent, m_comp_scale)
         else:
             comp = pick("m_comp", m_comp, None)
-        return cls(m_tok=pick("m_tok", m_tok, tok), m_mem=mem, m_comp=comp, p=exponent)
+        return cls(
+            m_tok=pick("m_tok", m_tok, tok), m_mem=mem, m_comp=comp, p=exponent,
+            pack_tokens=pick("pack_tokens", pack_tokens, None),
+        )  # fmt: skip
 
 
 def _check_exponent(p: float | None) -> None:
@@ -114,11 +128,15 @@ class MissingBudgetError(UserError):
 
 
 class Policy:
-    """A batch-size rule plus a dealing mode. Subclasses set `name`, `requires`, `balanced`."""
+    """A batch-size rule plus a dealing mode. Subclasses set `name`, `requires`, `balanced`
+    and `packed`."""
 
     name: ClassVar[str]
     requires: ClassVar[tuple[str, ...]]
     balanced: ClassVar[bool] = False  # deal batches by predicted cost (dealing.deal_balanced)
+    # micro-batches mix lengths (planning.packing); the B(S) rule then only says which samples
+    # are oversize under the homogeneous budgets
+    packed: ClassVar[bool] = False
 
     def check(self, budgets: Budgets) -> None:
         """UserError naming the budget(s) this policy needs but `budgets` lacks."""
@@ -195,8 +213,16 @@ class AdaptiveLoadBalanced(AdaptiveLoad):
     balanced = True
 
 
+class AdaptiveLoadPacked(AdaptiveLoad):
+    """Packs under M_mem (as predicted memory where a calibration knows its device), M_comp
+    and `pack_tokens`, dealt by predicted cost: ``adaptiveload.planning.packing``."""
+
+    name = "adaptiveload-packed"
+    packed = True
+
+
 POLICIES: dict[str, type[Policy]] = {
-    cls.name: cls for cls in (EqualToken, AdaptiveLoad, AdaptiveLoadBalanced)
+    cls.name: cls for cls in (EqualToken, AdaptiveLoad, AdaptiveLoadBalanced, AdaptiveLoadPacked)
 }
 
 

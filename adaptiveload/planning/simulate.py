@@ -1,9 +1,11 @@
 """A plan through the cost model: predicted per-step, per-rank times and the metrics of
 docs/definitions.md.
 
-Per (step, rank) the rank's micro-batch of B samples of S tokens costs
-``compute_s = cost.step_time(B, S)`` (forward + backward, no communication). The step then
-waits for its slowest rank and for the gradient all-reduce:
+Per (step, rank) the rank's micro-batch costs what its samples cost together,
+``compute_s = cost.pack_time(n, Σ S, Σ S²)`` (forward + backward, no communication; for B
+samples of one shape that is ``cost.step_time(B, S)``), so a cell of the plan table may hold
+samples of several shapes (a pack). The step then waits for its slowest rank and for the
+gradient all-reduce:
 
     step_time_s = max_r compute_s + allreduce_s,
     allreduce_s = 2 (N - 1) / N * grad_bytes / (allreduce_gbps * 1e9 / 8)
@@ -15,6 +17,9 @@ calibration's ``grad_bytes`` field, else ``num_params * 4`` (fp32 gradients), el
 
 Every number here is a prediction: the output is labelled ``source: "model"``. Throughput
 counts the samples the ranks process, the padding repeats of the last step included.
+``vs_lower_bound`` is the window's summed ``max_r compute_s`` over the sum of each step's
+``CostModel.step_lower_bound`` (its samples' per-sample costs, however they were packed):
+1.0 means no plan of the same steps could do better.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from adaptiveload.step_table import STEP_COLUMNS, timed
 DEFAULT_ALLREDUCE_GBPS = schema_default("train.allreduce_gbps")  # an experiment's default
 FP32_BYTES = 4
 
+
 @dataclass
 class Simulation:
     """`steps`: one row per (step, rank) in the shared per-step schema (`step_table`);
@@ -41,6 +47,7 @@ class Simulation:
     steps: pd.DataFrame
     summary: dict[str, Any]
     capacity_bytes: float | None = None
+    step_bound: np.ndarray | None = None  # each step's lower bound (CostModel.step_lower_bound)
 
     def timed(self, warmup_steps: int) -> Simulation:
         """The same simulation summarized over another timed window (nothing is simulated
@@ -48,8 +55,8 @@ class Simulation:
         summary = {k: v for k, v in self.summary.items() if k in _HEADER}
         summary["warmup_steps"] = warmup_steps
         summary.update(_metrics(self.steps, summary["world_size"], self.capacity_bytes,
-                                warmup_steps))  # fmt: skip
-        return Simulation(self.steps, summary, self.capacity_bytes)
+                                warmup_steps, self.step_bound))  # fmt: skip
+        return Simulation(self.steps, summary, self.capacity_bytes, self.step_bound)
 
 
 # the summary fields that describe the simulation itself (the rest are its window's metrics)
@@ -109,14 +116,18 @@ def simulate(
         "grad_bytes": grad_bytes,
         "allreduce_s": ar_s,
     }
-    frame = _step_table(plan_table, cost, n, ar_s)
-    summary.update(_metrics(frame, n, capacity_bytes, warmup_steps))
-    return Simulation(steps=frame, summary=summary, capacity_bytes=capacity_bytes)
+    frame, bound = _step_table(plan_table, cost, n, ar_s)
+    summary.update(_metrics(frame, n, capacity_bytes, warmup_steps, bound))
+    return Simulation(steps=frame, summary=summary, capacity_bytes=capacity_bytes,
+                      step_bound=bound)  # fmt: skip
 
 
-def _step_table(table: pd.DataFrame, cost: CostModel, n: int, allreduce_s: float) -> pd.DataFrame:
-    """The per-(step, rank) predictions: each rank's micro-batch (its first row gives the
-    bucket shape) through the cost model, every step waiting for its slowest rank."""
+def _step_table(
+    table: pd.DataFrame, cost: CostModel, n: int, allreduce_s: float
+) -> tuple[pd.DataFrame, np.ndarray]:
+    """The per-(step, rank) predictions: each rank's micro-batch (n, Σ S, Σ S² of its rows)
+    through the cost model, every step waiting for its slowest rank; and each step's lower
+    bound."""
     step = table["step"].to_numpy(np.int64)
     rank = table["rank"].to_numpy(np.int64)
     if rank.size and rank.max() >= n:
@@ -126,38 +137,75 @@ def _step_table(table: pd.DataFrame, cost: CostModel, n: int, allreduce_s: float
     if key.size and np.any(np.diff(key) < 0):
         order = np.argsort(key, kind="stable")
         key, table = key[order], table.iloc[order]
-    cells = steps * n
-    batch = np.bincount(key, minlength=cells)
-    first = np.minimum(np.concatenate(([0], np.cumsum(batch)[:-1])), max(key.size - 1, 0))
-    has = batch > 0
-
-    def first_of(col: str) -> np.ndarray:
-        return np.where(has, table[col].to_numpy(np.int64)[first], 0)
-
-    s_tok, frames, height, width = (first_of(c) for c in ("tokens", "frames", "height", "width"))
-    compute = np.where(has, cost.step_time(batch, s_tok), 0.0).reshape(steps, n)
+    cell = _cells(table, key, steps * n)
+    compute = cost.pack_time(cell.samples, cell.tokens, cell.tokens_sq).reshape(steps, n)
     t_step = compute.max(axis=1)
-    empty = pd.array([pd.NA] * cells, dtype="Float64")  # what only a measurement has
-    return pd.DataFrame(
+    empty = pd.array([pd.NA] * (steps * n), dtype="Float64")  # what only a measurement has
+    frame = pd.DataFrame(
         {
             "step": np.repeat(np.arange(steps), n),
             "rank": np.tile(np.arange(n), steps),
             "compute_s": compute.ravel(),
             "compute_wall_s": empty,
             "wait_s": (t_step[:, None] - compute).ravel(),
-            "samples": batch,
-            "tokens": batch * s_tok,
-            "frames": frames,
-            "height": height,
-            "width": width,
+            "samples": cell.samples,
+            "tokens": cell.tokens,
+            "tokens_sq": cell.tokens_sq,
+            "frames": cell.shape[:, 0],
+            "height": cell.shape[:, 1],
+            "width": cell.shape[:, 2],
             "peak_bytes": empty.copy(),
-            "peak_bytes_model": np.where(has, cost.memory(batch, s_tok), np.nan),
+            "peak_bytes_model": np.where(
+                cell.samples > 0, cost.pack_memory(cell.samples, cell.tokens), np.nan
+            ),
             "loss": empty.copy(),
             "step_time_s": np.repeat(t_step + allreduce_s, n),
             "step_wall_s": empty.copy(),
         },
         columns=list(STEP_COLUMNS),
     )
+    return frame, _step_bounds(table, cost, steps, n)
+
+
+@dataclass(frozen=True)
+class _Cells:
+    """Per (step, rank) cell, step-major: its samples n, Σ S, Σ S² and its largest sample's
+    bucket shape [cells, 3] (zeros for an empty cell)."""
+
+    samples: np.ndarray
+    tokens: np.ndarray
+    tokens_sq: np.ndarray
+    shape: np.ndarray
+
+
+def _cells(table: pd.DataFrame, key: np.ndarray, cells: int) -> _Cells:
+    """The cells of a plan table sorted by `key` (step * N + rank)."""
+    tok = table["tokens"].to_numpy(np.int64)
+    samples = np.bincount(key, minlength=cells)
+    sum_s = np.bincount(key, weights=tok, minlength=cells).astype(np.int64)
+    sum_sq = np.bincount(key, weights=tok.astype(np.float64) ** 2, minlength=cells)
+    shape = np.zeros((cells, 3), dtype=np.int64)
+    if tok.size:
+        starts = np.flatnonzero(np.diff(key, prepend=-1))  # each non-empty cell's first row
+        largest = np.repeat(np.maximum.reduceat(tok, starts), samples[key[starts]])
+        at = np.flatnonzero(tok == largest)
+        first = at[np.diff(key[at], prepend=-1) != 0]  # the first row of each cell's largest
+        cols = np.stack([table[c].to_numpy(np.int64) for c in ("frames", "height", "width")], 1)
+        shape[key[first]] = cols[first]
+    return _Cells(samples, sum_s, sum_sq.round().astype(np.int64), shape)
+
+
+def _step_bounds(table: pd.DataFrame, cost: CostModel, steps: int, n: int) -> np.ndarray:
+    """Each step's ``CostModel.step_lower_bound`` over its samples (rows sorted by cell, so
+    step-major); 0 for a step without samples."""
+    step = table["step"].to_numpy(np.int64)
+    work = cost.per_sample_time(table["tokens"].to_numpy(np.int64))
+    work_sum = np.bincount(step, weights=work, minlength=steps)
+    work_max = np.zeros(steps)
+    if step.size:
+        starts = np.flatnonzero(np.diff(step, prepend=-1))
+        work_max[step[starts]] = np.maximum.reduceat(work, starts)
+    return np.where(work_sum > 0, cost.step_lower_bound(work_sum, work_max, n), 0.0)
 
 
 def _split(cost_model: CostModel | Calibration) -> tuple[CostModel, Calibration | None]:
@@ -167,9 +215,11 @@ def _split(cost_model: CostModel | Calibration) -> tuple[CostModel, Calibration 
 
 
 def _metrics(
-    frame: pd.DataFrame, n: int, capacity_bytes: float | None, warmup_steps: int
-) -> dict[str, Any]:
-    """The run-summary metrics of the predicted per-step table over its timed window."""
+    frame: pd.DataFrame, n: int, capacity_bytes: float | None, warmup_steps: int,
+    step_bound: np.ndarray | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """The run-summary metrics of the predicted per-step table over its timed window, with
+    the window's lower bound and the plan's distance from it where the bounds are given."""
     compute = frame["compute_s"].to_numpy(np.float64).reshape(-1, n)
     steps = compute.shape[0]
     keep = timed(np.arange(steps), warmup_steps)
@@ -188,4 +238,8 @@ def _metrics(
         capacity_bytes=capacity_bytes,
     )
     out["wall_s"] = wall_s
+    if step_bound is not None:
+        lower = float(step_bound[keep].sum())
+        out["lower_bound_s"] = lower
+        out["vs_lower_bound"] = float(window.max(axis=1).sum()) / lower if lower > 0 else None
     return out

@@ -158,6 +158,8 @@ class Trainer:
             weight_decay=cfg.optim.weight_decay,
         )
         self.samplers = {r: PlanBatchSampler(data.builder, r) for r in self.ranks.local}
+        if self.ranks.distributed:  # processes that read their inputs differently stop here
+            next(iter(self.samplers.values())).check_ranks()
         self._tokens = data.builder.samples["tokens"].to_numpy(np.int64)  # per dataset index
         self.rows: list[dict[str, Any]] = []
         self.start_step = 0
@@ -216,13 +218,12 @@ class Trainer:
         """(dataset indices, samples of the whole step) for `rank`'s next micro-batch."""
         sampler = self.samplers[rank]
         try:
-            indices = next(self._iters[rank])
+            batch = next(self._iters[rank])
         except StopIteration:  # epoch over: the next epoch's plan, from its first step
             sampler.set_epoch(sampler.epoch + 1)
             self._iters[rank] = iter(sampler)
-            indices = next(self._iters[rank])
-        step_in_epoch = sampler.state_dict()["step"] - 1
-        return indices, int(sampler.samples_per_step[step_in_epoch])
+            batch = next(self._iters[rank])
+        return batch, batch.info.step_samples
 
     def _autocast(self):
         if self.device.type == "cuda":
@@ -277,6 +278,7 @@ class Trainer:
             "wait_s": wait,
             "samples": b,
             "tokens": int(tokens.sum()),
+            "tokens_sq": int((tokens * tokens).sum()),
             "frames": int(frames),
             "height": int(height),
             "width": int(width),
@@ -327,7 +329,7 @@ class Trainer:
         """`steps: epoch`: the warm-up is over, so every rank starts epoch 0 again from its first
         step; the timed window is then exactly one whole epoch (the warm-up's batches twice)."""
         for r, sampler in self.samplers.items():
-            sampler.set_epoch(0)
+            sampler.set_epoch(0, step=0)  # from step 0 even right after a resume
             self._iters[r] = iter(sampler)
 
     def _relog_restored(self) -> None:

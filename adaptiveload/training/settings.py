@@ -17,13 +17,15 @@ from typing import Any
 from adaptiveload.errors import UserError
 from adaptiveload.experiment import schema_default
 from adaptiveload.pipeline import check_world_size
+from adaptiveload.planning.policies import get_policy
 from adaptiveload.step_table import WHOLE_EPOCH, window_kind
 
 LAUNCH_MODES = ("emulated", "distributed")
 KERNELS = ("eager", "fused")
 # dense: one bucket shape per micro-batch, a [B, C, T', H', W'] tensor; packed: any shapes as
-# one token stream (docs/packing.md)
+# one token stream (docs/packing.md); auto: packed for a policy that plans packs, else dense
 BATCH_LAYOUTS = ("dense", "packed")
+AUTO_LAYOUT = "auto"
 DEVICES = ("cpu", "cuda")
 
 
@@ -68,6 +70,9 @@ class TrainConfig:
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
 
     def __post_init__(self) -> None:
+        if self.batch_layout == AUTO_LAYOUT:  # the run records the layout it runs
+            layout = "packed" if get_policy(self.policy).packed else "dense"
+            object.__setattr__(self, "batch_layout", layout)
         for name, allowed in (
             ("launch_mode", LAUNCH_MODES),
             ("kernel", KERNELS),

@@ -8,7 +8,8 @@ The arithmetic (labelled `model`: measured step times, planned shapes):
   sample of S tokens, read from the B = 1 points of a measured calibration file, linear
   between them; above the largest measured S it follows the parabola through the last three
   points (attention makes the time grow ~S^2 there).
-- A micro-batch of B samples of S tokens costs `c + B * (t1(S) - c)`: linear in B, with `c`
+- A micro-batch costs `c + sum_i (t1(S_i) - c)` over its samples (B samples of S tokens:
+  `c + B * (t1(S) - c)`, linear in B; a pack of several lengths sums its samples), with `c`
   the per-step part that does not grow with B, measured as `2 t1(S) - t2(S)` over the
   calibration's B = 2 points at S >= 7,200 tokens (below that the GPU is not saturated and a
   batch costs less than this; the estimate is an upper bound there).
@@ -79,9 +80,9 @@ class StepTimes:
 def mean_step_seconds(plan: pd.DataFrame, times: StepTimes) -> float:
     """Mean emulated step time of a plan table: every rank's micro-batches run in turn."""
     real = plan[~plan["is_padding"]]
-    batches = real.groupby(["step", "rank", "batch_id"])["tokens"].agg(["size", "max"])
-    seconds = times.micro_batch(batches["size"].to_numpy(), batches["max"].to_numpy())
-    return float(seconds.sum() / real["step"].nunique())
+    micro_batches = real.groupby(["step", "rank", "batch_id"]).ngroups
+    per_sample = times.t1(real["tokens"].to_numpy()) - times.fixed_s
+    return float((micro_batches * times.fixed_s + per_sample.sum()) / real["step"].nunique())
 
 
 def experiment_cost(path: Path, calibration: Path = H200_CALIBRATION) -> dict:

@@ -80,11 +80,12 @@ def bucket_flags(section):
 
 
 def budget_flags():
-    """Numeric budgets of the config override the calibration's ('auto' = take the calibration's)."""
+    """Numeric budgets of the config override the calibration's ('auto' = take the
+    calibration's; a null pack_tokens = none)."""
     return " ".join(
         f"--{name.replace('_', '-')} {value}"
         for name, value in config["budgets"].items()
-        if value != "auto"
+        if value not in ("auto", None)
     )
 
 
