@@ -85,7 +85,7 @@ def test_store_lost_mid_run_spools_then_uploads_each_step_once(tmp_path):
     server.start()
     try:
         spool = tmp_path / "run" / "tracking.spool.jsonl"
-        tracker = RunTracker.start(server.uri, "e", "r", {}, {}, spool, run_id=None)
+        tracker = RunTracker.start(server.uri, "e", "r", {}, {}, spool)
         tracker.retry_s = 0.0
         for step in range(2):
             tracker.log_step(step, {"loss": float(step)})

@@ -13,6 +13,7 @@ import typer
 from adaptiveload.cli.app import app
 from adaptiveload.errors import UserError
 from adaptiveload.extras import missing_extra
+from adaptiveload.io import write_failure
 
 # one module per pipeline stage, in data-flow order; each registers its commands on `app`
 STAGES = ("manifest", "model", "calibrate", "plan", "compare", "train", "kernel", "analyze")
@@ -44,6 +45,12 @@ def main() -> None:
         sys.exit(2)
     except ModuleNotFoundError as exc:  # an optional package of an extra that is not installed
         error = missing_extra(exc.name or "")
+        if error is None:
+            raise
+        typer.echo(f"error: {error}", err=True)
+        sys.exit(2)
+    except OSError as exc:  # a write the disk refused outside atomic_path (logs, spools)
+        error = write_failure(exc.filename, exc) if exc.filename else None
         if error is None:
             raise
         typer.echo(f"error: {error}", err=True)

@@ -288,13 +288,8 @@ def _positive(**values: float) -> None:
 
 
 def _read_plan(path: Path) -> pd.DataFrame:
-    if path.is_dir():  # pyarrow would read it as an (empty) dataset
-        raise UserError(f"{path}: a plan file (Parquet) expected, found a directory")
-    try:
-        table = pd.read_parquet(path)
-    except FileNotFoundError:
-        raise UserError(f"{path}: plan file not found") from None
-    except Exception as exc:
-        raise UserError(f"{path}: not a Parquet plan table ({exc})") from None
+    from adaptiveload.io import read_table
+
+    table = read_table(path, "plan file", "pass a plan table `adaptiveload plan -o` writes")
     check_table(table, str(path))
     return table
