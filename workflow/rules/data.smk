@@ -1,6 +1,12 @@
 # Manifests: the experiment's (a named synthetic mixture, or the user's own file, validated by
 # `describe`) and one per mixture that a simulation or a mixture sweep needs.
 
+# writing a config file is no job for a cluster queue: under the SLURM profile these run on the
+# submitting host
+localrules:
+    config_resolved,
+    config_view,
+
 
 rule config_resolved:
     """The validated experiment with defaults filled: what every stage of this run reads."""
