@@ -1,10 +1,12 @@
 """Bucketed test manifests for the planning tests (shapes on Wan's 4k+1 / 16-px grid), bucketed
-by the product's own `bucketize` (exact mode keeps each shape), so they carry its columns."""
+by the product's own `bucketize` (exact mode keeps each shape), so they carry its columns: a
+fixed draw (`bucketed`) and the property tests' strategy over random shapes (`manifests`)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+from hypothesis import strategies as st
 
 from adaptiveload.data.bucketing import bucketize
 
@@ -26,3 +28,20 @@ def bucketed(n: int, seed: int = 0, shapes: np.ndarray = SHAPES) -> pd.DataFrame
         "num_frames": pick[:, 0], "height": pick[:, 1], "width": pick[:, 2],
     })  # fmt: skip
     return bucketize(manifest, mode="exact").samples
+
+
+@st.composite
+def manifests(draw) -> pd.DataFrame:
+    """A bucketed manifest of 1-400 samples over 1-8 random Wan bucket shapes."""
+    k = draw(st.integers(1, 8))
+    shapes = np.array(
+        [
+            (
+                4 * draw(st.integers(0, 20)) + 1,
+                16 * draw(st.integers(1, 80)),
+                16 * draw(st.integers(1, 80)),
+            )
+            for _ in range(k)
+        ]
+    )
+    return bucketed(draw(st.integers(1, 400)), seed=draw(st.integers(0, 2**16)), shapes=shapes)

@@ -14,8 +14,7 @@ import pandas as pd
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-from planning_data import bucketed
-from test_plan_properties import manifests
+from planning_data import bucketed, manifests
 
 from adaptiveload.costmodel import Calibration, CostModel
 from adaptiveload.data.bucketing import bucketize

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from planning_data import bucketed
+from planning_data import bucketed, manifests
 
 from adaptiveload.planning.plan import build_plan
 from adaptiveload.planning.policies import POLICIES, Budgets, batch_size
@@ -16,23 +16,6 @@ from adaptiveload.tokens import token_count
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 # one bucket shape per micro-batch (the packed policy's invariants: tests/test_packing.py)
 HOMOGENEOUS = sorted(name for name, cls in POLICIES.items() if not cls.packed)
-
-
-@st.composite
-def manifests(draw) -> pd.DataFrame:
-    """A bucketed manifest of 1-400 samples over 1-8 random Wan bucket shapes."""
-    k = draw(st.integers(1, 8))
-    shapes = np.array(
-        [
-            (
-                4 * draw(st.integers(0, 20)) + 1,
-                16 * draw(st.integers(1, 80)),
-                16 * draw(st.integers(1, 80)),
-            )
-            for _ in range(k)
-        ]
-    )
-    return bucketed(draw(st.integers(1, 400)), seed=draw(st.integers(0, 2**16)), shapes=shapes)
 
 
 @st.composite
