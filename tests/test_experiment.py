@@ -7,6 +7,7 @@ from adaptiveload.pipeline import MAX_EMULATED_WORLD_SIZE, SWEEP_VARIANTS
 from adaptiveload.planning.policies import MAX_BUDGET, P_RANGE, POLICIES
 from adaptiveload.planning.simulate import DEFAULT_ALLREDUCE_GBPS
 from adaptiveload.training.settings import (
+    AUTO_LAYOUT,
     BATCH_LAYOUTS,
     DEVICES,
     KERNELS,
@@ -98,7 +99,7 @@ def test_schema_copies_of_code_constants():
     for field in ("train", "simulate", "paper_map"):
         assert experiment.schema_default(f"{field}.allreduce_gbps") == DEFAULT_ALLREDUCE_GBPS
     assert props["model"]["properties"]["kernels"]["items"]["enum"] == list(KERNELS)
-    assert props["model"]["properties"]["batch_layout"]["enum"] == list(BATCH_LAYOUTS)
+    assert props["model"]["properties"]["batch_layout"]["enum"] == [AUTO_LAYOUT, *BATCH_LAYOUTS]
     assert props["calibration"]["properties"]["device"]["enum"] == list(DEVICES)
     assert props["train"]["properties"]["world_size"]["maximum"] == MAX_EMULATED_WORLD_SIZE
     assert list(props["sweeps"]["properties"]) == list(SWEEP_VARIANTS)  # every axis is named

@@ -297,3 +297,53 @@ def test_sampler_yields_a_pack_per_step_and_resumes():
     resumed = PlanBatchSampler(PlanBuilder(samples, PACKED, bud, world_size=3, seed=2), None)
     resumed.load_state_dict(state)
     assert list(resumed) == list(every)[2 * 3 :]
+
+
+def test_the_trainer_runs_packed_plans_with_the_auto_layout(tmp_path):
+    """`model.batch_layout: auto` trains adaptiveload-packed packed and the others dense; the
+    rows of a packed run report each rank's pack (n, Σ S, Σ S²) as the plan made it, and the
+    per-step metrics carry them per rank."""
+    import torch
+    from training_setup import write_experiment
+
+    from adaptiveload import experiment as experiment_config
+    from adaptiveload.training.distributed import Ranks
+    from adaptiveload.training.inputs import prepare_data
+    from adaptiveload.training.loop import Trainer
+    from adaptiveload.training.settings import from_experiment
+
+    torch.set_num_threads(1)
+    exp = experiment_config.load(write_experiment(tmp_path, steps=3))
+    assert exp["model"]["batch_layout"] == "auto"
+    layouts = {p: from_experiment(exp, p, 0, launch_mode="emulated", world_size=3).batch_layout
+               for p in (PACKED, "adaptiveload-balanced")}  # fmt: skip
+    assert layouts == {PACKED: "packed", "adaptiveload-balanced": "dense"}
+    cfg = from_experiment(exp, PACKED, 0, launch_mode="emulated", world_size=3)
+    data = prepare_data(exp, cfg)
+    plan = data.builder(0).table
+    assert (plan.groupby(["step", "rank"])["tokens"].nunique() > 1).any()
+
+    class Sink:  # what the MLflow tracker is handed, step by step
+        def __init__(self) -> None:
+            self.logged: dict[int, dict] = {}
+
+        def log_step(self, step: int, metrics: dict) -> None:
+            self.logged[step] = dict(metrics)
+
+        def state_dict(self) -> dict:
+            return {}
+
+    sink = Sink()
+    trainer = Trainer(cfg, data, None, Ranks.emulated(3), sink=sink, progress=False)
+    try:
+        result = trainer.run()
+    finally:
+        trainer.close()
+    assert len(result.steps) == 3 * 3
+    for row in result.steps.itertuples():
+        tok = plan.loc[(plan["step"] == row.step) & (plan["rank"] == row.rank), "tokens"]
+        assert (row.samples, row.tokens, row.tokens_sq) == (len(tok), tok.sum(), (tok**2).sum())
+        logged = sink.logged[row.step]
+        assert [logged[f"rank{row.rank}/{k}"] for k in ("samples", "tokens", "tokens_sq")] == [
+            row.samples, row.tokens, row.tokens_sq
+        ]
