@@ -265,6 +265,7 @@ class Trainer:
                 self.data.calibration.cost.set_memory(tokens) if self.data.calibration else None
             ),
             "loss": loss_sum / b,
+            "lower_bound_s": None,  # a simulation's column: no model number in a measured row
             "_loss_sum": loss_sum,
             "_load_s": t0 - t_load,
             "_load_wall_s": w0 - w_load,
