@@ -72,6 +72,14 @@ def cells(table: pd.DataFrame) -> pd.DataFrame:
 def limits_broken(table: pd.DataFrame, bud: Budgets, cal: Calibration | None) -> pd.Series:
     """Independent restatement of a pack's limits (docs/definitions.md), per batch_id: True
     where a pack of more than one sample breaks one."""
+    over, n = over_limits(table, bud, cal)
+    return over & (n > 1)
+
+
+def over_limits(
+    table: pd.DataFrame, bud: Budgets, cal: Calibration | None
+) -> tuple[pd.Series, pd.Series]:
+    """Per batch_id: over one of the pack limits, and the pack's sample count."""
     s = table["tokens"].astype(np.float64)
     per = pd.DataFrame({"id": table["batch_id"], "s": s, "sp": s**bud.p})
     g = per.groupby("id").agg(n=("s", "size"), s=("s", "sum"), sp=("sp", "sum"))
@@ -86,7 +94,7 @@ def limits_broken(table: pd.DataFrame, bud: Budgets, cal: Calibration | None) ->
     for cap in token_caps:
         if cap is not None:
             over |= g["s"] > cap
-    return over & (g["n"] > 1)
+    return over, g["n"]
 
 
 @SETTINGS
@@ -121,6 +129,8 @@ def test_packed_invariants(df, bud, data, with_cal, world_size, window, seed):
     # memory never exceeded, every budget kept (a sample over one alone runs alone)
     assert not limits_broken(real, bud, cal).any()
     assert s["constraint_violations"] == 0
+    alone = df.assign(batch_id=np.arange(len(df)))  # every sample a pack of its own
+    assert s["num_oversize"] == int(over_limits(alone, bud, cal)[0].sum())
     # no fewer steps than the volume of the packs' limits allows... and not many more
     assert s["steps"] >= -(-s["batches"] // world_size)
     # identical on every rank: the same inputs plan the same, a copy of the frame too

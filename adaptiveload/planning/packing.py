@@ -138,18 +138,20 @@ class Packs:
     slot_pad: np.ndarray
     fill: np.ndarray
     limits: PackLimits
-    oversize: np.ndarray  # per sample position: alone over a limit
+    oversize: np.ndarray  # per sample position: over a limit on its own (it runs alone)
 
 
 @dataclass(frozen=True)
 class _Types:
-    """The epoch's distinct token counts, samples alone over a limit first, then costliest
-    first: cost `w`, limit use `use` [types, limits], `alone`, `caps` (the limits' caps less
-    the margin) and each sample position's type `of`."""
+    """The epoch's distinct token counts, samples that run alone first, then costliest
+    first: cost `w`, limit use `use` [types, limits], `alone` (no room beside it under
+    `caps`, the limits' caps less the margin), `over` (over a limit on its own: oversize),
+    and each sample position's type `of`."""
 
     w: np.ndarray
     use: np.ndarray
     alone: np.ndarray
+    over: np.ndarray
     caps: np.ndarray
     of: np.ndarray
 
@@ -204,7 +206,9 @@ def _types(tokens: np.ndarray, limits: PackLimits, cost: CostModel | None, p: fl
     rank = np.lexsort((-values, -w, ~alone))  # alone first, then costliest, then longest
     new_code = np.empty_like(rank)
     new_code[rank] = np.arange(rank.size)
-    return _Types(w=w[rank], use=use[rank], alone=alone[rank], caps=caps, of=new_code[code])
+    over = (use > np.asarray(limits.caps)).any(axis=1)
+    return _Types(w=w[rank], use=use[rank], alone=alone[rank], over=over[rank], caps=caps,
+                  of=new_code[code])  # fmt: skip
 
 
 def _spread_over_windows(n: int, steps: int, per_window: int) -> np.ndarray:
@@ -341,7 +345,7 @@ def _assemble(
     deal = deal_in_windows(pack_cost[slot_pack], world_size, step_window, rng)
     return Packs(
         order=order, start=start, size=size, slots=slot_pack[deal], slot_pad=~real[deal],
-        fill=fill, limits=limits, oversize=types.alone[types.of],
+        fill=fill, limits=limits, oversize=types.over[types.of],
     )  # fmt: skip
 
 
