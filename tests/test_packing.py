@@ -261,7 +261,7 @@ def paper_mixed():
 def test_plan_quality_on_paper_mixed(paper_mixed, world_size):
     """Predicted (model) quality through the measured H200 1.3B calibration: within 1% of the
     steps' lower bound, imbalance under the targets, faster than balanced dealing, no pack
-    over memory. Deterministic numbers, not timings (results/benchmarks/packing.json has
+    over memory. Deterministic numbers, not timings (results/benchmarks/packing_plans.json has
     the full sweep)."""
     cal = Calibration.load(MEASURED)
     bud = Budgets.resolve(calibration=cal)
