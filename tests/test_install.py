@@ -82,7 +82,7 @@ def test_wheel_metadata_core_vs_extras(wheel):
         names = zf.namelist()
     # experiment files validate when installed
     assert "adaptiveload/experiment.schema.yaml" in names
-    kernel_sources = {p.relative_to(ROOT).as_posix() for p in kb.KERNEL_DIR.iterdir()}
+    kernel_sources = {p.relative_to(ROOT).as_posix() for p in kb.SOURCE_DIR.iterdir()}
     assert kernel_sources and kernel_sources <= set(names)  # `kernel build` compiles installed
     assert any(n.endswith("licenses/LICENSE") for n in names)
 

@@ -1,6 +1,7 @@
 """The kernel benchmarks' CPU-runnable parts: the end-to-end training-step benchmark as a dry
-run at tiny scale (real model, real steps, CSV as on the GPU), the torch.compile baseline's
-gradients for Wan's broadcast modulation, and both benchmarks' configs refusing bad input."""
+run at tiny scale (real model, real steps, CSV as on the GPU), the torch.compile baselines'
+gradients for Wan's broadcast modulation and for the packed (segment) sequence, the packs'
+offsets, and both benchmarks' configs refusing bad input."""
 
 from __future__ import annotations
 
@@ -58,9 +59,45 @@ def test_compile_baseline_grads_keep_broadcast_shapes():
         assert ((g.double() - w.double()).norm() / w.double().norm()).item() <= 3e-2
 
 
+def test_compile_baseline_of_the_packed_sequence_matches_eager():
+    """The segment shapes' torch.compile baseline: Wan's sequence with the per-token gather of
+    modulation rows, compiled with static shapes, gives eager's gradients ([G, D] sums)."""
+    torch._dynamo.reset()
+    cu = kernel_bench.segment_offsets(40, 3, seed=1)
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(40, 64, generator=gen).to(torch.bfloat16).requires_grad_()
+    e = 0.1 * torch.randn(3, 6, 64, generator=gen)
+    leaves = (x, e[:, 1].detach().requires_grad_(), e[:, 0].detach().requires_grad_())
+    fn = kernel_bench.compiled_baseline(kernel_bench.lm.wan_eager_segments)
+    y = fn(*leaves, cu)
+    dy = torch.randn(y.shape, generator=gen)
+    got = torch.autograd.grad(y, leaves, dy)
+    want = torch.autograd.grad(kernel_bench.lm.wan_eager_segments(*leaves, cu), leaves, dy)
+    for g, w, leaf in zip(got, want, leaves, strict=True):
+        assert g.shape == leaf.shape
+        assert ((g.double() - w.double()).norm() / w.double().norm()).item() <= 3e-2
+
+
+@pytest.mark.parametrize(("total", "count"), [(75600, 64), (16384, 8), (100, 1), (64, 64)])
+def test_segment_offsets_are_an_uneven_reproducible_pack(total, count):
+    cu = kernel_bench.segment_offsets(total, count, seed=0)
+    lengths = (cu[1:] - cu[:-1]).long()
+    assert cu.dtype == torch.int32 and cu.shape == (count + 1,)
+    assert cu[0] == 0 and cu[-1] == total and (lengths >= 1).all()
+    mean = total / count
+    assert (lengths >= 0.5 * mean - 1).all() and (lengths <= 1.5 * mean + 2).all()
+    assert torch.equal(cu, kernel_bench.segment_offsets(total, count, seed=0))
+    if count >= 8 and total >= 10 * count:
+        assert lengths.max() > 1.2 * lengths.min()  # uneven: a pack of mixed shapes
+
+
 @pytest.mark.parametrize(
     ("make", "fragment"),
     [
+        (lambda: kernel_bench.KernelBenchConfig(segment_counts=(8, 0)), "segment_counts"),
+        (lambda: kernel_bench.KernelBenchConfig(dims=(), segment_counts=()), "no shape"),
+        (lambda: kernel_bench.KernelBenchConfig(segment_counts=(64,), segment_lens=(32,)),
+         "64 segments in a pack of 32 tokens"),
         (lambda: kernel_bench.KernelBenchConfig(dims=(1536, 0)), "dims"),
         (lambda: kernel_bench.KernelBenchConfig(impls=("fused", "triton")), "impls"),
         (lambda: kernel_bench.KernelBenchConfig(repeats=0), "repeats"),
@@ -83,3 +120,22 @@ def test_bench_command_line_refuses_a_bad_list_in_one_line(tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith("error: --dims '1536,x'")
     assert not (tmp_path / "b.csv").exists()
+
+
+def test_bench_command_line_takes_the_segment_shapes(tmp_path):
+    """`--segment-counts ''` measures the dense layout only; a zero count is refused in one
+    line with nothing written; on a GPU-less machine `--skip-ok` writes the skip record."""
+    def bench(*flags):
+        return subprocess.run(
+            [sys.executable, "-m", "adaptiveload", "kernel", "bench", "--skip-ok", *flags],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+
+    bad = bench("--segment-counts", "8,0", "-o", str(tmp_path / "bad.csv"))
+    assert bad.returncode == 2 and "segment_counts [8, 0]" in bad.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "bad.csv").exists()
+    if torch.cuda.is_available():
+        return  # the skip record is for machines without CUDA
+    ok = bench("--segment-counts", "", "--segment-lens", "75600", "-o", str(tmp_path / "b.csv"))
+    assert ok.returncode == 0, ok.stderr
+    assert pd.read_csv(tmp_path / "b.csv").source.tolist() == ["skipped"]

@@ -33,19 +33,24 @@ def test_kernel_check_dry_run_packs_every_part(tmp_path: Path) -> None:
     rows = csv.DictReader((out / "steps.tsv").read_text().splitlines(), delimiter="\t")
     steps = {r["step"]: r for r in rows}
     # background parts (resources, cpu_op_tests) may finish in any order
-    assert set(steps) == {"build", "resources", "cpu_op_tests", "cuda_tests", "bench",
-                          "bench_widths", "bench_nopipe", "e2e"}  # fmt: skip
+    assert set(steps) == {"build", "resources", "cpu_op_tests", "cuda_tests",
+                          "cuda_segment_tests", "bench", "bench_segments", "bench_widths",
+                          "bench_nopipe", "e2e"}  # fmt: skip
     assert all(r["status"] == "0" for r in steps.values())
     assert "skipped" in (out / "build.json").read_text()
     assert "resource check skipped: nvcc not found" in (out / "resources.txt").read_text()
     assert "skipped" in (out / "bench.csv").read_text()
     assert "skipped" in (out / "bench_widths.csv").read_text()
+    assert "skipped" in (out / "bench_segments.csv").read_text()
+    assert "SKIPPED" in (out / "cuda_segment_tests.log").read_text()
+    assert "passed" in (out / "cpu_op_tests.log").read_text()
     e2e = list(csv.DictReader((out / "e2e.csv").read_text().splitlines()))
     assert {(r["S"], r["kernel"]) for r in e2e} == {
         ("16", "eager"), ("16", "fused"), ("48", "eager"), ("48", "fused")
     }  # fmt: skip
     summary = (out / "summary.txt").read_text()
     assert "end to end" in summary and "wan2.1-micro 48 fused" in summary
+    assert "packed streams" in summary
     with tarfile.open(pack) as tar:
         names = set(tar.getnames())
     assert {"kernel/steps.tsv", "kernel/summary.txt", "kernel/e2e.csv"} <= names

@@ -7,62 +7,32 @@ fp32 <= 1e-5. Covers odd B and S, both modulation layouts, both modulation dtype
 strided chunk views, inputs the kernel must copy first (misaligned / non-unit last stride),
 NaN propagation, rejected inputs, bitwise-deterministic backward, and torch.compile.
 
-Runs under pytest or, where pytest is missing (the GPU machine), as a script:
+Runs under pytest or, where pytest is missing (the GPU machine), as a script (helpers:
+tests/cuda_cases.py):
     python tests/test_kernel_cuda.py
 """
 
 from __future__ import annotations
 
-import itertools
 import os
 import subprocess
 import sys
-import time
-import traceback
-from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from cuda_cases import TOL, fresh_seed, parametrize, poison, pytest_marks, rel, run_as_script
 
 from adaptiveload.ops import ln_modulate as lm
 
-try:
-    import pytest
-except ImportError:  # the GPU machine may lack pytest: see _main()
-    pytest = None
-
-
-def parametrize(names: str, values: list) -> Callable:
-    """pytest.mark.parametrize that also records the cases for script mode (_main)."""
-
-    def deco(fn: Callable) -> Callable:
-        fn.cases = [(names, values), *getattr(fn, "cases", [])]
-        return pytest.mark.parametrize(names, values)(fn) if pytest else fn
-
-    return deco
-
-
-SKIP_REASON = (
-    "no CUDA device visible" if not torch.cuda.is_available() else lm.fused_unavailable_reason()
-)
-if pytest is not None:
-    pytestmark = [pytest.mark.cuda, pytest.mark.skipif(bool(SKIP_REASON), reason=SKIP_REASON)]
+pytestmark = pytest_marks()
 
 PIPELINE_ENV = "ADAPTIVELOAD_LN_BWD_PIPELINE"
-TOL = {torch.bfloat16: 1e-2, torch.float16: 1e-2, torch.float32: 1e-5}
 # every Wan / DiT width (1152 Open-Sora, 1536 Wan 1.3B, 2048, 3072 HunyuanVideo-class, 4096,
 # 5120 Wan 14B), the smallest and the largest supported D, and an odd one
 SHAPES = [(3, 37, 1536), (1, 129, 5120), (5, 3, 8), (2, 17, 264), (3, 11, 4096), (1, 5, 8192),
           (2, 19, 1152), (2, 23, 2048), (1, 31, 3072)]  # fmt: skip
 LAYOUTS = ["sample", "token"]
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
-
-
-def _seed() -> int:
-    seed = time.time_ns() % 2**31
-    torch.manual_seed(seed)
-    print(f"seed {seed}")  # shown by pytest on failure
-    return seed
 
 
 def _inputs(b, s, d, layout, dtype, mod_dtype, device="cuda"):
@@ -77,27 +47,16 @@ def _fp64(x, scale, shift, eps=lm.EPS):
     return F.layer_norm(x.double(), (x.shape[-1],), eps=eps) * (1 + scale.double()) + shift.double()
 
 
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
-
-
-def _poison(*like: tuple[tuple[int, ...], torch.dtype]) -> None:
-    """Fill then free blocks of the outputs' sizes: the caching allocator hands them out next."""
-    blocks = [torch.full(shape, float("nan"), dtype=dt, device="cuda") for shape, dt in like]
-    torch.cuda.synchronize()
-    del blocks
-
-
 def _fwd(x, scale, shift):
     b, s, d = x.shape
-    _poison(((b, s, d), x.dtype), ((b, s), torch.float32), ((b, s), torch.float32))
+    poison(((b, s, d), x.dtype), ((b, s), torch.float32), ((b, s), torch.float32))
     return torch.ops.adaptiveload.ln_modulate_fwd(x, scale, shift, lm.EPS)
 
 
 def _grads(x, scale, shift, dy):
     leaves = [t.detach().requires_grad_() for t in (x, scale, shift)]
     y = lm.ln_modulate(*leaves)
-    _poison((tuple(x.shape), x.dtype), (tuple(scale.shape), scale.dtype))
+    poison((tuple(x.shape), x.dtype), (tuple(scale.shape), scale.dtype))
     return torch.autograd.grad(y, leaves, dy)
 
 
@@ -111,16 +70,16 @@ def _ref_grads(x, scale, shift, dy):
 @parametrize("mod_fp32", [True, False])
 @parametrize("shape", SHAPES)
 def test_forward_vs_fp64(shape, mod_fp32, dtype, layout):
-    _seed()
+    fresh_seed()
     mod_dtype = torch.float32 if mod_fp32 else dtype
     x, scale, shift = _inputs(*shape, layout, dtype, mod_dtype)
     y, mean, rstd = _fwd(x, scale, shift)
     assert y.dtype == dtype and y.shape == x.shape and y.is_contiguous()
     assert not y.isnan().any() and not mean.isnan().any() and not rstd.isnan().any()
-    assert _rel(y, _fp64(x, scale, shift)) <= TOL[dtype]
+    assert rel(y, _fp64(x, scale, shift)) <= TOL[dtype]
     xd = x.double()
-    assert _rel(mean, xd.mean(-1)) <= 1e-5
-    assert _rel(rstd, (xd.var(-1, unbiased=False) + lm.EPS).rsqrt()) <= 1e-5
+    assert rel(mean, xd.mean(-1)) <= 1e-5
+    assert rel(rstd, (xd.var(-1, unbiased=False) + lm.EPS).rsqrt()) <= 1e-5
 
 
 @parametrize("layout", LAYOUTS)
@@ -128,7 +87,7 @@ def test_forward_vs_fp64(shape, mod_fp32, dtype, layout):
 @parametrize("mod_fp32", [True, False])
 @parametrize("shape", SHAPES)
 def test_backward_vs_fp64(shape, mod_fp32, dtype, layout):
-    _seed()
+    fresh_seed()
     mod_dtype = torch.float32 if mod_fp32 else dtype
     x, scale, shift = _inputs(*shape, layout, dtype, mod_dtype)
     dy = torch.randn(x.shape, device="cuda").to(dtype)
@@ -139,14 +98,14 @@ def test_backward_vs_fp64(shape, mod_fp32, dtype, layout):
         assert not g.isnan().any(), name
         # an output rounded to a 16-bit type carries its rounding error; fp32 outputs are exact
         tol = TOL[t.dtype]
-        assert _rel(g, w) <= tol, (name, _rel(g, w))
+        assert rel(g, w) <= tol, (name, rel(g, w))
 
 
 @parametrize("layout", LAYOUTS)
 @parametrize("dtype", DTYPES)
 def test_backward_without_pipeline(dtype, layout):
     """ADAPTIVELOAD_LN_BWD_PIPELINE=0 selects the unpipelined backward kernel: same numerics."""
-    _seed()
+    fresh_seed()
     previous = os.environ.get(PIPELINE_ENV)
     os.environ[PIPELINE_ENV] = "0"
     try:
@@ -155,7 +114,7 @@ def test_backward_without_pipeline(dtype, layout):
             dy = torch.randn(x.shape, device="cuda").to(dtype)
             got = _grads(x, scale, shift, dy)
             for g, w in zip(got, _ref_grads(x, scale, shift, dy), strict=True):
-                assert not g.isnan().any() and _rel(g, w) <= TOL[g.dtype]
+                assert not g.isnan().any() and rel(g, w) <= TOL[g.dtype]
     finally:
         if previous is None:
             os.environ.pop(PIPELINE_ENV)
@@ -166,14 +125,14 @@ def test_backward_without_pipeline(dtype, layout):
 @parametrize("layout", LAYOUTS)
 def test_long_sequences_many_ctas_per_sample(layout):
     """Wan 14B's longest shape (persistent CTAs, many partials) and several samples."""
-    _seed()
+    fresh_seed()
     for b, s, d in [(1, 75600, 5120), (3, 20011, 1536)]:
         x, scale, shift = _inputs(b, s, d, layout, torch.bfloat16, torch.float32)
         dy = torch.randn(x.shape, device="cuda").to(torch.bfloat16)
         y, _, _ = _fwd(x, scale, shift)
-        assert _rel(y, _fp64(x, scale, shift)) <= 1e-2
+        assert rel(y, _fp64(x, scale, shift)) <= 1e-2
         for g, w in zip(_grads(x, scale, shift, dy), _ref_grads(x, scale, shift, dy), strict=True):
-            assert _rel(g, w) <= 1e-2
+            assert rel(g, w) <= 1e-2
         del x, scale, shift, dy, y
         torch.cuda.empty_cache()
 
@@ -182,7 +141,7 @@ def test_long_sequences_many_ctas_per_sample(layout):
 def test_wan_chunk_views_read_in_place(dtype):
     """Wan hands over scale/shift as chunks of an fp32 [B, 6, D] (per sample) or [B, S, 6, D]
     (per token) tensor: strided views, read without a copy."""
-    _seed()
+    fresh_seed()
     b, s, d = 3, 33, 1536
     x = torch.randn(b, s, d, device="cuda").to(dtype)
     per_sample = torch.randn(b, 6, d, device="cuda").chunk(6, dim=1)
@@ -192,27 +151,27 @@ def test_wan_chunk_views_read_in_place(dtype):
         shift, scale = e[0], e[1]
         assert not scale.is_contiguous()
         y, _, _ = _fwd(x, scale, shift)
-        assert _rel(y, _fp64(x, scale, shift)) <= TOL[dtype]
+        assert rel(y, _fp64(x, scale, shift)) <= TOL[dtype]
         for g, w in zip(_grads(x, scale, shift, dy), _ref_grads(x, scale, shift, dy), strict=True):
-            assert _rel(g, w) <= TOL[dtype]
+            assert rel(g, w) <= TOL[dtype]
 
 
 def test_unaligned_and_non_unit_stride_inputs_are_copied_not_misread():
-    _seed()
+    fresh_seed()
     b, s, d = 2, 9, 264
     x = torch.randn(b, s, d, 2, device="cuda")[..., 0]  # last-dim stride 2
     wide = torch.randn(b, 1, d + 1, device="cuda")
     scale = wide[..., 1:]  # base pointer 4 bytes past a 16-byte boundary
     shift = torch.randn(b, 1, d, device="cuda")
     y, _, _ = _fwd(x, scale, shift)
-    assert _rel(y, _fp64(x, scale, shift)) <= 1e-5
+    assert rel(y, _fp64(x, scale, shift)) <= 1e-5
     dy = torch.randn(b, s, d, device="cuda")
     for g, w in zip(_grads(x, scale, shift, dy), _ref_grads(x, scale, shift, dy), strict=True):
-        assert _rel(g, w) <= 1e-5
+        assert rel(g, w) <= 1e-5
 
 
 def test_nan_in_nan_out_like_reference():
-    _seed()
+    fresh_seed()
     x, scale, shift = _inputs(3, 7, 1536, "sample", torch.bfloat16, torch.float32)
     x[1, 2, 5] = float("nan")
     scale[2, 0, 7] = float("nan")
@@ -223,7 +182,7 @@ def test_nan_in_nan_out_like_reference():
 
 
 def test_backward_is_bitwise_deterministic():
-    _seed()
+    fresh_seed()
     x, scale, shift = _inputs(2, 4099, 5120, "sample", torch.bfloat16, torch.float32)
     dy = torch.randn(x.shape, device="cuda").to(torch.bfloat16)
     first = _grads(x, scale, shift, dy)
@@ -244,42 +203,66 @@ def test_empty_sequence():
 REJECT_SCRIPT = """
 import re, torch
 from adaptiveload.ops import ln_modulate as lm
+ops = torch.ops.adaptiveload
 x = torch.randn(2, 3, 16, device="cuda")
 s = torch.randn(2, 1, 16, device="cuda")
 big = torch.randn(1, 2, 8200, device="cuda")
-fwd = torch.ops.adaptiveload.ln_modulate_fwd
+xs, ss = x.reshape(6, 16), s[:, 0]  # the segment layout: a stream of 2 segments
+cu = torch.tensor([0, 2, 6], dtype=torch.int32, device="cuda")
+
+
+def dense(*args):  # the public function (Python validator) and the raw op (C++ checks)
+    return lambda: lm.ln_modulate(*args), lambda: ops.ln_modulate_fwd(*args, lm.EPS)
+
+
+def packed(*args):
+    return lambda: lm.ln_modulate_segments(*args), lambda: ops.ln_modulate_seg_fwd(*args, lm.EPS)
+
+
 cases = [
-    ("D = 12 unsupported", lambda f: f(x[..., :12], s[..., :12], s[..., :12])),
-    ("D = 8200 unsupported", lambda f: f(big, big[:, :1], big[:, :1])),
-    ("float32, float16", lambda f: f(x.double(), s.double(), s.double())),
-    ("must be float32 or x's dtype", lambda f: f(x.bfloat16(), s.half(), s.half())),
-    ("scale must be", lambda f: f(x, s[:1], s[:1])),
-    ("same shape and dtype", lambda f: f(x, s, torch.randn(2, 3, 16, device="cuda"))),
-    ("is on cpu", lambda f: f(x, s.cpu(), s.cpu())),
+    ("D = 12 unsupported", dense(x[..., :12], s[..., :12], s[..., :12])),
+    ("D = 8200 unsupported", dense(big, big[:, :1], big[:, :1])),
+    ("float32, float16", dense(x.double(), s.double(), s.double())),
+    ("must be float32 or x's dtype", dense(x.bfloat16(), s.half(), s.half())),
+    ("scale must be", dense(x, s[:1], s[:1])),
+    ("same shape and dtype", dense(x, s, torch.randn(2, 3, 16, device="cuda"))),
+    ("is on cpu", dense(x, s.cpu(), s.cpu())),
+    ("D = 12 unsupported", packed(xs[:, :12], ss[:, :12], ss[:, :12], cu)),
+    ("float32, float16", packed(xs.double(), ss.double(), ss.double(), cu)),
+    ("must be float32 or x's dtype", packed(xs.bfloat16(), ss.half(), ss.half(), cu)),
+    (r"scale must be \\[G, D\\]", packed(xs, s, s, cu)),
+    ("same shape and dtype", packed(xs.bfloat16(), ss, ss.bfloat16(), cu)),
+    ("cu_seqlens must be int32", packed(xs, ss, ss, cu.long())),
+    ("cu_seqlens must be int32", packed(xs, ss, ss, cu[:2])),
+    ("is on cpu", packed(xs, ss, ss, cu.cpu())),
+    ("x must be", packed(x, ss, ss, cu)),
 ]
-for match, call in cases:
-    # the public function (Python validator) and the raw op (C++ checks) both raise
-    for f in (lm.ln_modulate, lambda a, b, c: fwd(a, b, c, lm.EPS)):
+for match, calls in cases:
+    for call in calls:
         try:
-            call(f)
+            call()
         except (ValueError, TypeError, RuntimeError) as err:
             assert re.search(match, str(err)), (match, str(err))
         else:
             raise AssertionError(f"not rejected: {match}")
-y, mean, rstd = fwd(x, s, s, lm.EPS)
-try:
-    torch.ops.adaptiveload.ln_modulate_bwd(y, x, s, mean[:, :2], rstd)
-except ValueError as err:
-    assert "mean/rstd" in str(err) or "mean must be" in str(err), str(err)
-else:
-    raise AssertionError("bwd with bad mean not rejected")
+y, mean, rstd = ops.ln_modulate_fwd(x, s, s, lm.EPS)
+ys, means, rstds = ops.ln_modulate_seg_fwd(xs, ss, ss, cu, lm.EPS)
+for bad_bwd in (lambda: ops.ln_modulate_bwd(y, x, s, mean[:, :2], rstd),
+                lambda: ops.ln_modulate_seg_bwd(ys, xs, ss, cu, means[:5], rstds)):
+    try:
+        bad_bwd()
+    except ValueError as err:
+        assert "mean/rstd" in str(err) or "mean must be" in str(err), str(err)
+    else:
+        raise AssertionError("bwd with bad mean not rejected")
 print("all rejected")
 """
 
 
 def test_rejects_unsupported_inputs_clearly():
     """In a child process, so a crash is a failed test, not a dead test run (the first H200 run
-    segfaulted here); both the public function and the raw op, fwd and bwd."""
+    segfaulted here); both the public function and the raw op, fwd and bwd, dense and segment
+    layouts."""
     out = subprocess.run([sys.executable, "-c", REJECT_SCRIPT], capture_output=True, text=True,
                          check=False, timeout=300)  # fmt: skip
     assert out.returncode == 0, (out.returncode, out.stdout[-2000:], out.stderr[-4000:])
@@ -290,7 +273,7 @@ def test_rejects_unsupported_inputs_clearly():
 def test_torch_compile_fullgraph(b):
     """Inductor on CUDA through the op, with Wan's [1, 1, D] / [B, 1, D] chunk-view modulation
     and a dynamic S: gradients in the leaves' shapes, equal to eager's."""
-    _seed()
+    fresh_seed()
     torch._dynamo.reset()
 
     def block(x, scale, shift):
@@ -336,29 +319,7 @@ def test_fused_path_is_the_one_running():
     assert "ln_mod_fwd_kernel" in names, names[:2000]
 
 
-def _main() -> int:
-    """Script mode: run every test_* with the cartesian product of its recorded cases."""
-    if SKIP_REASON:
-        print(f"SKIPPED: {SKIP_REASON}")
-        return 0
-    failures = total = 0
-    for name, fn in list(globals().items()):
-        if not name.startswith("test_") or not callable(fn):
-            continue
-        groups = getattr(fn, "cases", [])
-        keys = [g[0] for g in groups]
-        for combo in itertools.product(*(g[1] for g in groups)):
-            total += 1
-            label = f"{name}[{', '.join(f'{k}={v}' for k, v in zip(keys, combo, strict=True))}]"
-            try:
-                fn(**dict(zip(keys, combo, strict=True)))
-                print(f"PASS {label}")
-            except Exception:
-                failures += 1
-                print(f"FAIL {label}\n{traceback.format_exc()}")
-    print(f"{total - failures} passed, {failures} failed")
-    return 1 if failures else 0
 
 
 if __name__ == "__main__":
-    sys.exit(_main())
+    sys.exit(run_as_script(globals()))

@@ -4,6 +4,7 @@ whether or not the CUDA library is built (it only adds CUDA kernels)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -176,6 +177,32 @@ def test_library_built_for_another_torch_is_not_loaded(tmp_path):
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     )
     assert "built for torch 0.0.0" in out.stdout
+
+
+@pytest.mark.parametrize("recorded", ["0123456789abcdef", None])
+def test_library_built_from_other_sources_is_not_loaded(tmp_path, recorded):
+    """A library of older kernel sources (or a record without their digest) would run in place
+    of the code beside it under the same op names: it stays unloaded, the reason says rebuild.
+    The record of the current sources passes this check (and fails only at loading the fake)."""
+    from adaptiveload.ops import kernel_lib
+
+    (tmp_path / "adaptiveload_kernels.so").write_bytes(b"not a library")
+    code = "from adaptiveload.ops import ln_modulate as lm\nprint(lm.fused_unavailable_reason())\n"
+    env = dict(os.environ, ADAPTIVELOAD_BUILD_DIR=str(tmp_path))
+
+    def reason(digest):
+        record = {"torch_version": torch.__version__}
+        if digest is not None:
+            record["sources_digest"] = digest
+        (tmp_path / "build.json").write_text(json.dumps(record))
+        return subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+        ).stdout
+
+    stale = reason(recorded)
+    assert "built from other kernel sources" in stale and "rebuild" in stale
+    current = reason(kernel_lib.sources_digest())
+    assert "other kernel sources" not in current and "loading" in current
 
 
 # --- validation: one set of rules for every device, before any kernel ---------------------

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +24,7 @@ from adaptiveload.data.packed import collate
 from adaptiveload.errors import UserError
 from adaptiveload.io import read_json
 from adaptiveload.planning.plan import Plan
+from adaptiveload.planning.policies import POLICIES
 from adaptiveload.planning.sampler import PlanBuilder
 from adaptiveload.training.distributed import Ranks
 from adaptiveload.training.inputs import check_layout, prepare_data
@@ -32,7 +33,7 @@ from adaptiveload.training.objective import per_sample_loss, step_generator
 from adaptiveload.training.settings import from_experiment
 
 TORCHRUN = Path(sys.executable).parent / "torchrun"
-SAME = ["step", "rank", "samples", "tokens", "frames", "height", "width"]
+SAME = ["step", "rank", "samples", "tokens", "tokens_sq", "frames", "height", "width"]
 COST = CostModel(c0=0.01, a=1e-5, b=1e-9, m_static=1e6, m_tok=3e3, m_seq=5e4)
 
 
@@ -94,6 +95,7 @@ def test_a_plan_of_mixed_cells_trains_and_each_row_reports_its_cell(tmp_path, ke
         cell = plan[(plan["step"] == row.step) & (plan["rank"] == row.rank)]
         largest = cell.loc[cell["tokens"].idxmax()]
         assert (row.samples, row.tokens) == (len(cell), cell["tokens"].sum())
+        assert row.tokens_sq == (cell["tokens"] ** 2).sum()
         assert (row.frames, row.height, row.width) == tuple(largest[["frames", "height", "width"]])
         assert row.peak_bytes_model == pytest.approx(COST.set_memory(cell["tokens"]))
         assert row.peak_bytes_model == pytest.approx(
@@ -141,12 +143,60 @@ def test_a_dense_run_refuses_a_plan_of_mixed_cells(tmp_path):
     check_layout(homogeneous.builder(0).table, dense, "x.yaml")  # one shape per cell: fine
 
 
-def _train(exp: Path, out: Path, kernel: str, env: dict, *extra: str):
+def test_auto_layout_is_packed_for_a_policy_that_plans_packs(tmp_path):
+    exp = experiment_config.load(write_experiment(tmp_path))
+    assert exp["model"]["batch_layout"] == "auto"
+    for policy in POLICIES:
+        cfg = from_experiment(exp, policy, 0, launch_mode="emulated", world_size=2)
+        want = "packed" if policy == "adaptiveload-packed" else "dense"
+        assert cfg.batch_layout == want, policy
+        assert cfg.fingerprint() == replace(cfg, batch_layout=want).fingerprint()
+    forced = experiment_config.load(write_experiment(tmp_path, model={"batch_layout": "packed"}))
+    cfg = from_experiment(forced, "equal-token", 0, launch_mode="emulated", world_size=2)
+    assert cfg.batch_layout == "packed"
+
+
+def _train(exp: Path, out: Path, kernel: str, env: dict, *extra: str, policy="adaptiveload"):
     return adaptiveload(
-        "train", "--config", str(exp), "--policy", "adaptiveload", "--seed", "0",
+        "train", "--config", str(exp), "--policy", policy, "--seed", "0",
         "--kernel", kernel, "--emulate-world-size", "2", "--out", str(out), *extra,
         env=env, cwd=ROOT, timeout=600,
     )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_adaptiveload_train_runs_the_packing_planners_packs(tmp_path):
+    """Policy adaptiveload-packed under `adaptiveload train` (layout auto, so packed): every
+    row is the cell the plan made, most cells mix shapes; a dense layout is refused in one
+    line naming the file and field, before anything is written."""
+    exp_path = write_experiment(tmp_path, world_size=2, steps=3, checkpoint_every=3)
+    env = cli_env()
+    done = _train(exp_path, tmp_path / "run", "fused", env, "--no-track",
+                  policy="adaptiveload-packed")  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    steps = pd.read_parquet(tmp_path / "run" / "steps.parquet")
+    exp = experiment_config.load(exp_path)
+    cfg = from_experiment(exp, "adaptiveload-packed", 0, launch_mode="emulated", world_size=2)
+    plan = prepare_data(exp, cfg).builder(0).table
+    plan = plan.assign(tokens_sq=plan["tokens"] ** 2)
+    cells = plan.groupby(["step", "rank"]).agg(
+        samples=("tokens", "size"), tokens=("tokens", "sum"), tokens_sq=("tokens_sq", "sum"),
+        shapes=("frames", "nunique"),
+    )  # fmt: skip
+    got = steps.set_index(["step", "rank"])[["samples", "tokens", "tokens_sq"]]
+    want = cells.loc[got.index, ["samples", "tokens", "tokens_sq"]]
+    pd.testing.assert_frame_equal(got, want, check_dtype=False)
+    assert (cells["shapes"] > 1).mean() > 0.5
+    assert read_json(tmp_path / "run" / "summary.json")["batch_layout"] == "packed"
+
+    dense = write_experiment(tmp_path, name="dense", model={"batch_layout": "dense"},
+                             world_size=2, steps=3)  # fmt: skip
+    refused = _train(dense, tmp_path / "refused", "eager", env, "--no-track",
+                     policy="adaptiveload-packed")  # fmt: skip
+    assert refused.returncode == 2
+    line = refused.stderr.strip().splitlines()[-1]
+    assert str(dense) in line and "model.batch_layout" in line and "packed" in line
+    assert not (tmp_path / "refused").exists() or not any((tmp_path / "refused").iterdir())
 
 
 @pytest.mark.slow
@@ -179,17 +229,16 @@ def test_adaptiveload_train_packed_equals_dense_and_records_its_backend(tmp_path
 
 @pytest.mark.slow
 def test_torchrun_gloo_trains_packed_batches_like_emulated_ranks(tmp_path):
-    """2 gloo processes (DDP) on the packed layout with the fused op's CPU path: the same
-    losses and weights as 2 emulated ranks."""
-    exp = write_experiment(tmp_path, model={"batch_layout": "packed"}, world_size=2, steps=3,
-                           checkpoint_every=3)  # fmt: skip
+    """2 gloo processes (DDP) on the packing planner's packs with the fused op's CPU path:
+    the same batches, losses and weights as 2 emulated ranks."""
+    exp = write_experiment(tmp_path, world_size=2, steps=3, checkpoint_every=3)
     env = cli_env()
-    emu = _train(exp, tmp_path / "emu", "fused", env, "--no-track")
+    emu = _train(exp, tmp_path / "emu", "fused", env, "--no-track", policy="adaptiveload-packed")
     assert emu.returncode == 0, emu.stderr[-3000:]
     dist = subprocess.run(
         [TORCHRUN, "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
          "--master-port", str(free_port()), "-m", "adaptiveload", "train", "--config", str(exp),
-         "--policy", "adaptiveload", "--seed", "0", "--kernel", "fused", "--no-track",
+         "--policy", "adaptiveload-packed", "--seed", "0", "--kernel", "fused", "--no-track",
          "--out", str(tmp_path / "ddp")],
         env=env, cwd=ROOT, capture_output=True, text=True, timeout=600,
     )  # fmt: skip

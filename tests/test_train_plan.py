@@ -70,3 +70,20 @@ def test_ranks_are_resolved_from_torchrun_else_the_flag_else_the_config(monkeypa
     assert ranks.launch_mode == "distributed" and not ranks.is_main
     with pytest.raises(UserError, match="not with torchrun"):
         resolve_ranks(2, 4)
+
+
+def test_a_run_says_what_its_ln_modulate_sites_executed():
+    """`ln_modulate_impl` (tag and summary): eager is eager; fused is the CUDA kernel only on
+    CUDA with the library loaded, else the op's reference math, which `session.resolve`
+    refuses on CUDA so that a fused GPU row never measures reference math."""
+    from adaptiveload.ops import ln_modulate as lm
+    from adaptiveload.training.settings import TrainConfig
+    from adaptiveload.training.summary import ln_modulate_impl
+
+    def impl(kernel: str, device: str) -> str:
+        cfg = TrainConfig("e", "adaptiveload", 0, "wan2.1-micro", kernel=kernel, device=device)
+        return ln_modulate_impl(cfg)
+
+    assert impl("eager", "cpu") == impl("eager", "cuda") == "eager"
+    assert impl("fused", "cpu") == "reference math"
+    assert impl("fused", "cuda") == ("cuda kernel" if lm.fused_available() else "reference math")

@@ -49,6 +49,7 @@ def build_cmd(
 @kernel.command("bench", epilog=examples(
     "adaptiveload kernel bench -o results/kernels/bench.csv --skip-ok",
     "adaptiveload kernel bench --dims 1536,5120 --seq-lens 16384,75600 --repeats 15",
+    "adaptiveload kernel bench --segment-counts 1,8,64 --segment-lens 75600 --seq-lens 75600",
 ))
 def bench_cmd(
     out: Annotated[Path | None, Opt("-o", "--out", help="CSV to write",
@@ -57,19 +58,33 @@ def bench_cmd(
         str | None, Opt(help="comma-separated S values", show_default="8k .. 75.6k")
     ] = None,
     dims: Annotated[
-        str | None, Opt(help="comma-separated D values", show_default="the six Wan/DiT widths")
+        str | None, Opt(help="comma-separated D values ('' for no dense shape)",
+                        show_default="the six Wan/DiT widths")
     ] = None,
     repeats: Annotated[int | None, Opt(help="timed repeats per measurement (median)")] = None,
     impls: Annotated[
         str | None, Opt(help="comma-separated: fused, eager, compile", show_default="all three")
     ] = None,
+    segment_counts: Annotated[str | None, Opt(
+        help="comma-separated segment counts G of the packed shapes ('' for none)",
+        show_default="1,8,64")] = None,
+    segment_dims: Annotated[
+        str | None, Opt(help="comma-separated D values of the packed shapes",
+                        show_default="1536,5120")
+    ] = None,
+    segment_lens: Annotated[
+        str | None, Opt(help="comma-separated tokens L per pack", show_default="16384,75600")
+    ] = None,
     skip_ok: Annotated[bool, Opt(help="without CUDA write a skip record and exit 0")] = False,
 ) -> None:
-    """Time fused vs Wan eager vs torch.compile vs copy bandwidth on the GPU (needs CUDA):
-    TB/s, fraction of the copy bandwidth, speed-ups, saved activations."""
+    """Time fused vs Wan eager vs torch.compile vs copy bandwidth on the GPU (needs CUDA), for
+    dense batches and packed token streams of G segments: TB/s, fraction of the copy
+    bandwidth, speed-ups, saved activations."""
     from adaptiveload.ops import kernel_bench as kb
 
-    flags = {"seq_lens": seq_lens, "dims": dims, "repeats": repeats, "impls": impls}
+    flags = {"seq_lens": seq_lens, "dims": dims, "repeats": repeats, "impls": impls,
+             "segment_counts": segment_counts, "segment_dims": segment_dims,
+             "segment_lens": segment_lens}  # fmt: skip
     cfg = kb.KernelBenchConfig(**kb.bench_fields(flags))
     raise typer.Exit(kb.bench_to_file(out or kb.DEFAULT_OUT, cfg, skip_ok))
 

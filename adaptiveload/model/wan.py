@@ -11,7 +11,8 @@ in tests/test_model_fidelity.py). Differences, all systems-level:
   grid, per-sample modulation per segment, varlen self-attention, each segment's queries
   against its own text context. Text contexts arrive dense [B (or G), L, text_dim];
 - every LayerNorm+modulate goes through `LnModulate` (eager or fused kernel, a runtime switch);
-- attention is FlashAttention on CUDA when installed, else PyTorch's (`attention.py`);
+- attention is flash-attn on CUDA when installed, else torch's own (varlen for a packed
+  batch on CUDA, SDPA otherwise), chosen at run time (`attention.py`);
 - optional activation checkpointing per block.
 
 Dtypes as in Wan under bf16 autocast: time embedding, modulation, LayerNorm statistics, the

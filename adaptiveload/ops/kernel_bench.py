@@ -11,6 +11,15 @@ every implementation, so it is a speed and comparable with the copy ceiling (a
 device-to-device copy of x, 4N bytes moved). `saved` rows give the bytes autograd keeps for
 backward (unique storages, via saved_tensors_hooks).
 
+Segment layout (a packed micro-batch): x bf16 [L, D], the token stream of G samples with
+uneven lengths (seeded, within +-50% of L / G), scale/shift fp32 [G, D] rows of a [G, 6, D]
+modulation tensor (row stride 6*D, one row per sample as a packed Wan block has them) and
+int32 offsets. `fused` is `ln_modulate_segments`, `eager` and `compile` are Wan's sequence
+with the per-token gather of modulation rows (`wan_eager_segments`), `fused_dense` is the
+dense kernel on the same stream with one modulation row, what segment mode costs over it.
+Rows carry `layout` (`dense` or `segments`) and `G`; for segments S is L, the stream's
+tokens, so a segment row and a dense row of equal S move the same bytes.
+
 The `torch.compile` baseline is compiled afresh with static shapes for every (D, S): a
 dynamic-S compile returned [D]-shaped gradients for [1, 1, D] leaves on the first H200 run
 (torch 2.11), and one compiled function across all shapes would hit Dynamo's recompile limit
@@ -48,10 +57,13 @@ SEQ_LENS = (8192, 16384, 32768, 65536, 75600)
 DIMS = (1152, 1536, 2048, 3072, 4096, 5120)
 IMPLS = ("fused", "eager", "compile")
 PHASES = ("fwd", "bwd", "fwd_bwd")
+SEGMENT_COUNTS = (1, 8, 64)
+SEGMENT_DIMS = (1536, 5120)  # Wan 2.1 1.3B and 14B
+SEGMENT_LENS = (16384, 75600)  # L, the tokens of a pack (75,600: one 81-frame 720p clip)
 COLUMNS = (
-    "source", "device", "date", "torch", "cuda", "B", "S", "D", "x_dtype", "mod_dtype",
-    "phase", "impl", "median_us", "min_us", "repeats", "model_bytes", "gbps", "tbps",
-    "frac_of_copy", "speedup_vs_eager", "speedup_vs_compile", "saved_bytes",
+    "source", "device", "date", "torch", "cuda", "layout", "B", "G", "S", "D", "x_dtype",
+    "mod_dtype", "phase", "impl", "median_us", "min_us", "repeats", "model_bytes", "gbps",
+    "tbps", "frac_of_copy", "speedup_vs_eager", "speedup_vs_compile", "saved_bytes",
     "saved_vs_eager", "note",
 )  # fmt: skip
 DEFAULT_OUT = Path("results/kernels/bench.csv")
@@ -59,7 +71,9 @@ DEFAULT_OUT = Path("results/kernels/bench.csv")
 
 @dataclass(frozen=True)
 class KernelBenchConfig:
-    """What one op benchmark measures: every (D, S) of `dims` x `seq_lens`, each of `impls`,
+    """What one op benchmark measures: every (D, S) of `dims` x `seq_lens` in the dense layout
+    (none if either is empty), then every (D, L, G) of `segment_dims` x `segment_lens` x
+    `segment_counts` in the segment layout (none without segment counts), each of `impls`,
     `repeats` timed calls after `warmup` (medians reported)."""
 
     seq_lens: tuple[int, ...] = SEQ_LENS
@@ -68,9 +82,25 @@ class KernelBenchConfig:
     warmup: int = 5
     seed: int = 0
     impls: tuple[str, ...] = IMPLS
+    segment_counts: tuple[int, ...] = SEGMENT_COUNTS
+    segment_dims: tuple[int, ...] = SEGMENT_DIMS
+    segment_lens: tuple[int, ...] = SEGMENT_LENS
 
     def __post_init__(self) -> None:
-        check_positive(seq_lens=self.seq_lens, dims=self.dims, repeats=(self.repeats,))
+        check_positive(repeats=(self.repeats,))
+        if self.seq_lens and self.dims:
+            check_positive(seq_lens=self.seq_lens, dims=self.dims)
+        elif not self.segment_counts:
+            raise UserError("kernel bench: no shape to measure: give dims and seq_lens (dense), "
+                            "or segment counts (packed)")  # fmt: skip
+        if self.segment_counts:
+            check_positive(segment_counts=self.segment_counts, segment_dims=self.segment_dims,
+                           segment_lens=self.segment_lens)  # fmt: skip
+            if max(self.segment_counts) > min(self.segment_lens):
+                raise UserError(
+                    f"kernel bench: {max(self.segment_counts)} segments in a pack of "
+                    f"{min(self.segment_lens)} tokens: expected at most one segment per token"
+                )
         if self.warmup < 0:
             raise UserError(f"kernel bench: warmup {self.warmup}: expected >= 0")
         unknown = sorted(set(self.impls) - set(IMPLS))
@@ -111,6 +141,29 @@ def _inputs(s: int, d: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torc
     return x.requires_grad_(), scale, shift
 
 
+def segment_offsets(total: int, count: int, seed: int) -> torch.Tensor:
+    """int32 offsets [count + 1] of `count` segments of uneven lengths (each within +-50% of
+    total / count, at least 1) summing to `total`: a pack of mixed shapes, reproducible."""
+    gen = torch.Generator().manual_seed(seed)
+    weights = 0.5 + torch.rand(count, generator=gen, dtype=torch.float64)
+    cuts = (weights.cumsum(0) / weights.sum() * (total - count)).floor().long()
+    ends = cuts + torch.arange(1, count + 1)  # one row each, then the rest by weight
+    ends[-1] = total
+    return torch.cat([torch.zeros(1, dtype=torch.long), ends]).to(torch.int32)
+
+
+def _segment_inputs(
+    total: int, d: int, count: int, seed: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(total, d, device="cuda", generator=gen).to(torch.bfloat16)
+    e = 0.1 * torch.randn(count, 6, d, device="cuda", generator=gen)
+    # one row per segment, strided views of the [G, 6, D] modulation (row stride 6 D)
+    scale = e[:, 1].detach().requires_grad_()
+    shift = e[:, 0].detach().requires_grad_()
+    return x.requires_grad_(), scale, shift, segment_offsets(total, count, seed).cuda()
+
+
 def _saved_bytes(fn: Callable[..., torch.Tensor], *args: torch.Tensor) -> int:
     seen: dict[int, int] = {}
 
@@ -125,14 +178,16 @@ def _saved_bytes(fn: Callable[..., torch.Tensor], *args: torch.Tensor) -> int:
     return sum(seen.values())
 
 
-def compiled_baseline() -> Callable[..., torch.Tensor]:
-    """torch.compile of Wan's eager sequence, static shapes (see the module docstring); call
-    once per shape after `torch._dynamo.reset()`."""
+def compiled_baseline(
+    fn: Callable[..., torch.Tensor] = lm.wan_eager,
+) -> Callable[..., torch.Tensor]:
+    """torch.compile of Wan's eager sequence (`wan_eager`, or `wan_eager_segments`), static
+    shapes (see the module docstring); call once per shape after `torch._dynamo.reset()`."""
     import torch._functorch.config as functorch_config
 
     # donated buffers forbid the retain_graph=True that timing backward alone needs
     functorch_config.donated_buffer = False
-    return torch.compile(lm.wan_eager, fullgraph=True, dynamic=False)
+    return torch.compile(fn, fullgraph=True, dynamic=False)
 
 
 def unavailable_reason() -> str:
@@ -145,8 +200,9 @@ def unavailable_reason() -> str:
 
 
 def run(cfg: KernelBenchConfig) -> Iterator[list[dict[str, Any]]]:
-    """Measure every (D, S, impl, phase); yields the CSV rows (dicts keyed by COLUMNS) of one
-    shape at a time, so a caller can save partial results."""
+    """Measure every dense (D, S) and segment (D, L, G) shape, each impl and phase; yields the
+    CSV rows (dicts keyed by COLUMNS) of one shape at a time, so a caller can save partial
+    results."""
     if reason := unavailable_reason():
         raise RuntimeError(reason)
     stamp = {
@@ -160,12 +216,22 @@ def run(cfg: KernelBenchConfig) -> Iterator[list[dict[str, Any]]]:
         "mod_dtype": "float32",
         "repeats": cfg.repeats,
     }
-    for d in cfg.dims:
+    for d in cfg.dims if cfg.seq_lens else ():
         for s in cfg.seq_lens:
-            rows = _shape_rows(cfg, dict(stamp, S=s, D=d))
+            torch._dynamo.reset()  # a fresh static compile per shape
+            fns = {name: _MAKERS[name]() for name in cfg.impls}
+            rows = _shape_rows(cfg, dict(stamp, layout="dense", S=s, D=d), fns,
+                               _inputs(s, d, cfg.seed), ())  # fmt: skip
             torch.cuda.empty_cache()  # the shape's tensors are gone with _shape_rows' frame
             print(f"D={d} S={s} done", file=sys.stderr)
             yield rows
+    for d in cfg.segment_dims if cfg.segment_counts else ():
+        for total in cfg.segment_lens:
+            for count in cfg.segment_counts:
+                yield _segment_shape_rows(cfg, dict(stamp, layout="segments", G=count, S=total,
+                                                    D=d))  # fmt: skip
+                torch.cuda.empty_cache()
+                print(f"D={d} L={total} G={count} done", file=sys.stderr)
 
 
 _MAKERS: dict[str, Callable[[], Callable[..., torch.Tensor]]] = {
@@ -173,15 +239,42 @@ _MAKERS: dict[str, Callable[[], Callable[..., torch.Tensor]]] = {
     "eager": lambda: lm.wan_eager,
     "compile": compiled_baseline,
 }
+_SEGMENT_MAKERS: dict[str, Callable[[], Callable[..., torch.Tensor]]] = {
+    "fused": lambda: lm.ln_modulate_segments,
+    "eager": lambda: lm.wan_eager_segments,
+    "compile": lambda: compiled_baseline(lm.wan_eager_segments),
+}
 
 
-def _shape_rows(cfg: KernelBenchConfig, base: dict[str, Any]) -> list[dict[str, Any]]:
-    """The rows of one (D, S): the copy ceiling, then each implementation's saved bytes and
-    phases (one failing implementation is an `error` row; the others still run)."""
+def _fused_dense(
+    x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, cu_seqlens: torch.Tensor
+) -> torch.Tensor:
+    """The dense kernel on the same stream, every row modulated by segment 0's row."""
+    return lm.ln_modulate(x[None], scale[:1, None], shift[:1, None])[0]
+
+
+def _segment_shape_rows(cfg: KernelBenchConfig, base: dict[str, Any]) -> list[dict[str, Any]]:
+    """`_shape_rows` of one segment shape, with the dense kernel beside the fused one."""
+    torch._dynamo.reset()
+    fns = {name: _SEGMENT_MAKERS[name]() for name in cfg.impls}
+    if "fused" in fns:
+        fns["fused_dense"] = _fused_dense
+    x, scale, shift, cu = _segment_inputs(base["S"], base["D"], base["G"], cfg.seed)
+    return _shape_rows(cfg, base, fns, (x, scale, shift), (cu,))
+
+
+def _shape_rows(
+    cfg: KernelBenchConfig,
+    base: dict[str, Any],
+    fns: dict[str, Callable[..., torch.Tensor]],
+    leaves: tuple[torch.Tensor, ...],
+    extra: tuple[torch.Tensor, ...],
+) -> list[dict[str, Any]]:
+    """The rows of one shape, each `fn(*leaves, *extra)` differentiated in `leaves` (x, scale,
+    shift): the copy ceiling, then each implementation's saved bytes and phases (one failing
+    implementation is an `error` row; the others still run)."""
     s, d, warmup, repeats = base["S"], base["D"], cfg.warmup, cfg.repeats
-    torch._dynamo.reset()  # a fresh static compile per shape
-    fns = {name: _MAKERS[name]() for name in cfg.impls}
-    x, scale, shift = _inputs(s, d, cfg.seed)
+    x = leaves[0]
     n = s * d
     model_bytes = {"fwd": 4 * n + 8 * s, "bwd": 6 * n + 8 * s, "fwd_bwd": 10 * n + 16 * s}
     dst, src = torch.empty_like(x, requires_grad=False), x.detach()
@@ -196,12 +289,12 @@ def _shape_rows(cfg: KernelBenchConfig, base: dict[str, Any]) -> list[dict[str, 
     for name, fn in fns.items():
         try:
             rows.append(dict(base, phase="saved", impl=name,
-                             saved_bytes=_saved_bytes(fn, x, scale, shift),
+                             saved_bytes=_saved_bytes(fn, *leaves, *extra),
                              note="autograd's saved bytes (unique storages)"))  # fmt: skip
         except Exception as exc:
             rows.append(dict(base, phase="saved", impl=name, note=f"error: {exc}"))
         try:
-            for phase, times in _time_phases(fn, x, scale, shift, warmup, repeats).items():
+            for phase, times in _time_phases(fn, leaves, extra, warmup, repeats).items():
                 med = statistics.median(times)
                 medians[(name, phase)] = med
                 gbps = model_bytes[phase] / (med * 1e3)
@@ -231,20 +324,19 @@ def _add_ratios(rows: list[dict[str, Any]], medians: dict[tuple[str, str], float
 
 def _time_phases(
     fn: Callable[..., torch.Tensor],
-    x: torch.Tensor,
-    scale: torch.Tensor,
-    shift: torch.Tensor,
+    leaves: tuple[torch.Tensor, ...],
+    extra: tuple[torch.Tensor, ...],
     warmup: int,
     repeats: int,
 ) -> dict[str, list[float]]:
-    leaves = (x, scale, shift)
+    def call() -> torch.Tensor:
+        return fn(*leaves, *extra)
+
     with torch.no_grad():
-        fwd = _elapsed_us(lambda: fn(x, scale, shift), warmup, repeats)
-    dy = torch.randn(x.shape, device=x.device).to(fn(x, scale, shift).dtype)
-    bwd = _backward_us(fn(x, scale, shift), leaves, dy, warmup, repeats)
-    fwd_bwd = _elapsed_us(
-        lambda: torch.autograd.grad(fn(x, scale, shift), leaves, dy), warmup, repeats
-    )
+        fwd = _elapsed_us(call, warmup, repeats)
+    dy = torch.randn(leaves[0].shape, device=leaves[0].device).to(call().dtype)
+    bwd = _backward_us(call(), leaves, dy, warmup, repeats)
+    fwd_bwd = _elapsed_us(lambda: torch.autograd.grad(call(), leaves, dy), warmup, repeats)
     return {"fwd": fwd, "bwd": bwd, "fwd_bwd": fwd_bwd}
 
 
@@ -301,9 +393,13 @@ def main(argv: list[str] | None = None) -> int:
                                      argument_default=argparse.SUPPRESS)  # fmt: skip
     parser.add_argument("-o", "--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--seq-lens", help="comma-separated S values")
-    parser.add_argument("--dims", help="comma-separated D values")
+    parser.add_argument("--dims", help="comma-separated D values ('' for no dense shape)")
     parser.add_argument("--repeats", type=int, help="timed repeats per measurement (median)")
     parser.add_argument("--impls", help="comma-separated: fused, eager, compile")
+    parser.add_argument("--segment-counts",
+                        help="comma-separated G values of the packed shapes ('' for none)")
+    parser.add_argument("--segment-dims", help="comma-separated D values of the packed shapes")
+    parser.add_argument("--segment-lens", help="comma-separated tokens L per pack")
     parser.add_argument("--skip-ok", action="store_true", default=False,
                         help="no CUDA: write a skip record")  # fmt: skip
     given = vars(parser.parse_args(argv))  # only the options on the command line, and -o
@@ -318,7 +414,10 @@ def bench_fields(flags: dict[str, Any]) -> dict[str, Any]:
     """KernelBenchConfig's fields from command-line text (comma lists), those given only."""
     parse = {"seq_lens": lambda v: int_list(v, "--seq-lens"),
              "dims": lambda v: int_list(v, "--dims"), "repeats": int,
-             "impls": lambda v: tuple(v.split(","))}  # fmt: skip
+             "impls": lambda v: tuple(v.split(",")),
+             "segment_counts": lambda v: int_list(v, "--segment-counts"),
+             "segment_dims": lambda v: int_list(v, "--segment-dims"),
+             "segment_lens": lambda v: int_list(v, "--segment-lens")}  # fmt: skip
     return {k: parse[k](v) for k, v in flags.items() if k in parse and v is not None}
 
 

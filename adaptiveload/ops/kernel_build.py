@@ -28,9 +28,15 @@ from typing import Any
 import torch
 
 from adaptiveload.io import write_json
-from adaptiveload.ops.kernel_lib import LIB_NAME, RECORD_NAME, default_build_dir, library_path
+from adaptiveload.ops.kernel_lib import (
+    LIB_NAME,
+    RECORD_NAME,
+    SOURCE_DIR,
+    default_build_dir,
+    library_path,
+    sources_digest,
+)
 
-KERNEL_DIR = Path(__file__).resolve().parent / "csrc"  # package data (pyproject.toml)
 SOURCES = ("ln_modulate_fwd.cu", "ln_modulate_bwd.cu", "ln_modulate_binding.cpp")
 DEFAULT_ARCH = "9.0"
 # nvcc flags of ours (cpp_extension adds its COMMON_NVCC_FLAGS and -std=c++17); the resource
@@ -110,6 +116,7 @@ def build(
         "nvcc_version": None,
         "torch_version": torch.__version__,
         "torch_cuda": torch.version.cuda,
+        "sources_digest": sources_digest(),
         "library": None,
         "seconds": 0.0,
     }
@@ -153,8 +160,8 @@ def _compile(out_dir: Path, verbose: bool) -> None:
 
     cpp_extension.load(
         name=LIB_NAME,
-        sources=[str(KERNEL_DIR / s) for s in SOURCES],
-        extra_include_paths=[str(KERNEL_DIR)],
+        sources=[str(SOURCE_DIR / s) for s in SOURCES],
+        extra_include_paths=[str(SOURCE_DIR)],
         extra_cflags=["-O3"],
         extra_cuda_cflags=list(NVCC_FLAGS),
         build_directory=str(out_dir),

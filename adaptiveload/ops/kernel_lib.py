@@ -10,14 +10,19 @@ beside `build.json`, the record of the build. One folder serves both the build a
    for an installed package, whose own folder may not be writable.
 
 `adaptiveload kernel build --build-dir DIR` builds elsewhere; set $ADAPTIVELOAD_BUILD_DIR to the
-same DIR for the processes that should load it. Loading registers
-`torch.ops.adaptiveload.ln_modulate_{fwd,bwd}` with their CUDA kernels. A failed load is
-remembered with its reason, so callers fall back to the reference implementation without
-retrying (or re-raising) on every call.
+same DIR for the processes that should load it. The build record names the torch it was
+built for and a digest of the CUDA sources it was built from (`sources_digest`): a library of
+another torch (a C++ ABI risk) or of other kernel sources (an older kernel under the same op
+names, which would run silently in place of the code beside it) is not loaded, and the reason
+says to rebuild. Loading registers
+`torch.ops.adaptiveload.ln_modulate_{fwd,bwd,seg_fwd,seg_bwd}` with their CUDA kernels. A
+failed load is remembered with its reason, so callers fall back to the reference
+implementation without retrying (or re-raising) on every call.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import dataclass
@@ -29,6 +34,16 @@ BUILD_DIR_ENV = "ADAPTIVELOAD_BUILD_DIR"
 LIB_NAME = "adaptiveload_kernels"
 RECORD_NAME = "build.json"  # written beside the library by the build
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
+SOURCE_DIR = Path(__file__).resolve().parent / "csrc"  # package data (pyproject.toml)
+
+
+def sources_digest(source_dir: Path = SOURCE_DIR) -> str:
+    """sha256 over the names and bytes of every file of the CUDA sources, in name order: what
+    a build record stores and the loader compares."""
+    h = hashlib.sha256()
+    for path in sorted(p for p in source_dir.iterdir() if p.is_file()):
+        h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
 
 
 def _checkout_root() -> Path | None:
@@ -74,7 +89,7 @@ def load() -> LoadState:
         )
     elif torch.version.cuda is None:
         _STATE = LoadState(path=path, reason="this torch build has no CUDA")
-    elif mismatch := _torch_mismatch(path):
+    elif mismatch := _record_mismatch(path):
         _STATE = LoadState(path=path, reason=mismatch)
     else:
         try:
@@ -85,16 +100,24 @@ def load() -> LoadState:
     return _STATE
 
 
-def _torch_mismatch(library: Path) -> str:
-    """'' unless the build record beside `library` names another torch (C++ ABI risk)."""
+def _record_mismatch(library: Path) -> str:
+    """'' unless the build record beside `library` names another torch or other sources."""
     record = library.parent / RECORD_NAME
     try:
-        built_for = json.loads(record.read_text()).get("torch_version")
+        built = json.loads(record.read_text())
     except (OSError, ValueError):
         return ""  # no record (e.g. a library copied elsewhere): trust the loader
+    built_for = built.get("torch_version")
     if built_for and built_for != torch.__version__:
         return (
             f"{library} was built for torch {built_for}, this is torch {torch.__version__}: "
+            "rebuild with `adaptiveload kernel build`"
+        )
+    built_from = built.get("sources_digest")
+    if built_from is None or built_from != sources_digest():
+        return (
+            f"{library} was built from other kernel sources than {SOURCE_DIR} "
+            f"({RECORD_NAME}: sources_digest {built_from!r}, the sources: {sources_digest()!r}): "
             "rebuild with `adaptiveload kernel build`"
         )
     return ""

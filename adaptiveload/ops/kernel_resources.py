@@ -36,10 +36,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from adaptiveload.ops.kernel_build import KERNEL_DIR, NVCC_FLAGS, SOURCES, nvcc_path, nvcc_version
-from adaptiveload.ops.kernel_lib import default_build_dir
+from adaptiveload.ops.kernel_build import NVCC_FLAGS, SOURCES, nvcc_path, nvcc_version
+from adaptiveload.ops.kernel_lib import SOURCE_DIR, default_build_dir, sources_digest
 
-TABLE_SOURCE = KERNEL_DIR / "ln_modulate_dispatch_table.cpp"
+TABLE_SOURCE = SOURCE_DIR / "ln_modulate_dispatch_table.cpp"
 DEFAULT_SM = "90"
 REG_ALLOC_UNIT = 8  # registers per thread are allocated in steps of 8 (256 per warp)
 
@@ -83,12 +83,8 @@ def _nvcc_flags(sm: str) -> list[str]:
 
 
 def _key(sm: str, extra: str) -> str:
-    digest = hashlib.sha256()
-    for path in sorted(KERNEL_DIR.glob("*")):
-        if path.suffix in (".cu", ".cuh", ".h", ".cpp"):
-            digest.update(path.name.encode() + b"\0" + path.read_bytes())
-    digest.update(f"{sm}|{extra}".encode())
-    return digest.hexdigest()[:16]
+    """The cache key of one compile: the sources (the build record's digest) and the flags."""
+    return hashlib.sha256(f"{sources_digest()}|{sm}|{extra}".encode()).hexdigest()[:16]
 
 
 # --- ptxas ---------------------------------------------------------------------------------
@@ -136,7 +132,7 @@ def _compile_one(source: Path, flags: list[str], workdir: Path) -> str:
     assert nvcc is not None
     obj = workdir / f"{source.stem}.o"
     proc = subprocess.run(
-        [str(nvcc), *flags, "-Xptxas", "-v", "-I", str(KERNEL_DIR), "-c", str(source),
+        [str(nvcc), *flags, "-Xptxas", "-v", "-I", str(SOURCE_DIR), "-c", str(source),
          "-o", str(obj)],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
@@ -162,7 +158,7 @@ def ptxas_report(sm: str = DEFAULT_SM, cache_dir: Path | None = None) -> list[In
         return [Instance(**r) for r in json.loads(cache.read_text())]
     work = cache_dir / "obj"
     work.mkdir(parents=True, exist_ok=True)
-    sources = [KERNEL_DIR / s for s in SOURCES if s.endswith(".cu")]
+    sources = [SOURCE_DIR / s for s in SOURCES if s.endswith(".cu")]
     with ThreadPoolExecutor(max_workers=len(sources)) as pool:
         logs = list(pool.map(lambda s: _compile_one(s, flags, work), sources))
     entries = [e for log in logs for e in parse_ptxas(log)]
@@ -195,7 +191,7 @@ def dispatch_table(cache_dir: Path | None = None) -> tuple[dict[str, int], list[
     if not exe.is_file():
         cache_dir.mkdir(parents=True, exist_ok=True)
         subprocess.run(
-            [cxx, "-std=c++17", "-O1", "-Wall", "-Werror", "-I", str(KERNEL_DIR),
+            [cxx, "-std=c++17", "-O1", "-Wall", "-Werror", "-I", str(SOURCE_DIR),
              str(TABLE_SOURCE), "-o", str(exe)],
             check=True, capture_output=True, text=True,
         )  # fmt: skip

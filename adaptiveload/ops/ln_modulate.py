@@ -106,8 +106,8 @@ def wan_eager_segments(
     eps: float = EPS,
 ) -> torch.Tensor:
     """Wan's eager sequence on a token stream: every token's scale and shift row gathered
-    (two [L, D] fp32 copies per call, kept by autograd: the cost the segment kernel avoids),
-    then `wan_eager` (fp32 out)."""
+    (two transient [L, D] fp32 copies per call, and autograd keeps `1 + scale` per token: the
+    cost the segment kernel avoids, docs/kernel.md), then `wan_eager` (fp32 out)."""
     rows = segment_ids(cu_seqlens, x.shape[0])
     return wan_eager(x, scale[rows], shift[rows], eps)
 
@@ -140,7 +140,8 @@ def ln_modulate_segments(
 
 
 def fused_available() -> bool:
-    """True when `ln_modulate` runs the fused CUDA kernel for CUDA tensors."""
+    """True when `ln_modulate` and `ln_modulate_segments` run the fused CUDA kernels for CUDA
+    tensors."""
     return not fused_unavailable_reason()
 
 

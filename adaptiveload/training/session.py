@@ -31,6 +31,7 @@ from adaptiveload import experiment
 from adaptiveload.costmodel import Calibration
 from adaptiveload.errors import UserError
 from adaptiveload.io import write_json, write_parquet
+from adaptiveload.ops import ln_modulate as lm
 from adaptiveload.pipeline import Layout
 from adaptiveload.provenance import device_name, git_commit
 from adaptiveload.training import checkpoint
@@ -38,7 +39,7 @@ from adaptiveload.training.distributed import Ranks, resolve_ranks, timer_of
 from adaptiveload.training.inputs import check_layout, prepare_data, run_identity
 from adaptiveload.training.loop import StepSink, Trainer
 from adaptiveload.training.settings import TrainConfig, from_experiment
-from adaptiveload.training.summary import attention_backend, run_summary
+from adaptiveload.training.summary import attention_backend, ln_modulate_impl, run_summary
 
 
 @dataclass
@@ -72,6 +73,13 @@ def resolve(
     )  # fmt: skip
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise UserError("--device cuda: no CUDA device visible; use --device cpu")
+    if cfg.device == "cuda" and ln_modulate_impl(cfg) == "reference math":
+        # the op would run its reference math on the GPU: a "fused" row measuring that
+        raise UserError(
+            f"{req.config}: model.kernels fused on cuda, but the fused kernel is not loaded "
+            f"({lm.fused_unavailable_reason()}); build it with `adaptiveload kernel build` "
+            "or train with --kernel eager"
+        )
     cal_path = req.calibration or exp["calibration"]["file"]
     calibration = Calibration.load(cal_path) if cal_path else None
     if calibration is not None:
@@ -129,6 +137,7 @@ def run_tags(cfg: TrainConfig) -> dict[str, str]:
         "kernel": cfg.kernel,
         "batch_layout": cfg.batch_layout,
         "attention_backend": attention_backend(cfg),
+        "ln_modulate_impl": ln_modulate_impl(cfg),
         "launch_mode": cfg.launch_mode,
         "world_size": str(cfg.world_size),
         "source": "measured",

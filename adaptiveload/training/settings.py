@@ -17,15 +17,14 @@ from typing import Any
 from adaptiveload.errors import UserError
 from adaptiveload.experiment import schema_default
 from adaptiveload.pipeline import check_world_size
-from adaptiveload.planning.policies import POLICIES
+from adaptiveload.planning.policies import get_policy
 from adaptiveload.step_table import WHOLE_EPOCH, window_kind
 
 LAUNCH_MODES = ("emulated", "distributed")
 KERNELS = ("eager", "fused")
 # dense: one bucket shape per micro-batch, a [B, C, T', H', W'] tensor; packed: any shapes as
-# one token stream (docs/packing.md)
+# one token stream (docs/packing.md); auto: packed for a policy that plans packs, else dense
 BATCH_LAYOUTS = ("dense", "packed")
-# an experiment's model.batch_layout may also be this: the layout its policy's plans need
 AUTO_LAYOUT = "auto"
 DEVICES = ("cpu", "cuda")
 
@@ -71,8 +70,9 @@ class TrainConfig:
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
 
     def __post_init__(self) -> None:
-        if self.batch_layout == AUTO_LAYOUT:  # the layout the policy's plans need
-            object.__setattr__(self, "batch_layout", _layout(self.policy))
+        if self.batch_layout == AUTO_LAYOUT:  # the run records the layout it runs
+            layout = "packed" if get_policy(self.policy).packed else "dense"
+            object.__setattr__(self, "batch_layout", layout)
         for name, allowed in (
             ("launch_mode", LAUNCH_MODES),
             ("kernel", KERNELS),
@@ -161,12 +161,3 @@ def from_experiment(
             logit_std=train["logit_std"],
         ),
     )
-
-
-
-def _layout(policy: str) -> str:
-    """``model.batch_layout: auto``: packed for a policy whose micro-batches mix shapes, dense
-    for the others (their one-shape batches then run as they always did). An unknown policy
-    is left to the dense layout's checks (`training.inputs.check_layout`)."""
-    cls = POLICIES.get(policy)
-    return "packed" if cls is not None and cls.packed else "dense"

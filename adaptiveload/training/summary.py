@@ -19,6 +19,7 @@ import torch
 from adaptiveload import metrics
 from adaptiveload.costmodel import Calibration
 from adaptiveload.model.attention import dense_backend, packed_backend
+from adaptiveload.ops import ln_modulate as lm
 from adaptiveload.planning.sampler import PlanBuilder
 from adaptiveload.planning.simulate import simulate
 from adaptiveload.provenance import device_name
@@ -31,6 +32,16 @@ def attention_backend(cfg: TrainConfig) -> str:
     """The attention backend the run's layout uses on its device (model.attention)."""
     device = torch.device(cfg.device)
     return packed_backend(device) if cfg.batch_layout == "packed" else dense_backend(device)
+
+
+def ln_modulate_impl(cfg: TrainConfig) -> str:
+    """What the run's LayerNorm-Modulate sites execute: Wan's eager ops, the fused CUDA
+    kernel, or the fused op's reference math (CPU tensors; a CUDA run without the kernel is
+    refused by `session.resolve`, so a "fused" row always means what it says)."""
+    if cfg.kernel != "fused":
+        return "eager"
+    on_cuda = torch.device(cfg.device).type == "cuda"
+    return "cuda kernel" if on_cuda and lm.fused_available() else "reference math"
 
 
 def timed_window(table: pd.DataFrame, warmup_steps: int) -> pd.DataFrame:
@@ -116,6 +127,7 @@ def run_summary(
         "kernel": cfg.kernel,
         "batch_layout": cfg.batch_layout,
         "attention_backend": attention_backend(cfg),
+        "ln_modulate_impl": ln_modulate_impl(cfg),
         "launch_mode": cfg.launch_mode,
         "world_size": cfg.world_size,
         "device": device_name(cfg.device),

@@ -11,15 +11,21 @@
 # cut window still leaves an archive of everything finished.
 # Outputs: env.txt, build.json, build.log, resources.txt (ptxas -v per instance vs the dispatch
 # table: registers x threads, smem, spills; the CPU resource check), cuda_tests.log (+ .xml),
-# cpu_op_tests.log, bench.csv/.log (D 1536 and 5120 at the target lengths) and
-# bench_widths.csv/.log (the other DiT widths at one length): TB/s, fraction of the copy
-# bandwidth, speed-ups vs eager and torch.compile, saved activations; bench_nopipe.csv (backward
+# cuda_segment_tests.log (+ .xml; the segment layout of packed micro-batches), cpu_op_tests.log,
+# bench.csv/.log (D 1536 and 5120 at the target lengths), bench_segments.csv/.log (packed
+# streams of G = 1, 8, 64 segments at both widths: fused vs the eager gather vs the dense
+# kernel on the same stream) and bench_widths.csv/.log (the other DiT widths at one length):
+# TB/s, fraction of the copy bandwidth, speed-ups vs eager and torch.compile, saved
+# activations; bench_nopipe.csv (backward
 # without its cp.async pipeline), e2e.csv/.log (Wan 2.1 1.3B training step, eager vs fused:
 # step time, peak memory), ncu_bwd.txt (optional: Nsight Compute on the backward),
 # summary.txt, steps.tsv (status and seconds per part).
 # Environment: PYTHON (default python3), ARCH (default 9.0), PACK (archive, default
 # OUTDIR.tar.gz; "none" to skip), BENCH_SEQ_LENS (16384,75600), BENCH_TIMEOUT_S (75),
 # BENCH_WIDTHS (1152,2048,3072,4096), BENCH_WIDTHS_SEQ_LEN (32768), BENCH_WIDTHS_TIMEOUT_S (60),
+# SEGMENT_TESTS_TIMEOUT_S (150), BENCH_SEGMENTS_LENS (75600), BENCH_SEGMENTS_IMPLS
+# (fused,eager; add compile for the torch.compile of the gather, ~10 s of compiling per shape),
+# BENCH_SEGMENTS_TIMEOUT_S (60),
 # E2E_SEQ_LENS (16380,32760,75600), E2E_TIMEOUT_S (120), NCU_TIMEOUT_S (45; 0 skips),
 # NCU_START_BEFORE_S (200), ALLOW_NO_GPU=1 (dry run on a GPU-less machine: carry on past the
 # availability check; the CUDA tests skip, the benches write skip records and the end-to-end
@@ -91,7 +97,8 @@ SM=${SM/./}
 step resources 200 "$OUT/resources.txt" "$PY" -m adaptiveload.ops.kernel_resources --arch "$SM" &
 RES_PID=$!
 if "$PY" -c 'import pytest' 2>/dev/null; then
-  step cpu_op_tests 150 "$OUT/cpu_op_tests.log" "$PY" -m pytest tests/test_kernel_ops.py -q -rs \
+  step cpu_op_tests 150 "$OUT/cpu_op_tests.log" "$PY" -m pytest tests/test_kernel_ops.py \
+    tests/test_kernel_segments.py -q -rs \
     -p no:cacheprovider --noconftest -o addopts="" -o timeout=0 -k "not inductor" &
   CPU_PID=$!
 fi
@@ -103,6 +110,16 @@ if "$PY" -c 'import pytest' 2>/dev/null; then
 else
   step cuda_tests 150 "$OUT/cuda_tests.log" "$PY" tests/test_kernel_cuda.py
 fi
+# 3b. the segment layout's CUDA tests (packed micro-batches: every width, 1 to 65,535
+#     segments, device-side offset checks, bitwise-deterministic per-segment sums)
+if "$PY" -c 'import pytest' 2>/dev/null; then
+  step cuda_segment_tests "${SEGMENT_TESTS_TIMEOUT_S:-150}" "$OUT/cuda_segment_tests.log" \
+    "$PY" -m pytest tests/test_kernel_cuda_segments.py -q -rs -p no:cacheprovider --noconftest \
+    -o addopts="" -o timeout=0 --junitxml="$OUT/cuda_segment_tests.xml"
+else
+  step cuda_segment_tests "${SEGMENT_TESTS_TIMEOUT_S:-150}" "$OUT/cuda_segment_tests.log" \
+    "$PY" tests/test_kernel_cuda_segments.py
+fi
 wait "$RES_PID" ${CPU_PID:+"$CPU_PID"}  # nothing on the host competes with the timings below
 
 # 4. benchmark (CSV rewritten after every shape, so a timeout keeps what was measured): the
@@ -111,16 +128,22 @@ SKIP_OK=()
 [ "${ALLOW_NO_GPU:-0}" = 1 ] && SKIP_OK=(--skip-ok)
 step bench "${BENCH_TIMEOUT_S:-75}" "$OUT/bench.log" \
   "$PY" -m adaptiveload.ops.kernel_bench -o "$OUT/bench.csv" --repeats 15 \
-  --dims 1536,5120 --seq-lens "${BENCH_SEQ_LENS:-16384,75600}" ${SKIP_OK[@]+"${SKIP_OK[@]}"}
+  --dims 1536,5120 --seq-lens "${BENCH_SEQ_LENS:-16384,75600}" --segment-counts "" \
+  ${SKIP_OK[@]+"${SKIP_OK[@]}"}
+step bench_segments "${BENCH_SEGMENTS_TIMEOUT_S:-60}" "$OUT/bench_segments.log" \
+  "$PY" -m adaptiveload.ops.kernel_bench -o "$OUT/bench_segments.csv" --repeats 15 --dims "" \
+  --segment-counts 1,8,64 --segment-dims 1536,5120 \
+  --segment-lens "${BENCH_SEGMENTS_LENS:-75600}" --impls "${BENCH_SEGMENTS_IMPLS:-fused,eager}" \
+  ${SKIP_OK[@]+"${SKIP_OK[@]}"}
 step bench_widths "${BENCH_WIDTHS_TIMEOUT_S:-60}" "$OUT/bench_widths.log" \
   "$PY" -m adaptiveload.ops.kernel_bench -o "$OUT/bench_widths.csv" --repeats 15 \
   --dims "${BENCH_WIDTHS:-1152,2048,3072,4096}" --seq-lens "${BENCH_WIDTHS_SEQ_LEN:-32768}" \
-  ${SKIP_OK[@]+"${SKIP_OK[@]}"}
+  --segment-counts "" ${SKIP_OK[@]+"${SKIP_OK[@]}"}
 
 # 4b. A/B: the backward without its cp.async pipeline (fused only, two shapes)
 step bench_nopipe 30 "$OUT/bench_nopipe.log" \
   env ADAPTIVELOAD_LN_BWD_PIPELINE=0 "$PY" -m adaptiveload.ops.kernel_bench -o "$OUT/bench_nopipe.csv" --impls fused \
-  --dims 1536,5120 --seq-lens 16384,75600 ${SKIP_OK[@]+"${SKIP_OK[@]}"}
+  --dims 1536,5120 --seq-lens 16384,75600 --segment-counts "" ${SKIP_OK[@]+"${SKIP_OK[@]}"}
 
 # 5. end to end: one Wan 2.1 1.3B training step (activation checkpointing, bf16), eager vs
 #    fused, per S (a GPU-less dry run takes the tiny model on the CPU)
@@ -153,7 +176,8 @@ torch.cuda.synchronize()'
 fi
 
 # 7. summary against the targets
-"$PY" - "$OUT/e2e.csv" "$OUT/bench.csv" "$OUT/bench_widths.csv" > "$OUT/summary.txt" 2>&1 <<'EOF'
+"$PY" - "$OUT/e2e.csv" "$OUT/bench_segments.csv" "$OUT/bench.csv" "$OUT/bench_widths.csv" \
+  > "$OUT/summary.txt" 2>&1 <<'EOF'
 import csv, sys
 from collections import defaultdict
 
@@ -170,10 +194,10 @@ def f(row, key):
     return float(row[key]) if row and row.get(key) else float("nan")
 
 
-rows = [r for path in sys.argv[2:] for r in read(path)]
+rows = [r for path in sys.argv[3:] for r in read(path)]
 t = defaultdict(dict)  # (D, S) -> {(impl, phase): row}
 for r in rows:
-    if r["source"] == "measured":
+    if r["source"] == "measured" and r.get("layout", "dense") == "dense":
         t[(int(r["D"]), int(r["S"]))][(r["impl"], r["phase"])] = r
 print("kernel bench (measured; fused fwd_bwd vs the device-to-device copy of x)")
 print("D S | fused us fwd/bwd/fwd_bwd | TB/s fwd_bwd | frac of copy | x eager fwd/bwd | "
@@ -188,7 +212,25 @@ for (d, s), m in sorted(t.items()):
           f"{vc[0]:.2f}/{vc[1]:.2f}/{vc[2]:.2f} | {f(m.get(('fused', 'saved')), 'saved_vs_eager'):.2f}")
 print("targets: fwd_bwd frac >= 0.85 (D = 5120) / 0.75 (D = 1536) at S >= 16k; "
       "x compile >= 1.2 everywhere; saved vs eager <= 0.40")
-for r in rows:
+seg_rows = read(sys.argv[2])
+seg = defaultdict(dict)  # (D, L, G) -> {(impl, phase): row}
+for r in seg_rows:
+    if r["source"] == "measured":
+        seg[(int(r["D"]), int(r["S"]), int(r["G"]))][(r["impl"], r["phase"])] = r
+print("\npacked streams (measured; segment layout, L tokens in G uneven segments)")
+print("D L G | fused us fwd/bwd/fwd_bwd | TB/s fwd_bwd | frac of copy | x eager gather "
+      "fwd/bwd/fwd_bwd | x dense kernel fwd/bwd | saved vs eager")
+for (d, n, g), m in sorted(seg.items()):
+    fu = [f(m.get(("fused", p)), "median_us") for p in ("fwd", "bwd", "fwd_bwd")]
+    ve = [f(m.get(("fused", p)), "speedup_vs_eager") for p in ("fwd", "bwd", "fwd_bwd")]
+    vd = [f(m.get(("fused_dense", p)), "median_us") / f(m.get(("fused", p)), "median_us")
+          for p in ("fwd", "bwd")]
+    fb = m.get(("fused", "fwd_bwd"))
+    print(f"{d} {n} {g} | {fu[0]:.0f}/{fu[1]:.0f}/{fu[2]:.0f} | {f(fb, 'tbps'):.2f} | "
+          f"{f(fb, 'frac_of_copy'):.2f} | {ve[0]:.2f}/{ve[1]:.2f}/{ve[2]:.2f} | "
+          f"{vd[0]:.2f}/{vd[1]:.2f} | {f(m.get(('fused', 'saved')), 'saved_vs_eager'):.2f}")
+print("expected: x dense kernel ~1.0 (segment lookup free), saved vs eager ~0.17")
+for r in rows + seg_rows:
     if r["phase"] == "error" or r["source"] == "skipped":
         print("error/skip:", r["impl"], r["D"], r["S"], r["note"][:300])
 

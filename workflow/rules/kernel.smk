@@ -4,6 +4,8 @@
 # shared by all experiments: every job of this workflow builds into and loads from
 # build/kernels of the working directory, named to them by $ADAPTIVELOAD_BUILD_DIR (the
 # installed package would otherwise use its own default, docs/kernel.md).
+from importlib import resources
+
 os.environ["ADAPTIVELOAD_BUILD_DIR"] = os.path.abspath(os.path.dirname(KERNEL_BUILD))
 
 
@@ -11,7 +13,14 @@ envvars:
     "ADAPTIVELOAD_BUILD_DIR",
 
 
+# the CUDA sources the package ships (without importing torch): an edit rebuilds the library,
+# whose loader refuses a build of other sources (build.json's sources_digest)
+KERNEL_SOURCES = sorted(str(p) for p in (resources.files("adaptiveload.ops") / "csrc").iterdir())
+
+
 rule kernel_build:
+    input:
+        KERNEL_SOURCES,
     output:
         KERNEL_BUILD,
     params:

@@ -108,11 +108,12 @@ void check_segment_inputs(const at::Tensor& x, const at::Tensor& scale, const ch
   TORCH_CHECK_VALUE(scale.dim() == 2 && scale.size(1) == x.size(1), op, ": ", scale_name,
                     " must be [G, D] for x ", x.sizes(), ", got ", scale.sizes());
   const int64_t G = scale.size(0), L = x.size(0);
-  TORCH_CHECK_VALUE(cu.defined() && cu.dim() == 1 && cu.size(0) == G + 1 &&
-                        cu.scalar_type() == at::kInt && cu.device() == x.device(),
-                    op, ": cu_seqlens must be int32 [G + 1] = [", G + 1, "] on ", x.device(),
-                    ", got ", cu.defined() ? cu.sizes() : at::IntArrayRef{}, " ",
-                    cu.defined() ? cu.scalar_type() : at::kInt);
+  TORCH_CHECK_VALUE(cu.defined(), op, ": undefined cu_seqlens");
+  TORCH_CHECK_VALUE(cu.dim() == 1 && cu.size(0) == G + 1 && cu.scalar_type() == at::kInt, op,
+                    ": cu_seqlens must be int32 [G + 1] = [", G + 1, "], got ",
+                    cu.scalar_type(), " ", cu.sizes());
+  TORCH_CHECK_VALUE(cu.device() == x.device(), op, ": cu_seqlens is on ", cu.device(),
+                    ", x on ", x.device());
   TORCH_CHECK_VALUE(L <= INT32_MAX, op, ": L = ", L, " rows; int32 offsets address < 2**31");
   TORCH_CHECK_VALUE(G > 0 || L == 0, op, ": x has L = ", L, " rows but no segment (G = 0)");
   TORCH_CHECK_VALUE(G <= 65535, op, ": G = ", G, " segments; at most 65535 per call");

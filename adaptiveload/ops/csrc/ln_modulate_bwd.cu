@@ -14,10 +14,11 @@
 // Segments: every segment is cut into chunks of at most T rows (segment g has ceil(len_g / T)),
 // one chunk per thread-row, which accumulates its rows exactly like a CTA range of one sample
 // and writes one fp32 partial row (workspace [2, V, D], V the upper bound ceil(L / T) + G on
-// the chunks). A thread-row finds its chunk by a scan of the offsets on the device, so the
-// loop over rows is the per-sample one and costs no register more; the host never reads
-// the offsets. A finalize kernel sums, per segment, its chunks' partials in a fixed order
-// (zeros for an empty segment) and checks the offsets (a device-side assert).
+// the chunks, then G int32: each segment's first chunk, written by the thread-row owning
+// it). A thread-row finds its chunk by a scan of the offsets on the device, so the loop over
+// rows is the per-sample one and costs no register more; the host never reads the offsets.
+// A finalize kernel sums, per segment, its chunks' partials in a fixed order (zeros for an
+// empty segment) and checks the offsets (a device-side assert).
 //
 // Latency hiding: the accumulators cost registers, so few warps fit per SM. With STAGES > 0
 // each thread streams the x and dy rows it will need STAGES-1 rows ahead into its own
@@ -58,13 +59,14 @@ struct BwdParams {
   int D;
 };
 
-// Chunk v, the k-th chunk of segment g: g and its rows [begin, end), found by the 32 lanes of a
+// Chunk v, the k-th chunk of segment g: g, its rows [begin, end) and whether k = 0, found by the 32 lanes of a
 // warp together (a warp belongs to one thread-row, so all lanes ask for the same v), 32
 // segments per step: each lane counts one segment's chunks and a warp scan gives where they
 // start. No chunk v (past the last): begin = end = 0. Rows are clamped to [0, L], so
 // offsets that break the rules can give wrong rows but never out-of-bounds ones.
 struct Chunk {
   int64_t seg, begin, end;
+  bool first;
 };
 
 __device__ __forceinline__ int64_t clamp(int64_t v, int64_t lo, int64_t hi) {
@@ -89,13 +91,19 @@ __device__ __forceinline__ Chunk find_chunk(const int32_t* cu, int64_t G, int64_
     const unsigned hit = __ballot_sync(0xffffffffu, before + incl - n <= v && v < before + incl);
     if (hit != 0) {
       const int src = __ffs(hit) - 1;
-      const int64_t begin = __shfl_sync(0xffffffffu, a, src) +
-                            (v - before - __shfl_sync(0xffffffffu, incl - n, src)) * T;
-      return {g0 + src, begin, clamp(begin + T, begin, __shfl_sync(0xffffffffu, e, src))};
+      const int64_t k = v - before - __shfl_sync(0xffffffffu, incl - n, src);
+      const int64_t begin = __shfl_sync(0xffffffffu, a, src) + k * T;
+      return {g0 + src, begin, clamp(begin + T, begin, __shfl_sync(0xffffffffu, e, src)),
+              k == 0};
     }
     before += __shfl_sync(0xffffffffu, incl, 31);
   }
-  return {0, 0, 0};
+  return {0, 0, 0, false};
+}
+
+// The segment workspace's int32 tail: each segment's first chunk (after the [2, V, D] rows).
+__host__ __device__ __forceinline__ int64_t first_chunks_offset(int64_t chunks, int64_t D) {
+  return 2 * chunks * D;
 }
 
 // 16-byte shared-memory slots one thread needs per pipeline stage (x and dy packs).
@@ -131,6 +139,11 @@ __device__ __forceinline__ void bwd_body(const BwdParams& p) {
     mod_b = chunk.seg;
     s0 = chunk.begin;
     s1 = chunk.end;
+    if (chunk.first && tx == 0) {  // where the finalize finds this segment's chunks
+      int32_t* first_chunk =
+          reinterpret_cast<int32_t*>(p.workspace + first_chunks_offset(p.chunks, p.D));
+      first_chunk[chunk.seg] = static_cast<int32_t>(q);
+    }
   }
   const int64_t first = SEGMENTS ? s0 : s0 + ty;
   const int64_t step = SEGMENTS ? 1 : rows;
@@ -377,30 +390,24 @@ __global__ void __launch_bounds__(32 * kFinWarps)
 }
 
 // Per segment g (grid row g): the sum of its chunks' partials, chunks c0 .. c0 + n - 1 with
-// n = ceil(len_g / T) and c0 the chunks of the segments before it (counted by the CTA:
-// G / 256 loads per thread); zeros for an empty segment. Chunk indices are clamped, so any
-// offsets stay in bounds; block (0, 0, 0) checks the offsets on the device.
+// n = ceil(len_g / T) and c0 the first chunk the main kernel recorded; zeros for an empty
+// segment. Chunk indices are clamped, so any offsets stay in bounds; block (0, 0, 0) checks
+// the offsets on the device.
 template <typename M>
 __global__ void __launch_bounds__(32 * kFinWarps)
     ln_mod_bwd_seg_finalize(const float* __restrict__ ws, M* dscale, M* dshift,
                             const int32_t* cu, int64_t G, int64_t L, int64_t chunks,
                             int64_t span, int D) {
   if (blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0) check_offsets(cu, G, L);
-  __shared__ int64_t counts[32 * kFinWarps];
-  const int tid = threadIdx.y * 32 + threadIdx.x;
   const int64_t g = blockIdx.y;
-  auto chunks_of = [&](int64_t k) {
-    const int64_t a = clamp(cu[k], 0, L);
-    return (clamp(cu[k + 1], a, L) - a + span - 1) / span;
-  };
-  int64_t mine = 0;
-  for (int64_t k = tid; k < g; k += 32 * kFinWarps) mine += chunks_of(k);
-  counts[tid] = mine;
-  __syncthreads();
+  const int64_t a = clamp(cu[g], 0, L);
+  int64_t n = (clamp(cu[g + 1], a, L) - a + span - 1) / span;
   int64_t c0 = 0;
-  for (int k = 0; k < 32 * kFinWarps; ++k) c0 += counts[k];  // a broadcast read per step
-  c0 = clamp(c0, 0, chunks);
-  const int64_t n = clamp(chunks_of(g), 0, chunks - c0);
+  if (n > 0) {
+    const auto* first_chunk = reinterpret_cast<const int32_t*>(ws + first_chunks_offset(chunks, D));
+    c0 = clamp(first_chunk[g], 0, chunks);
+    n = clamp(n, 0, chunks - c0);
+  }
   const float* src = ws + blockIdx.z * chunks * D;
   column_sums<M>([&](int64_t k) { return src + (c0 + k) * D; }, n, dscale, dshift, g, D);
 }
@@ -481,7 +488,7 @@ const char* make_plan(const LnModBwdArgs& a, const void* kernel, RowConfig cfg, 
 int64_t workspace_floats(const LnModBwdArgs& a, const Plan& plan) {
   switch (a.layout) {
     case dispatch::kPerSample: return 2 * a.B * plan.parts * plan.cfg.rows * a.D;
-    case dispatch::kPerSegment: return 2 * plan.chunks * a.D;
+    case dispatch::kPerSegment: return first_chunks_offset(plan.chunks, a.D) + a.G;
     default: return 0;
   }
 }
