@@ -69,7 +69,7 @@ def prepare_data(
 # that differs when two plans' digests do
 PLAN_INPUTS = (
     "policy", "seed", "epoch", "world_size", "num_samples", "num_excluded",
-    "m_tok", "m_mem", "m_comp", "p", "window_steps", "deal_cost",
+    "m_tok", "m_mem", "m_comp", "p", "pack_tokens", "window_steps", "deal_cost",
 )  # fmt: skip
 
 
