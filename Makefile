@@ -6,7 +6,7 @@ VENV   := .venv
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 CORES  ?= all
 
-.PHONY: setup run test lint clean
+.PHONY: setup run test check lint clean
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
@@ -21,6 +21,12 @@ run: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/python -m pytest -q
+
+# the developer's fast lane: ruff and every module's unit tests, without the end-to-end tests
+# (`slow`: Snakemake, torchrun, installs, subprocess-heavy CLI runs) and the CUDA-only ones
+check: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/python -m pytest -q -m "not slow and not cuda"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -5,7 +5,8 @@ holds the list and checks it):
 
     base         errors, io, progress, tokens, metrics, extras, provenance, experiment (the
                  experiment files and their schema), step_table (the per-step table),
-                 pipeline (what the workflow rules and the package share: layout, variants)
+                 lifecycle (stop signals, the parent-death signal), pipeline (what the
+                 workflow rules and the package share: layout, variants)
     ops          the LayerNorm-Modulate op and its CUDA build
     model        Wan 2.1 (architectures, the DiT, analytic FLOPs and memory)
     data         manifests, mixtures, bucketing, datasets
@@ -15,7 +16,7 @@ holds the list and checks it):
     training     the trainer
     tracking     MLflow
     analysis     tables, statistics, figures
-    cli          the `adaptiveload` command
+    cli          the `adaptiveload` command; jobshell, the shell of every pipeline job
 
 Packages re-export nothing: import from the module that defines a name.
 """

@@ -40,7 +40,7 @@ for AdaptiveLoad and M_tok for the equal-token baseline, both calibrated to one 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -223,7 +223,39 @@ class Calibration:
 
     @classmethod
     def load(cls, path: str | Path) -> Calibration:
+        """A calibration file, or a shipped calibration by name (`shipped_calibrations`: the
+        H200 files, package data, so an installed package has them without a checkout)."""
+        shipped = shipped_calibrations()
+        if not Path(path).exists() and str(path) in shipped:
+            path = shipped[str(path)]
+        elif not Path(path).exists():
+            raise UserError(
+                f"{path}: calibration file not found; write one with `adaptiveload calibrate` "
+                f"or name a shipped one: {', '.join(shipped)}"
+            )
         return cls.from_dict(read_json(path, "calibration file"), origin=str(path))
+
+    def for_tokens(
+        self, tokens: Any, capacity_bytes: float | None = None, headroom: float | None = None
+    ) -> Calibration:
+        """This cost model with its budgets derived for another token mix (`derive_budgets`:
+        p over these tokens' range, the reference batch among them), at `capacity_bytes`
+        (None: the file's) and `headroom` (None: the file's). The what-if of a user's own
+        data: a calibration keeps the p and budgets of the mix it was made for."""
+        capacity = self.capacity_bytes if capacity_bytes is None else capacity_bytes
+        if not capacity:
+            raise UserError(
+                f"calibration of {self.model} ({self.label}) records no capacity_bytes; "
+                "give the device's memory (--capacity-gb)"
+            )
+        if headroom is None:
+            headroom = self.headroom
+        derived = derive_budgets(self.cost, tokens, float(capacity), headroom)
+        extra = {**self.extra, "budgets": derived.to_dict(), "headroom": headroom}
+        return replace(
+            self, p=derived.p, m_mem=derived.m_mem, m_comp=derived.m_comp, m_tok=derived.m_tok,
+            capacity_bytes=float(capacity), extra=extra,
+        )  # fmt: skip
 
     def require_model(self, model: str, origin: str | Path) -> None:
         """UserError unless this calibration was made for `model`: the same name and, where
@@ -269,6 +301,14 @@ class Calibration:
                 "regenerate it with `adaptiveload calibrate` or give M_comp explicitly"
             )
         return scale * (b_ref * s_ref**p)
+
+
+def shipped_calibrations() -> dict[str, Path]:
+    """The calibrations that come with the package (package data), by name: the analytic H200
+    priors of Wan 2.1 1.3B and 14B, and the 1.3B measured on an H200 (docs/calibration.md).
+    `Calibration.load` takes these names wherever it takes a path."""
+    folder = Path(__file__).parent / "calibration" / "shipped"
+    return {p.stem: p for p in sorted(folder.glob("*.json"))}
 
 
 def _finite_number(value: Any) -> bool:

@@ -134,13 +134,42 @@ def read_yaml(path: str | Path, what: str = "experiment file") -> Any:
         raise UserError(f"{path}: not valid YAML ({' '.join(str(exc).split())})") from None
 
 
+# the key of a stage's view of an experiment (`view`): the fields it holds, nothing else
+VIEW_KEY = "view"
+
+
 def load(path: str | Path) -> dict[str, Any]:
-    """Read an experiment YAML, fill defaults, validate. Raises UserError on bad input."""
+    """Read an experiment YAML, fill defaults, validate. Raises UserError on bad input.
+
+    A stage's view (what `view` writes: the file lists its fields under `view`) is validated
+    the same way and returned with those fields only: a field outside it is absent, so a
+    stage that reads one fails loudly (KeyError) instead of silently getting its default."""
     path = Path(path)
     raw = read_yaml(path)
     if not isinstance(raw, dict):
         raise UserError(f"{path}: expected a mapping of fields at the top level")
-    return validate(raw, origin=str(path))
+    fields = raw.pop(VIEW_KEY, None)
+    config = validate(raw, origin=str(path))
+    return config if fields is None else select(config, fields)
+
+
+def view(config: dict[str, Any], fields: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    """The file content of a view of the validated `config`: the `fields` (dotted paths, a
+    section name for all of it) and the list of them, which `load` keeps to."""
+    return {VIEW_KEY: list(fields), **select(config, fields)}
+
+
+def select(config: dict[str, Any], fields: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    """The `fields` (dotted paths) of `config` and nothing else, nested as in `config`."""
+    out: dict[str, Any] = {}
+    for name in fields:
+        *sections, last = name.split(".")
+        source, target = config, out
+        for section in sections:
+            source, target = source[section], target.setdefault(section, {})
+        if last in source:  # an optional field without a default (description) may be absent
+            target[last] = copy.deepcopy(source[last])
+    return out
 
 
 def check_pipeline_config(config: dict[str, Any], files: list[str | Path]) -> None:

@@ -7,8 +7,11 @@ mkstemp's private 0600, so colleagues sharing a results folder can read them.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
+import socket
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,18 +22,50 @@ from adaptiveload.errors import UserError
 
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
-    """Yield a temporary path beside `path`; rename it onto `path` only if the block succeeds."""
+    """Yield a temporary path beside `path`; rename it onto `path` only if the block succeeds.
+
+    A write the disk refuses (full, read-only, over quota) is a UserError naming `path` and
+    the fix, and leaves neither the temporary nor a changed `path` behind."""
     final = Path(path)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
+    except OSError as exc:
+        raise _refused(final, exc) from None
     os.close(fd)
     tmp_path = Path(tmp)
     try:
         yield tmp_path
         os.chmod(tmp_path, 0o666 & ~_umask())
         os.replace(tmp_path, final)
+    except OSError as exc:
+        raise _refused(final, exc) from None
     finally:
         tmp_path.unlink(missing_ok=True)
+
+
+# what a disk says when it refuses a write, and what the user does about it
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+NOT_WRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+def write_failure(path: str | os.PathLike[str], exc: OSError) -> str | None:
+    """The one-line message for a write to `path` the disk refused (`exc`): what happened and
+    the fix; None if `exc` is not such a refusal (a bug, to be reported as it is)."""
+    folder = Path(path).parent
+    reason = os.strerror(exc.errno) if exc.errno else str(exc)
+    if exc.errno in DISK_FULL:
+        fix = f"free space on the disk that holds {folder} (`df -h {folder}`) and run it again"
+    elif exc.errno in NOT_WRITABLE:
+        fix = f"make {folder} writable (or write the results elsewhere) and run it again"
+    else:
+        return None
+    return f"{path}: cannot write it ({reason}); {fix}"
+
+
+def _refused(path: Path, exc: OSError) -> OSError | UserError:
+    message = write_failure(path, exc)
+    return exc if message is None else UserError(message)
 
 
 def _umask() -> int:
@@ -60,6 +95,61 @@ def remove_temporaries(directory: str | os.PathLike[str], name_glob: str = "*") 
     return stale
 
 
+class LockHeld(Exception):
+    """`exclusive` without waiting found the lock taken; `holder` says by whom, as the holder
+    wrote it into the lock file (pid, host, command), or that it could not be read."""
+
+    def __init__(self, path: Path, holder: str):
+        super().__init__(f"{path}: held by {holder}")
+        self.path, self.holder = path, holder
+
+
+@contextlib.contextmanager
+def exclusive(path: str | os.PathLike[str], wait: bool = False) -> Iterator[None]:
+    """Hold an exclusive lock on the file `path` (created, with its folder, if missing) for
+    the block; `wait`: block until it is free, else raise LockHeld at once.
+
+    The lock is the kernel's (`flock`): a holder that dies, even by SIGKILL, releases it, so
+    a dead process never keeps a folder. The holder writes its pid, host and command into
+    the file for the message of whoever is refused, and removes the file when it is done (a
+    process that locked a file just unlinked retries on the new one). POSIX only: elsewhere
+    the block runs unlocked.
+    """
+    try:
+        import fcntl
+    except ImportError:  # Windows: no flock
+        yield
+        return
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        fh = open(path, "a+")  # noqa: SIM115 - held open for the whole block
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            fh.seek(0)
+            holder = " ".join(fh.read().split()) or "another process"
+            fh.close()
+            raise LockHeld(path, holder) from None
+        try:
+            same = os.stat(path).st_ino == os.fstat(fh.fileno()).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        fh.close()  # locked a file its holder had just removed: take the new one
+    try:
+        with contextlib.suppress(OSError):  # who holds it is for messages only (a full disk)
+            fh.seek(0)
+            fh.truncate()
+            fh.write(f"pid {os.getpid()} on {socket.gethostname()}: {' '.join(sys.argv)[:300]}\n")
+            fh.flush()
+        yield
+    finally:
+        path.unlink(missing_ok=True)
+        fh.close()
+
+
 def read_json(path: str | os.PathLike[str], what: str = "file") -> Any:
     """Parse a JSON file; a missing or malformed one is a UserError naming the file."""
     try:
@@ -81,6 +171,24 @@ def read_text(path: str | os.PathLike[str], what: str = "file") -> str:
         raise UserError(f"{path}: {what} is not UTF-8 text (a binary file?)") from None
     except OSError as exc:
         raise UserError(f"{path}: {what} cannot be read ({exc.strerror})") from None
+
+
+def read_table(path: str | os.PathLike[str], what: str, fix: str) -> Any:
+    """A CSV (by its suffix) or else Parquet table as a pandas DataFrame. Missing, a folder or
+    unreadable (truncated by a full disk, corrupted, not a table) is a UserError naming the
+    file, with `fix`, what the user does about it, after the reason."""
+    import pandas as pd
+
+    path = Path(path)
+    if path.is_dir():  # pyarrow would read it as an (empty) dataset
+        raise UserError(f"{path}: {what} (a file) expected, found a directory")
+    try:
+        return pd.read_csv(path) if path.suffix.lower() == ".csv" else pd.read_parquet(path)
+    except FileNotFoundError:
+        raise UserError(f"{path}: {what} not found; {fix}") from None
+    except Exception as exc:  # parsers raise many library-specific types
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise UserError(f"{path}: {what} cannot be read ({first}); {fix}") from None
 
 
 def write_text(path: str | os.PathLike[str], text: str) -> None:

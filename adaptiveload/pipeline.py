@@ -1,7 +1,8 @@
 """What the pipeline's rules (Snakefile, workflow/rules/*.smk) and the package must agree on,
 written once here and called from both: where an experiment's files go (`Layout`), the names
 of sweep points (`variants`, `parse_variant`, `sweep_point`), the ranks a run may emulate
-(`check_world_size`) and the index of every run the analysis reads (`run_index`).
+(`check_world_size`), the index of every run the analysis reads (`run_index`) and the fields
+of the experiment each stage reads (`STAGE_FIELDS`).
 
 Layout of one experiment (one never overwrites another; README "Where results land"):
 
@@ -21,9 +22,12 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from adaptiveload import experiment
 from adaptiveload.errors import UserError
 
 PUBLISHED_EXPERIMENT = "default"  # its tables and figures go to results/tables|figures
+# in a run folder: the tracking records an unreachable store has not taken yet (while any are)
+RUN_SPOOL = "tracking.spool.jsonl"
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,10 @@ class Layout:
         """The resolved experiment (defaults filled) that every stage reads."""
         return f"{self.root}/config.yaml"
 
+    def view(self, stage: str) -> str:
+        """A stage's view of the resolved experiment: the fields it reads (`STAGE_FIELDS`)."""
+        return f"{self.root}/config/{stage}.yaml"
+
     @property
     def calibration(self) -> str:
         return f"{self.root}/calibration/calibration.json"
@@ -77,6 +85,11 @@ class Layout:
     @property
     def store_ready(self) -> str:
         return f"{self.root}/tracking/store.ready"
+
+    @property
+    def tracking_check(self) -> str:
+        """The end-of-run check: every training run's records in the store, its run FINISHED."""
+        return f"{self.root}/tracking/check.json"
 
     @property
     def kernel_bench(self) -> str:
@@ -112,6 +125,30 @@ class Layout:
     def sim_dir(self, sim: str, variant: str, policy: str, seed: int | str) -> str:
         """A simulation's folder: plan.json, steps.parquet, summary.json."""
         return f"{self.root}/sim/{sim}/{variant}/{policy}/seed{seed}"
+
+
+# ---------------------------------------------------------------- stage views
+# The fields of the resolved experiment each stage that takes `--config` reads (dotted paths;
+# a section name stands for all of it). The pipeline hands each stage its view
+# (`Layout.view`), a file that changes only when these fields do, so an edit elsewhere (the
+# description, the analysis settings, a simulation) reruns no calibration or training; a
+# stage that reads a field not listed fails at once (`experiment.load` keeps to the view).
+STAGE_FIELDS: dict[str, tuple[str, ...]] = {
+    # CalibrationConfig.from_experiment: the measured model, the token mix, the grid and
+    # budget rules, and whether training checkpoints activations (the steps it times)
+    "calibrate": ("name", "model.config", "data", "calibration",
+                  "train.activation_checkpointing"),
+    # training.settings.from_experiment, training.inputs.prepare_data (the policy, seed and
+    # kernel come from the command line; the plan it must reproduce is an input file)
+    "train": ("name", "model.config", "model.batch_layout", "data", "budgets", "train",
+              "calibration.device", "calibration.file"),
+    "paper_map": ("name", "paper_map"),
+}  # fmt: skip
+
+
+def stage_view(config: dict[str, Any], stage: str) -> dict[str, Any]:
+    """The content of `stage`'s view of the validated experiment `config` (`Layout.view`)."""
+    return experiment.view(config, STAGE_FIELDS[stage])
 
 
 # ---------------------------------------------------------------- sweep points

@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pandas as pd
+import pytest
 from analysis_synth import planted_runs, write_run
 
 from adaptiveload.analysis.figures import FIGURES
@@ -18,6 +19,7 @@ def _cli(*args):
     return out
 
 
+@pytest.mark.slow
 def test_tables_and_figures_from_synthetic_runs(tmp_path):
     index = planted_runs(tmp_path / "runs", planted=True, seeds=(0, 1))
     for p in (1.0, 1.5, 2.0):  # a simulated p sweep, labelled `model`
@@ -67,6 +69,7 @@ def test_tables_and_figures_from_synthetic_runs(tmp_path):
         assert png.stat().st_size > 5000, name
 
 
+@pytest.mark.slow
 def test_unknown_figure_is_a_user_error(tmp_path):
     out = subprocess.run([*CLI, "figures", "--runs", "x", "--steps", "y", "--stats", "z",
                           "--out-dir", str(tmp_path), "--figure", "nope"],
@@ -121,6 +124,35 @@ def test_calibration_fit_plots_the_cost_models_prediction():
     xy = fig.axes[0].collections[0].get_offsets()
     assert len(xy) == 9
     np.testing.assert_allclose(xy[:, 0], xy[:, 1], rtol=1e-9)
+
+
+def test_calibration_fit_marks_the_held_out_packs():
+    """The mixed packs (the file's `additivity`) are plotted at (predicted, measured) beside
+    the grid points; a pack that ran out of memory is not; the title gives median and worst."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from adaptiveload.analysis.figures import calibration_fit
+    from adaptiveload.calibration.additivity import held_out
+    from adaptiveload.costmodel import CostModel
+
+    cost = CostModel(c0=0.01, a=1e-4, b=1e-8)
+    points = [{"batch": n, "tokens": s, "time_s": float(cost.step_time(n, s))}
+              for n in (1, 2) for s in (100, 1000, 4000)]  # fmt: skip
+    packs = [{"pack": "a", "tokens": [1000, 100], "samples": 2, "sum_tokens": 1100,
+              "status": "ok", "time_s": 1.25 * cost.set_time([1000, 100])},
+             {"pack": "b", "tokens": [4000, 4000, 100], "samples": 3, "sum_tokens": 8100,
+              "status": "oom", "time_s": None}]  # fmt: skip
+    cal = {"model": "m", "device": "d", "source": "measured", "p": 1.2, "points": points,
+           "cost": {"c0": 0.01, "a": 1e-4, "b": 1e-8},
+           "additivity": held_out(cost, packs, memory_measured=False, timer="cpu")}  # fmt: skip
+    ax = calibration_fit(SimpleNamespace(calibration=cal)).axes[0]
+    crosses = [c for c in ax.collections if c.get_label() == "mixed packs (held out)"]
+    assert len(crosses) == 1
+    np.testing.assert_allclose(crosses[0].get_offsets(),
+                               [[cost.set_time([1000, 100]), packs[0]["time_s"]]])  # fmt: skip
+    assert "mixed packs held out (1): median 20.0%, worst 20.0%" in ax.get_title()
 
 
 def test_figure_layouts_name_things_and_do_not_collide(tmp_path):

@@ -102,6 +102,7 @@ def test_shipped_measured_calibration_is_the_refit_of_both_runs(mix):
     assert shipped.cost.t_floor > 0 and shipped.extra["fit"]["loo_max"] <= 0.15
 
 
+@pytest.mark.slow
 def test_refit_cli_writes_the_shipped_file_and_refuses_another_model(tmp_path):
     import subprocess
     import sys

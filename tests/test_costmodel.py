@@ -301,6 +301,7 @@ def test_samples_over_the_device_capacity_are_excluded_and_counted():
     assert real["tokens"].max() == 1024
 
 
+@pytest.mark.slow
 def test_budgets_cli_sizes_the_device_for_an_m_mem():
     """`adaptiveload budgets --m-mem`: the capacity at which M_mem is the given tokens, and the
     budgets there (what experiments/gpu/train_budgets.py gives a short device run)."""

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import pytest
 from PIL import Image
 
 from adaptiveload.data.manifest import load_manifest
@@ -21,6 +22,7 @@ def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_synth_then_describe(tmp_path):
     csv, pq = tmp_path / "m.csv", tmp_path / "m.parquet"
     assert cli("synth", "--mixture", "tiny-cpu", "-n", 300, "--seed", 5, "-o", csv).returncode == 0
@@ -45,6 +47,7 @@ def test_synth_then_describe(tmp_path):
     assert exact["bucketing"] == "exact" and exact["num_samples"] == 300
 
 
+@pytest.mark.slow
 def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path):
     bad = tmp_path / "bad.csv"
     bad.write_text("sample_id,num_frames,height,width\na,81,480,832\nb,0,480,832\n")

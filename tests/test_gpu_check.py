@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import subprocess
 import sys
 import tarfile
@@ -14,6 +16,7 @@ import pandas as pd
 import pytest
 
 from adaptiveload import experiment
+from adaptiveload.calibration.additivity import held_out
 from adaptiveload.calibration.measure import calibrate
 from adaptiveload.calibration.settings import BudgetRules, CalibrationConfig, Grid
 from adaptiveload.costmodel import Calibration
@@ -27,6 +30,7 @@ import import_results  # noqa: E402
 import train_budgets  # noqa: E402
 
 PRIOR = ROOT / "experiments" / "calibration" / "h200-wan2.1-t2v-1.3b.json"
+MEASURED = ROOT / "experiments" / "calibration" / "h200-wan2.1-t2v-1.3b-measured.json"
 
 
 def _env() -> dict[str, str]:
@@ -38,6 +42,82 @@ def test_max_batch_tokens_that_leaves_too_few_points_is_refused():
         grid = Grid(batch_sizes=(1, 2), tokens=(16, 64), max_batch_tokens=64)
         calibrate(CalibrationConfig(model="wan2.1-micro", grid=grid, budgets=BudgetRules(0.1)),
                   progress=False)  # fmt: skip
+
+
+def _script_calibration(variable: str, *extra: str) -> CalibrationConfig:
+    """The CalibrationConfig h200.sh's `variable` (CAL_FLAGS_CUDA or CAL_FLAGS_DRY) gives,
+    through the command line's own parser and its one place flags become a config."""
+    import typer
+
+    from adaptiveload.cli.app import app
+    from adaptiveload.cli.calibrate import _settings
+
+    script = (GPU / "h200.sh").read_text()
+    flags = re.search(rf'^{variable}="(.*?)"$', script, re.S | re.M).group(1)
+    measure = typer.main.get_command(app).commands["calibrate"].commands["measure"]
+    ctx = measure.make_context("measure", [*shlex.split(flags.replace("\\\n", " ")), *extra,
+                                           "-o", "unused.json"])  # fmt: skip
+    return _settings(None, dict(ctx.params, max_loo=ctx.params["max_loo_error"]))
+
+
+def _device_seconds(seconds: float, grid: Grid) -> float:
+    """Device time of one grid point or pack of `seconds` a step (all above the 50 ms that
+    buys a probe step): its warm-up steps (the last one timed), then one step per pass."""
+    return (grid.warmup + grid.repeats) * seconds
+
+
+def test_the_device_check_times_mixed_packs_within_the_h200_and_its_part_limit():
+    """The calibrate part's packs (CAL_FLAGS_CUDA): mixes of short and long segments, each
+    within the H200's memory and the grid's largest bucket by the measured calibration; grid
+    and packs together predicted to leave the part's limit room for the model's start and the
+    validation (model: the measured 1.3B calibration's step times)."""
+    cfg = _script_calibration("CAL_FLAGS_CUDA", "--model", "wan2.1-t2v-1.3b", "--device", "cuda")
+    grid, cal = cfg.grid, Calibration.load(MEASURED)
+    assert [p.name for p in grid.packs] == ["floor", "short", "medium", "long"]
+    usable = cal.usable_bytes
+    for pack in grid.packs:
+        assert min(pack.tokens) == 1560 and len(set(pack.tokens)) >= 2
+        assert max(pack.tokens) <= max(grid.tokens)
+        assert cal.cost.set_memory(pack.tokens) < 0.5 * usable, pack.name
+    assert cal.cost.set_time(grid.packs[0].tokens) < 1.25 * cal.cost.t_floor  # under the floor
+    packs_s = sum(_device_seconds(cal.cost.set_time(p.tokens), grid) for p in grid.packs)
+    from adaptiveload.calibration.measure import _checked_grid
+
+    points, _ = _checked_grid(grid, largest=75600)
+    grid_s = sum(_device_seconds(float(cal.cost.step_time(b, s)), grid)
+                 for b, s in points)  # fmt: skip
+    limit = int(re.search(r"CALIBRATE_S:-(\d+)", (GPU / "h200.sh").read_text()).group(1))
+    assert packs_s < 25 and grid_s + packs_s < limit - 50, (grid_s, packs_s, limit)
+    dry = _script_calibration("CAL_FLAGS_DRY", "--model", "wan2.1-micro")
+    assert [p.name for p in dry.grid.packs] == ["short", "mixed"]
+
+
+def test_the_summary_reports_the_additivity_of_the_packs(tmp_path, gpu_script):
+    summarize = gpu_script("summarize")
+    cal = Calibration.load(MEASURED)
+    rows = [{"pack": "mixed", "tokens": [32760, 1560], "samples": 2, "sum_tokens": 34320,
+             "status": "ok", "time_s": 3.3, "peak_bytes": 30e9},
+            {"pack": "huge", "tokens": [75600, 75600, 1560], "samples": 3, "sum_tokens": 152760,
+             "status": "oom", "time_s": None, "peak_bytes": None}]  # fmt: skip
+    data = cal.to_dict()
+    data["additivity"] = held_out(cal.cost, rows, memory_measured=True, timer="wall")
+    (tmp_path / "calibration").mkdir()
+    (tmp_path / "calibration" / "h200.json").write_text(json.dumps(data))
+    summarize.main(tmp_path)
+    add = json.loads((tmp_path / "summary.json").read_text())["calibration"]["additivity"]
+    assert (add["num_packs"], add["num_measured"], add["worst_pack"]) == (2, 1, "mixed")
+    pred = cal.cost.set_time([32760, 1560])
+    assert add["packs"][0]["predicted_s"] == pytest.approx(pred)
+    assert add["max_rel_err"] == pytest.approx(abs(pred / 3.3 - 1))
+    assert "cpu_s_passes" not in add["packs"][0]  # the headline, not the raw passes
+    text = (tmp_path / "summary.txt").read_text()
+    assert "additivity: 1 of 2 mixed packs held out of the fit (wall-clock seconds)" in text
+    assert "  mixed: 32760 + 1560 = 34320 tokens: measured 3.3 s" in text
+    assert "  huge: 75600x2 + 1560 = 152760 tokens: oom" in text
+    del data["additivity"]  # a calibration of before the packs
+    (tmp_path / "calibration" / "h200.json").write_text(json.dumps(data))
+    summarize.main(tmp_path)
+    assert "additivity: no packs in this calibration" in (tmp_path / "summary.txt").read_text()
 
 
 def test_training_budgets_fit_the_longest_bucket_and_keep_the_measured_model():
@@ -61,6 +141,7 @@ def test_training_budgets_fit_the_longest_bucket_and_keep_the_measured_model():
         train_budgets.scaled(prior, exp, fill=0.5)
 
 
+@pytest.mark.slow
 def test_training_without_checkpoints_writes_none(tmp_path):
     cal = tmp_path / "cal.json"
     cal_out = tmp_path / "cal-train.json"
@@ -108,6 +189,10 @@ def test_dry_run_of_the_whole_check_imports_back(tmp_path):
     assert {r["kernel"] for r in summary["train"]} == {"eager", "fused"}
     assert all(r["imbalance_predicted"] is not None for r in summary["train"])
     assert summary["calibration"]["label"].startswith("measured")
+    additivity = summary["calibration"]["additivity"]  # CAL_FLAGS_DRY's packs, held out
+    assert [r["pack"] for r in additivity["packs"]] == ["short", "mixed"]
+    assert additivity["num_measured"] == 2 and additivity["max_rel_err"] >= 0
+    assert "additivity: 2 of 2 mixed packs" in (out / "summary.txt").read_text()
     assert summary["dist"]["launch_mode"] == "distributed" and summary["dist"]["world_size"] == 2
     steps = pd.read_parquet(out / "dist" / "ddp" / "steps.parquet")
     assert sorted(steps["rank"].unique()) == [0, 1]
@@ -130,6 +215,7 @@ def test_dry_run_of_the_whole_check_imports_back(tmp_path):
     assert dated.name == prov["date"][:10] and (dated / "provenance.json").is_file()
     assert prov["dry_run"] and len(prov["training_runs"]) == 6 and prov["archive_sha256"]
     assert prov["dist_check"]["launch_mode"] == "distributed"
+    assert prov["additivity"]["num_measured"] == 2
     assert prov["repo_commit"] and prov["versions"]["torch"]
     again = import_results.import_run(pack, dest, dry=True)  # the same date: a new folder
     assert Path(again["dest"]).name == f"{dated.name}-2"

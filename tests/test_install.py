@@ -63,6 +63,7 @@ def _metadata(whl: Path) -> email.message.Message:
         return email.message_from_bytes(zf.read(name))
 
 
+@pytest.mark.slow
 def test_wheel_metadata_core_vs_extras(wheel):
     meta = _metadata(wheel)
     assert meta["License-Expression"] == "Apache-2.0"
@@ -85,6 +86,9 @@ def test_wheel_metadata_core_vs_extras(wheel):
     kernel_sources = {p.relative_to(ROOT).as_posix() for p in kb.SOURCE_DIR.iterdir()}
     assert kernel_sources and kernel_sources <= set(names)  # `kernel build` compiles installed
     assert any(n.endswith("licenses/LICENSE") for n in names)
+    shipped = {f"adaptiveload/calibration/shipped/{p.name}"
+               for p in (ROOT / "experiments" / "calibration").glob("*.json")}  # fmt: skip
+    assert shipped and shipped <= set(names)  # `--calibration h200-...` works when installed
 
 
 def _extra_closure(reqs: list[Requirement], extra: str) -> set[str]:
@@ -156,6 +160,7 @@ def _run(python: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
     )  # fmt: skip
 
 
+@pytest.mark.slow
 def test_core_venv_plans_a_manifest_with_empty_fps(core_python, tmp_path):
     probe = subprocess.run(
         [str(core_python), "-c",
@@ -185,6 +190,15 @@ def test_core_venv_plans_a_manifest_with_empty_fps(core_python, tmp_path):
     )  # fmt: skip
     assert plan.returncode == 0, plan.stderr
     assert "adaptiveload:" in plan.stdout and (tmp_path / "plan.parquet").stat().st_size > 0
+
+    # the shipped calibrations are package data: by name, without a checkout
+    compared = _run(
+        core_python, "compare", "--manifest", str(manifest), "--world-size", "4",
+        "--calibration", "h200-wan2.1-t2v-1.3b", "-o", "compare.json", cwd=tmp_path,
+    )  # fmt: skip
+    assert compared.returncode == 0, compared.stderr
+    report = json.loads((tmp_path / "compare.json").read_text())
+    assert report["calibration"]["label"] == "model (NVIDIA H200 (analytic prior))"
 
     # a command of an extra stops with one line naming the extra, not a traceback
     tracking = _run(core_python, "tracking", "init", cwd=tmp_path)

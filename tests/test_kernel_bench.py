@@ -19,6 +19,7 @@ from adaptiveload.ops import kernel_bench
 torch.set_num_threads(1)
 
 
+@pytest.mark.slow
 def test_e2e_dry_run_on_cpu_writes_both_kernels_per_length(tmp_path):
     out = tmp_path / "e2e.csv"
     proc = subprocess.run(
@@ -39,6 +40,7 @@ def test_e2e_dry_run_on_cpu_writes_both_kernels_per_length(tmp_path):
     assert fused.speedup_vs_eager.notna().all() and fused.fused_impl.str.contains("reference").all()
 
 
+@pytest.mark.slow
 def test_compile_baseline_grads_keep_broadcast_shapes():
     """Static-shape compile of Wan's eager sequence, [1, 1, D] chunk-view leaves (the shape
     whose gradient came back as [D] from a dynamic-S compile on the first H200 run)."""
@@ -111,6 +113,7 @@ def test_bench_configs_refuse_what_cannot_run(make, fragment):
         make()
 
 
+@pytest.mark.slow
 def test_bench_command_line_refuses_a_bad_list_in_one_line(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "adaptiveload", "kernel", "bench", "--dims", "1536,x",
@@ -122,6 +125,7 @@ def test_bench_command_line_refuses_a_bad_list_in_one_line(tmp_path):
     assert not (tmp_path / "b.csv").exists()
 
 
+@pytest.mark.slow
 def test_bench_command_line_takes_the_segment_shapes(tmp_path):
     """`--segment-counts ''` measures the dense layout only; a zero count is refused in one
     line with nothing written; on a GPU-less machine `--skip-ok` writes the skip record."""

@@ -148,6 +148,7 @@ def test_build_dir_is_the_env_vars_else_the_checkouts(monkeypatch, tmp_path):
     assert kernel_lib.library_path() == tmp_path / "adaptiveload_kernels.so"
 
 
+@pytest.mark.slow
 def test_not_built_fallback_defines_the_ops():
     """Without the library the same ops exist (defined in Python) and run the reference."""
     code = (
@@ -166,6 +167,7 @@ def test_not_built_fallback_defines_the_ops():
     assert "ln_modulate_seg_fwd" + lm.SEG_FWD_SCHEMA in out.stdout
 
 
+@pytest.mark.slow
 def test_library_built_for_another_torch_is_not_loaded(tmp_path):
     """A build record naming another torch version keeps the library unloaded, with the reason."""
     lib = tmp_path / "adaptiveload_kernels.so"
@@ -179,6 +181,7 @@ def test_library_built_for_another_torch_is_not_loaded(tmp_path):
     assert "built for torch 0.0.0" in out.stdout
 
 
+@pytest.mark.slow  # a fresh interpreter per case
 @pytest.mark.parametrize("recorded", ["0123456789abcdef", None])
 def test_library_built_from_other_sources_is_not_loaded(tmp_path, recorded):
     """A library of older kernel sources (or a record without their digest) would run in place

@@ -103,13 +103,14 @@ def test_homogeneous_pack_equals_the_dense_op():
         torch.testing.assert_close(seg.grad, den.grad.reshape(seg.shape))
 
 
-@pytest.mark.parametrize("lengths", [(2, 0, 3), (4,)])
+@pytest.mark.parametrize("lengths", [(2, 0, 3), pytest.param((4,), marks=pytest.mark.slow)])
 def test_gradcheck_fp64(lengths):
     x, scale, shift, cu = _pack(lengths, 16, torch.float64, torch.float64, seed=5)
     leaves = tuple(t.requires_grad_() for t in (x, scale, shift))
     assert torch.autograd.gradcheck(lambda *a: lm.ln_modulate_segments(*a, cu), leaves)
 
 
+@pytest.mark.slow
 def test_gradcheck_fp64_strided_chunk_views():
     """scale/shift as rows of a [G, 6, D] modulation tensor (row stride 6 D), like a packed Wan
     block's per-sample chunks."""
@@ -343,6 +344,7 @@ print(torch.ops.adaptiveload.ln_modulate_seg_fwd.default._schema)
 """
 
 
+@pytest.mark.slow
 def test_library_without_the_segment_ops_still_imports_and_says_rebuild():
     """A library built from older sources defines only the dense ops: the segment ops are
     defined here (reference math), and the fused path is reported unavailable until rebuilt."""

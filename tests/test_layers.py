@@ -15,7 +15,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("base", ("adaptiveload", "adaptiveload.errors", "adaptiveload.io", "adaptiveload.progress",
               "adaptiveload.tokens", "adaptiveload.metrics", "adaptiveload.extras",
               "adaptiveload.provenance", "adaptiveload.experiment", "adaptiveload.step_table",
-              "adaptiveload.pipeline")),
+              "adaptiveload.lifecycle", "adaptiveload.pipeline")),
     ("ops", ("adaptiveload.ops",)),
     ("model", ("adaptiveload.model",)),
     ("data", ("adaptiveload.data",)),
@@ -25,7 +25,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("training", ("adaptiveload.training",)),
     ("tracking", ("adaptiveload.tracking",)),
     ("analysis", ("adaptiveload.analysis",)),
-    ("cli", ("adaptiveload.cli", "adaptiveload.__main__")),
+    ("cli", ("adaptiveload.cli", "adaptiveload.__main__", "adaptiveload.jobshell")),
 )  # fmt: skip
 
 

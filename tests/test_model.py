@@ -127,6 +127,7 @@ def test_bad_latent_shape_is_rejected():
         model(x[..., :-1], t, context)
 
 
+@pytest.mark.slow
 def test_model_info_cli_reports_parameters_tokens_and_flops():
     import json
     import subprocess

@@ -82,7 +82,11 @@ def _packed_and_alone(impl: str, checkpointing: bool):
     return packed, packed_grads, alone, _grads(model)
 
 
-@pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "checkpointed"])
+@pytest.mark.parametrize(
+    "checkpointing",
+    [False, pytest.param(True, marks=pytest.mark.slow)],  # the fast lane: without checkpointing
+    ids=["plain", "checkpointed"],
+)
 @pytest.mark.parametrize("impl", ["eager", "fused"])
 def test_packed_forward_and_backward_equal_each_sample_alone(impl, checkpointing):
     packed, packed_grads, alone, alone_grads = _packed_and_alone(impl, checkpointing)
@@ -112,7 +116,11 @@ def test_the_oracle_can_fail():
     assert _rel(per_segment, whole) > 100 * RTOL
 
 
-@pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "checkpointed"])
+@pytest.mark.parametrize(
+    "checkpointing",
+    [False, pytest.param(True, marks=pytest.mark.slow)],  # the fast lane: without checkpointing
+    ids=["plain", "checkpointed"],
+)
 def test_a_pack_of_one_shape_equals_the_dense_batch(checkpointing):
     batch = collate(_items([(3, 8, 12)] * 3))
     assert batch.is_dense

@@ -4,9 +4,19 @@ workflow: outputs, report, MLflow runs, a no-op second run; plus lint and config
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
+import yaml
 from workflow_setup import REPO, copy_workflow, snakemake
+
+pytestmark = pytest.mark.slow  # every test here runs Snakemake
 
 
 @pytest.fixture(scope="module")
@@ -17,7 +27,6 @@ def tiny_run(tmp_path_factory):
     return work
 
 
-@pytest.mark.slow
 def test_pipeline_produces_tables_figures_and_mlflow_runs(tiny_run):
     res = tiny_run / "results" / "tiny"
     table = (res / "tables" / "paper_table.md").read_text()
@@ -65,9 +74,12 @@ def test_pipeline_produces_tables_figures_and_mlflow_runs(tiny_run):
     assert exp.tags["mlflow.note.content"] == "integration test of the full pipeline"
     arts = set(artifact_paths(client, uri, analysis.info.run_id))
     assert {"figures/throughput.png", "tables/stats.csv", "tables/paper_table.csv"} <= arts
+    # the end-of-training check found every run FINISHED, nothing left spooled
+    checked = json.loads((res / "tracking" / "check.json").read_text())["runs"]
+    assert {r["run_id"] for r in checked} == {r.info.run_id for r in trained}
+    assert not list(res.rglob("tracking.spool.jsonl"))
 
 
-@pytest.mark.slow
 def test_second_run_is_a_noop_and_report_renders(tiny_run):
     out = snakemake(tiny_run, "-n", "--configfile", "experiments/tiny.yaml")
     assert out.returncode == 0, out.stderr[-3000:]
@@ -106,3 +118,169 @@ def test_dry_run_refuses_what_the_commands_refuse(tmp_path, text, expect):
     out = snakemake(work, "-n", "--configfile", "experiments/bad.yaml", timeout=300)
     assert out.returncode != 0
     assert expect in out.stdout + out.stderr
+
+
+# -- faults: the pipeline never ends in a false success -------------------------------------
+def _jobs(dry_run: subprocess.CompletedProcess) -> dict[str, int]:
+    """Rule -> job count of a dry run's "Job stats" table ({} for "Nothing to be done")."""
+    text = dry_run.stdout + dry_run.stderr
+    assert dry_run.returncode == 0, text[-3000:]
+    table = re.search(r"Job stats:\n.*?\n-+\s+-+\n(.*?)\n\s*total", text, re.S)
+    if table is None:
+        assert "Nothing to be done" in text, text[-3000:]
+        return {}
+    rows = (line.split() for line in table.group(1).splitlines())
+    return {rule: int(count) for rule, count in rows if rule != "all"}
+
+
+_ANALYSIS = {"aggregate": 1, "stats": 1, "tables": 1, "figures": 1, "record": 1}
+_TRAINING = {"train": 4, "tracking_check": 1, **_ANALYSIS}
+# one edit per section of the experiment -> the jobs it reruns (2 policies x 2 seeds)
+SECTION_EDITS = [
+    ({"description": "edited"}, {"record": 1}),
+    ({"analysis": {"bootstrap": 300}}, {k: 1 for k in ("stats", "tables", "figures", "record")}),
+    ({"calibration": {"repeats": 3}}, {"config_view": 1, "calibrate": 1, "plan": 4, **_TRAINING}),
+    ({"train": {"lr": 2.0e-4}}, {"config_view": 1, **_TRAINING}),
+    ({"budgets": {"m_comp": 50000}}, {"config_view": 1, "plan": 4, **_TRAINING}),
+    ({"data": {"num_samples": 40}}, {"config_view": 2, "manifest": 1, "describe": 1,
+                                     "calibrate": 1, "plan": 4, **_TRAINING}),
+    # a new kernel trains the new runs only (and builds the kernel)
+    ({"model": {"kernels": ["eager", "fused"]}}, {"kernel_build": 1, "run_index": 1,
+                                                  **_TRAINING}),
+    ({"policies": ["equal-token", "adaptiveload", "adaptiveload-balanced"]},
+     {"plan": 2, "run_index": 1, "simulate": 6, **_TRAINING, "train": 2}),
+    ({"seeds": [0, 1, 2]}, {"plan": 2, "run_index": 1, "simulate": 6, **_TRAINING, "train": 2}),
+    ({"simulate": [{"name": "h200-1.3b", "mixture": "paper-mixed", "num_samples": 300,
+                    "calibration": "experiments/calibration/h200-wan2.1-t2v-1.3b.json",
+                    "world_size": 4}]}, {"sim_manifest": 1, "simulate": 12, **_ANALYSIS}),
+    ({"sweeps": {"p": [1.2]}}, {"run_index": 1, **_ANALYSIS}),
+    ({"kernel": {"bench": True}}, {"kernel_build": 1, "kernel_bench": 1, "tables": 1,
+                                   "figures": 1, "record": 1}),
+]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_each_stage_reruns_only_for_the_config_sections_it_reads(tiny_run):
+    """Calibration, plans and training depend on their own config sections (their views,
+    results/<name>/config/<stage>.yaml), not on the description or the analysis settings:
+    each section edited in turn reruns exactly the jobs that read it."""
+    edit = tiny_run / "experiments" / "edit.yaml"
+    try:
+        for change, expected in SECTION_EDITS:
+            edit.write_text(yaml.safe_dump(change))
+            dry = snakemake(tiny_run, "-n", "--configfile", "experiments/tiny.yaml",
+                            "experiments/edit.yaml")  # fmt: skip
+            assert _jobs(dry) == {"config_resolved": 1, **expected}, change
+    finally:
+        edit.unlink(missing_ok=True)
+
+
+@pytest.mark.slow
+def test_a_missing_intermediate_is_made_again(tiny_run):
+    """A job that fails has its outputs removed; the jobs after it, whose outputs exist, must
+    not hide that: every file the pipeline writes is a target (else "Nothing to be done")."""
+    res = tiny_run / "results" / "tiny"
+    moved = [res / "runs" / "adaptiveload" / "seed0" / "eager" / "summary.json",
+             res / "analysis" / "runs.parquet", res / "analysis" / "steps.parquet"]  # fmt: skip
+    for path in moved:
+        path.rename(path.with_suffix(".aside"))
+    try:
+        jobs = _jobs(snakemake(tiny_run, "-n", "--configfile", "experiments/tiny.yaml"))
+        assert jobs["train"] == 1 and jobs["aggregate"] == 1 and jobs["record"] == 1
+    finally:
+        for path in moved:
+            path.with_suffix(".aside").rename(path)
+    assert _jobs(snakemake(tiny_run, "-n", "--configfile", "experiments/tiny.yaml")) == {}
+
+
+@pytest.mark.slow
+def test_a_failed_analysis_job_is_never_a_false_success(tiny_run):
+    """A run's summary changes, then the aggregate job fails (here: the summary is
+    unreadable): every plain rerun fails again, in one line, until the input is fixed; then
+    the tables are made from the runs as they are now."""
+    res = tiny_run / "results" / "tiny"
+    summary = res / "runs" / "adaptiveload" / "seed0" / "eager" / "summary.json"
+    good = summary.read_text()
+    summary.write_text(good[: len(good) // 2])  # damaged (an edit, a disk)
+    for _ in range(2):
+        failed = snakemake(tiny_run, "--cores", "2", "--configfile", "experiments/tiny.yaml")
+        assert failed.returncode != 0
+        assert not (res / "analysis" / "runs.parquet").exists()
+        (line,) = [ln for ln in (tiny_run / "logs" / "tiny" / "aggregate.log").read_text()
+                   .splitlines() if ln.startswith("error:")]  # fmt: skip
+        assert str(summary.relative_to(tiny_run)) in line and "run the pipeline again" in line
+    summary.write_text(good)  # repaired: newer than every table made before
+    fixed = snakemake(tiny_run, "--cores", "2", "--configfile", "experiments/tiny.yaml")
+    assert fixed.returncode == 0, fixed.stderr[-3000:]
+    for table in (res / "analysis" / "runs.parquet", res / "tables" / "paper_table.csv"):
+        assert table.stat().st_mtime > summary.stat().st_mtime
+    assert _jobs(snakemake(tiny_run, "-n", "--configfile", "experiments/tiny.yaml")) == {}
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below `pid` (children of any of its threads: Snakemake starts jobs from
+    worker threads)."""
+    found = []
+    for children in Path(f"/proc/{pid}/task").glob("*/children"):
+        try:
+            found += [int(c) for c in children.read_text().split()]
+        except OSError:
+            continue
+    return found + [d for c in found for d in _descendants(c)]
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_every_job_dies_with_a_killed_snakemake_and_the_readme_recovers(tmp_path):
+    """kill -9 of Snakemake while it calibrates (a job other than training): the job goes
+    too. The next run refuses the stale lock, naming `--unlock`; what the README says to run
+    after an interruption (`--unlock`, then the profile, which reruns incomplete jobs) works."""
+    work = copy_workflow(tmp_path)
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    env.update(OMP_NUM_THREADS="1")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "snakemake", "--cores", "2", "--configfile",
+         "experiments/tiny.yaml"], cwd=work, env=env, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    jobs: list[int] = []
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not any(
+            b"\0calibrate\0measure\0" in _cmdline(p) for p in _descendants(proc.pid)
+        ):
+            assert proc.poll() is None, "snakemake ended before calibrating"
+            time.sleep(0.2)
+        jobs = _descendants(proc.pid)
+        assert jobs, "no job started"
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 10  # a calibration that just started has a minute left
+        while any(_alive(p) for p in jobs) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not [p for p in jobs if _alive(p)], "jobs outlived the killed snakemake"
+        assert not (work / "results" / "tiny" / "calibration" / "calibration.json").exists()
+    finally:
+        for pid in jobs:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+    profile = ["--profile", "workflow/profiles/default", "--configfile", "experiments/tiny.yaml"]
+    locked = snakemake(work, *profile, "results/tiny/config.yaml")  # a target that exists
+    assert locked.returncode != 0 and "--unlock" in locked.stdout + locked.stderr
+    assert snakemake(work, "--unlock", "--configfile", "experiments/tiny.yaml").returncode == 0
+    assert _jobs(snakemake(work, "-n", *profile))["calibrate"] == 1

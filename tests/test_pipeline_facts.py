@@ -28,7 +28,7 @@ def test_a_hand_run_lands_in_the_pipelines_run_folder(tmp_path, monkeypatch):
     path = tmp_path / "x.yaml"
     path.write_text("name: hand\ntrain: {world_size: 2, steps: 2, warmup_steps: 1}\n")
     monkeypatch.delenv("RANK", raising=False)
-    *_, out = resolve(Request(config=path, policy="adaptiveload", seed=3))
+    out = resolve(Request(config=path, policy="adaptiveload", seed=3)).out
     assert str(out) == pipeline.Layout("hand").run_dir("adaptiveload", 3, "eager")
 
 

@@ -138,6 +138,7 @@ def test_plan_then_simulate(inputs):
     assert list(per_step.columns) == list(STEP_COLUMNS) and len(per_step) == s["steps"] * 8
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["adaptiveload", "adaptiveload-packed"])
 def test_plan_writes_its_one_simulation_as_simulate_would(inputs, policy):
     """`plan --simulation-steps/--simulation-summary` (the pipeline's simulations) writes what
@@ -166,6 +167,7 @@ def test_plan_writes_its_one_simulation_as_simulate_would(inputs, policy):
     assert got == want and got["warmup_steps"] == 2 and got["steps"] > 0
 
 
+@pytest.mark.slow
 def test_plan_without_an_output_or_a_cost_model_to_simulate_is_refused(inputs):
     common = ["--manifest", str(inputs["manifest"]), "--policy", "equal-token", "--seed", "0",
               "--world-size", "4", "--m-tok", "5e4"]  # fmt: skip
@@ -199,6 +201,7 @@ def test_plan_without_an_output_or_a_cost_model_to_simulate_is_refused(inputs):
         ),
     ],
 )
+@pytest.mark.slow
 def test_plan_refuses_bad_input_without_writing(inputs, flags, message):
     out = inputs["root"] / "refused"
     flags = [str(inputs["calibration"]) if f == "CAL" else f for f in flags]
@@ -222,6 +225,7 @@ def test_plan_refuses_bad_input_without_writing(inputs, flags, message):
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_sweep_flags_resolve_m_comp_from_the_calibrations_reference_batch(inputs):
     """--p moves an auto M_comp along the reference batch (B_ref * S_ref^p), --m-comp-scale
     multiplies it; M_mem and M_tok stay the calibration's (the pipeline's p and M_comp sweeps)."""
@@ -247,6 +251,7 @@ def test_sweep_flags_resolve_m_comp_from_the_calibrations_reference_batch(inputs
         assert (s["m_mem"], s["m_tok"]) == (base["m_mem"], base["m_tok"])
 
 
+@pytest.mark.slow
 def test_simulate_refuses_a_missing_plan(inputs):
     done = cli(
         "simulate",

@@ -24,6 +24,7 @@ def workflow_copy(tmp_path_factory) -> Path:
     return copy_workflow(tmp_path_factory.mktemp("routes"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("experiment", EXPERIMENTS, ids=lambda p: p.name)
 def test_every_experiment_file_dry_runs(workflow_copy, experiment):
     rel = f"experiments/{experiment.name}"
@@ -52,6 +53,7 @@ def test_make_run_loads_the_default_profile():
     assert "--profile workflow/profiles/default" in line
 
 
+@pytest.mark.slow
 def test_default_profile_is_accepted(workflow_copy):
     out = snakemake(workflow_copy, "-n", "--profile", "workflow/profiles/default", timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]

@@ -159,14 +159,17 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
-def test_training_child_dies_with_its_killed_parent(tmp_path):
+def test_training_child_dies_with_its_killed_parent_and_ends_its_run_failed(tmp_path):
     """As the Snakemake rule runs it (`exec` under bash): SIGKILL the parent, the trainer
-    goes too instead of training on unobserved."""
+    goes too instead of training on unobserved, and its MLflow run ends FAILED, not RUNNING
+    (the dying parent can deliver two SIGTERMs; the second must not interrupt the first's
+    clean-up)."""
+    uri = init_store(f"sqlite:///{tmp_path / 'mlflow.db'}")
     exp = write_experiment(tmp_path, steps=10000, warmup_steps=1, checkpoint_every=1)
     out = tmp_path / "run"
     rule = (
         f"OMP_NUM_THREADS=1 ADAPTIVELOAD_DIE_WITH_PARENT=1 exec {sys.executable} -m adaptiveload "
-        f"train --config {exp} --policy adaptiveload --seed 0 --out {out} --no-track"
+        f"train --config {exp} --policy adaptiveload --seed 0 --out {out}"
     )
     parent_code = (
         "import subprocess, sys\n"
@@ -175,7 +178,7 @@ def test_training_child_dies_with_its_killed_parent(tmp_path):
         "p.wait()\n"
     )
     parent = subprocess.Popen(
-        [sys.executable, "-c", parent_code], env=cli_env(), cwd=ROOT, stdout=subprocess.PIPE,
+        [sys.executable, "-c", parent_code], env=cli_env(uri), cwd=ROOT, stdout=subprocess.PIPE,
         text=True,
     )  # fmt: skip
     child = int(parent.stdout.readline())
@@ -194,3 +197,5 @@ def test_training_child_dies_with_its_killed_parent(tmp_path):
     finally:
         if _alive(child):
             os.kill(child, signal.SIGKILL)
+    (run,) = _runs(uri, "t")
+    assert run.info.status == "FAILED"

@@ -1,6 +1,7 @@
-"""docs/sampler.md's examples run as written: plain PyTorch (num_workers=2, exact resume) and
-HF Accelerate with 2 processes on CPU (gloo), where each process must get exactly its rank's
-batches of the plan (not a second sharding of them)."""
+"""docs/sampler.md's examples run as written, each by the command on its first line: plain
+PyTorch (workers, exact resume), gradient accumulation (the accumulated gradient checked),
+torchrun DDP with gloo, HF Accelerate and Lightning with 2 processes on CPU (each process must
+get exactly its rank's batches of each epoch's plan), and diffusers' WanTransformer3DModel."""
 
 from __future__ import annotations
 
@@ -14,40 +15,56 @@ from training_setup import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "sampler.md"
+HEAD = re.compile(r"^# (\w+\.py) — run: (python|torchrun --nproc-per-node \d+) \1$")
+
+# script -> (what its output must say: every process's line, a package beyond the core it
+# needs, whether it runs several processes)
+EXAMPLES = {
+    "plain.py": (["resumed after step 3: the remaining"], None, False),
+    "accumulate.py": (["optimizer steps"], None, False),
+    "ddp.py": (["rank 0/2:", "rank 1/2:"], None, True),
+    "accelerate_example.py": (["process 0/2:", "process 1/2:"], "accelerate", True),
+    "lightning_example.py": (["process 0: epochs [0, 1] ran its rank's plan",
+                              "process 1: epochs [0, 1] ran its rank's plan"], "lightning", True),
+    "diffusers_wan.py": (["diffusers WanTransformer3DModel: 3 steps"], "diffusers", False),
+}  # fmt: skip
 
 
-def examples() -> list[str]:
-    """The complete examples: fenced blocks whose info string is exactly `python`."""
-    return re.findall(r"^```python\n(.*?)^```$", DOC.read_text(), flags=re.S | re.M)
+def examples() -> dict[str, tuple[str, str]]:
+    """The complete examples: fenced `python` blocks, by script name -> (launcher, code)."""
+    found = {}
+    for code in re.findall(r"^```python\n(.*?)^```$", DOC.read_text(), flags=re.S | re.M):
+        head = HEAD.match(code.splitlines()[0])
+        assert head, f"an example without its run line: {code.splitlines()[0]!r}"
+        found[head.group(1)] = (head.group(2), code)
+    return found
 
 
-def run(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=600)
+def test_doc_has_every_example():
+    assert list(examples()) == list(EXAMPLES)
+    text = DOC.read_text()
+    assert "use_distributed_sampler=False" in examples()["lightning_example.py"][1]
+    assert "rank=None" in examples()["accelerate_example.py"][1]
+    assert "```python fragment" not in text  # every example runs
 
 
-def test_doc_has_the_two_examples():
-    blocks = examples()
-    assert len(blocks) == 2
-    assert "num_workers=2" in blocks[0] and "consumed_steps" in blocks[0]
-    assert "from accelerate import Accelerator" in blocks[1] and "rank=None" in blocks[1]
-
-
-def test_plain_pytorch_example_runs(tmp_path):
-    script = tmp_path / "plain.py"
-    script.write_text(examples()[0])
-    out = run([sys.executable, str(script)], tmp_path)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "resumed after step 3: the remaining" in out.stdout
-
-
-@pytest.mark.slow
-def test_accelerate_example_two_processes(tmp_path):
-    pytest.importorskip("accelerate")
-    script = tmp_path / "accel.py"
-    script.write_text(examples()[1])
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                "--master-addr", "127.0.0.1", "--master-port", str(free_port())]  # fmt: skip
-    out = run([*torchrun, str(script)], tmp_path)
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param(n, marks=pytest.mark.slow) for n in EXAMPLES],  # a script in a subprocess
+)
+def test_example_runs(name, tmp_path):
+    expect, needs, _ = EXAMPLES[name]
+    if needs:
+        pytest.importorskip(needs)
+    launcher, code = examples()[name]
+    (tmp_path / name).write_text(code)
+    if launcher == "python":
+        args = [sys.executable, name]
+    else:
+        procs = launcher.split()[-1]
+        args = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", procs,
+                "--master-addr", "127.0.0.1", "--master-port", str(free_port()), name]  # fmt: skip
+    out = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
-    lines = sorted(line for line in out.stdout.splitlines() if line.startswith("process "))
-    assert [line.split(":")[0] for line in lines] == ["process 0/2", "process 1/2"], out.stdout
+    for line in expect:
+        assert line in out.stdout, out.stdout[-2000:]

@@ -37,6 +37,7 @@ def _steps(uri: str, run_id: str, key: str = "loss") -> list[int]:
     return sorted(m.step for m in MlflowClient(uri).get_metric_history(run_id, key))
 
 
+@pytest.mark.slow
 def test_init_creates_sqlite_store(tmp_path):
     uri = f"sqlite:///{tmp_path / 'sub' / 'mlflow.db'}"
     result = adaptiveload("tracking", "init", "--uri", uri, env=cli_env(), cwd=tmp_path)
@@ -45,6 +46,7 @@ def test_init_creates_sqlite_store(tmp_path):
     assert init_store(uri) == uri  # a second init is harmless
 
 
+@pytest.mark.slow
 def test_unreachable_store_is_a_user_error_before_training(tmp_path):
     uri = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     with pytest.raises(UserError, match="not reachable"):
@@ -60,6 +62,7 @@ def test_unreachable_store_is_a_user_error_before_training(tmp_path):
     assert not out.exists()  # nothing trained, nothing written
 
 
+@pytest.mark.slow
 def test_one_log_batch_per_step_and_chunks_of_1000(tmp_path):
     uri = init_store(f"sqlite:///{tmp_path / 'mlflow.db'}")
     tracker = RunTracker.start(uri, "e", "r", {"a": {"b": 1}}, {"t": "x"}, tmp_path / "s.jsonl")
@@ -82,7 +85,7 @@ def test_store_lost_mid_run_spools_then_uploads_each_step_once(tmp_path):
     server.start()
     try:
         spool = tmp_path / "run" / "tracking.spool.jsonl"
-        tracker = RunTracker.start(server.uri, "e", "r", {}, {}, spool, run_id=None)
+        tracker = RunTracker.start(server.uri, "e", "r", {}, {}, spool)
         tracker.retry_s = 0.0
         for step in range(2):
             tracker.log_step(step, {"loss": float(step)})
@@ -126,6 +129,7 @@ def test_sync_of_a_bad_spool_is_a_user_error(tmp_path):
     assert Path(bad).exists()
 
 
+@pytest.mark.slow
 def test_stale_spool_of_another_run_blocks_a_new_run(tmp_path):
     uri = init_store(f"sqlite:///{tmp_path / 'mlflow.db'}")
     spool = tmp_path / "s.jsonl"
@@ -148,6 +152,7 @@ check_reachable(uri)
 """
 
 
+@pytest.mark.slow
 def test_two_processes_creating_a_fresh_store_at_once(tmp_path):
     """What two trainings started together on a fresh sqlite store do first: without the
     creation lock, one fails in MLflow's migrations (`duplicate column name`)."""
@@ -174,6 +179,7 @@ def test_two_processes_creating_a_fresh_store_at_once(tmp_path):
     assert MlflowClient(uri).search_experiments()  # one store, created once, answering
 
 
+@pytest.mark.slow
 def test_sync_is_idempotent(tmp_path):
     uri = init_store(f"sqlite:///{tmp_path / 'mlflow.db'}")
     spool = tmp_path / "run" / "tracking.spool.jsonl"

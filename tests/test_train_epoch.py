@@ -23,6 +23,7 @@ def _run(exp, out, **kw) -> dict:
                          progress=False, **kw))  # fmt: skip
 
 
+@pytest.mark.slow
 def test_whole_epoch_is_timed_after_a_replayed_warmup(tmp_path):
     exp = write_experiment(tmp_path, steps=WHOLE_EPOCH, warmup_steps=WARMUP)
     out = tmp_path / "run"
@@ -42,6 +43,7 @@ def test_whole_epoch_is_timed_after_a_replayed_warmup(tmp_path):
     pd.testing.assert_frame_equal(warm[SAME], again[SAME])
 
 
+@pytest.mark.slow
 def test_resume_at_the_seam_runs_the_same_batches(tmp_path):
     exp = write_experiment(tmp_path, steps=WHOLE_EPOCH, warmup_steps=WARMUP,
                            checkpoint_every=WARMUP)  # fmt: skip

@@ -35,6 +35,7 @@ def _plan(tmp_path: Path, exp: dict, manifest: Path, world_size: int) -> Path:
     return summary
 
 
+@pytest.mark.slow
 def test_run_checks_its_plan_against_the_pipelines(tmp_path):
     exp = experiment.load(write_experiment(tmp_path))
     manifest = tmp_path / "manifest.parquet"

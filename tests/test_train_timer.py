@@ -6,6 +6,7 @@ must hold however busy the machine is."""
 from __future__ import annotations
 
 import pandas as pd
+import pytest
 import torch
 from mlflow.tracking import MlflowClient
 from training_setup import write_experiment
@@ -23,6 +24,7 @@ def test_timer_of_each_launch():
     assert timer_of("emulated", "cuda") == timer_of("distributed", "cuda") == CUDA_EVENTS
 
 
+@pytest.mark.slow
 def test_emulated_cpu_run_is_thread_timed_and_says_so(tmp_path, monkeypatch):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)

@@ -2,5 +2,6 @@
 statistical tests, paper tables, figures, and their MLflow record.
 
 Modules: `aggregate` (collect), `stats` (tests and CIs), `tables` (paper/kernel tables),
-`figures` (PNG figures), `record` (log the analysis to MLflow).
+`figures` (PNG figures), `paper_map` (what the simulated map of the paper's choices says),
+`record` (log the analysis to MLflow).
 """

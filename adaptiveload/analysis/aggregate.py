@@ -20,7 +20,7 @@ import pandas as pd
 from adaptiveload import metrics
 from adaptiveload.costmodel import Calibration
 from adaptiveload.errors import UserError
-from adaptiveload.io import read_json
+from adaptiveload.io import read_json, read_table
 from adaptiveload.pipeline import BASE_VARIANT, parse_variant
 from adaptiveload.step_table import REQUIRED_STEP_COLUMNS, STEP_COLUMNS, timed
 
@@ -90,8 +90,20 @@ def parse_index(index: str | Path | list[dict]) -> list[RunRef]:
     return refs
 
 
+# what a user does about a run file that is missing or unreadable (a full disk, a kill, an edit)
+RERUN_FIX = (
+    "delete it and run the pipeline again: the job that writes it runs again (a training run "
+    "from its last checkpoint)"
+)
+
+
 def _read_summary(path: Path, defaults: dict) -> dict:
-    data = read_json(path, "run summary")
+    try:
+        data = read_json(path, "run summary")
+    except UserError as exc:
+        raise UserError(f"{exc}; {RERUN_FIX}") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: run summary is not a JSON object; {RERUN_FIX}")
     # summary metrics may be nested under "summary" or "metrics", or flat
     for key in ("summary", "metrics"):
         if isinstance(data.get(key), dict):
@@ -104,10 +116,7 @@ def _read_summary(path: Path, defaults: dict) -> dict:
 
 
 def _read_steps(path: Path) -> pd.DataFrame:
-    try:
-        frame = pd.read_parquet(path)
-    except FileNotFoundError:
-        raise UserError(f"{path}: per-step table not found") from None
+    frame = read_table(path, "per-step table", RERUN_FIX)
     missing = [c for c in REQUIRED_STEP_COLUMNS if c not in frame.columns]
     if missing:
         raise UserError(f"{path}: per-step table lacks column(s) {', '.join(missing)}")

@@ -213,7 +213,8 @@ def vram_utilization(inp: FigureInputs) -> plt.Figure:
 def calibration_fit(inp: FigureInputs) -> plt.Figure:
     """The cost model against what it was fitted to and what it predicts.
 
-    Left: measured against fitted step time per grid point (y = x is a perfect fit). Middle:
+    Left: measured against fitted step time per grid point (y = x is a perfect fit), and the
+    mixed packs held out of the fit against the cost of a set (`additivity`). Middle:
     the fitted curves t(B, S) against the measured points over S, one per batch size, with
     the small-batch floor visible as the flat part. Right: the per-micro-batch validation
     (micro-batches drawn from the policies' plans), if the calibration has one.
@@ -238,11 +239,18 @@ def calibration_fit(inp: FigureInputs) -> plt.Figure:
     fig, (ax, curve_ax, val_ax) = plt.subplots(1, 3, figsize=(16, 5))
     sns.scatterplot(x=pred, y=points["time_s"], hue=points["batch"].astype(str),
                     size=points["tokens"], ax=ax)
-    lim = [min(pred.min(), points["time_s"].min()) * 0.8,
-           max(pred.max(), points["time_s"].max()) * 1.2]
+    additivity = cal.get("additivity") or {}
+    packs = pd.DataFrame(additivity.get("packs") or [], columns=["predicted_s", "time_s",
+                                                                 "rel_err"])  # fmt: skip
+    packs = packs[packs["rel_err"].notna()]
+    if not packs.empty:  # held out of the fit: the cost of a set, set_time
+        ax.scatter(packs["predicted_s"], packs["time_s"], marker="X", s=60, color="black",
+                   zorder=3, label="mixed packs (held out)")
+    both = (pd.concat([pred, packs["predicted_s"]]), pd.concat([points["time_s"], packs["time_s"]]))
+    lim = [min(v.min() for v in both) * 0.8, max(v.max() for v in both) * 1.2]
     ax.plot(lim, lim, "k--", lw=0.8, label="y = x")
     ax.set(xscale="log", yscale="log", xlim=lim, ylim=lim,
-           xlabel="fitted t(B,S) = max(t_floor, c0 + B(c_seq + aS + bS²)) (s)",
+           xlabel="fitted t(B,S) = max(t_floor, c0 + B(c_seq + aS + bS²)); packs: t(set) (s)",
            ylabel="measured step time (s)")
     ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
@@ -250,9 +258,12 @@ def calibration_fit(inp: FigureInputs) -> plt.Figure:
     worst_txt = f", worst point {100 * worst:.0f}% off" if worst is not None else ""
     loo_txt = (f"\nleave-one-out median {100 * fit['loo_median']:.1f}%, max "
                f"{100 * fit['loo_max']:.1f}%" if fit.get("loo_max") is not None else "")
+    pack_txt = (f"\nmixed packs held out ({additivity['num_measured']}): median "
+                f"{100 * additivity['median_rel_err']:.1f}%, worst "
+                f"{100 * additivity['max_rel_err']:.1f}%" if not packs.empty else "")
     ax.set_title(f"Calibration of {cal.get('model')} on {cal.get('device')} "
                  f"[{cal.get('source')}]\nR² = {r2:.3f}{worst_txt}; derived p = "
-                 f"{cal.get('p', float('nan')):.2f}{loo_txt}", fontsize=8)
+                 f"{cal.get('p', float('nan')):.2f}{loo_txt}{pack_txt}", fontsize=8)
     _fit_curves(curve_ax, cost, points, cal)
     _validation_panel(val_ax, cal)
     fig.tight_layout()

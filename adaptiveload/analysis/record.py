@@ -5,13 +5,15 @@ stats.csv with all tests, ...) and figure as artifacts, the resolved experiment 
 Metric keys are short and stable, `<setup>/<kernel>/<policy>/<column>` of the paper table's
 numeric columns in `HEADLINE` (e.g. `train/eager/adaptiveload/throughput_change`); the
 statistical tests are rows of the `tables/stats.csv` artifact, not metrics. Re-running the
-analysis replaces the previous analysis run (it is deleted, i.e. moved to MLflow's trash), so
-the experiment shows one current analysis.
+analysis replaces the previous analysis run (it is deleted, i.e. moved to MLflow's trash) once
+the new one is complete, so the experiment shows one current analysis, never a partial one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
+import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,10 +25,13 @@ from adaptiveload.provenance import git_commit
 from adaptiveload.tracking.store import (
     DESCRIPTION_TAG,
     _client,
+    check_reachable,
     chunked,
     experiment_id,
     log_artifact,
     log_params,
+    run_artifact_dir,
+    store_errors,
     tracking_uri,
 )
 
@@ -62,16 +67,33 @@ def log_analysis(
     uri: str | None = None,
 ) -> str:
     """Create the experiment's analysis run: headline metrics, `config` as params, the paper
-    table, stats and `artifacts` as files (PNGs under figures/, the rest under tables/)."""
-    from mlflow.entities import Metric
+    table, stats and `artifacts` as files (PNGs under figures/, the rest under tables/).
 
-    uri = uri or tracking_uri()
+    The previous analysis run is deleted only once the new one is complete (FINISHED with
+    every file); if anything fails before that, the new run is deleted instead and the
+    previous one stays the experiment's analysis. A store that refuses is one UserError."""
+    headline = metrics_of(pd.read_csv(paper_table))
+    files = dict.fromkeys([Path(paper_table), Path(stats), *map(Path, artifacts)])  # ordered set
+    uri = check_reachable(uri or tracking_uri())
     client = _client(uri)
-    description = (config or {}).get("description")
-    exp_id = experiment_id(client, uri, experiment, description)
-    for old in client.search_runs([exp_id], filter_string=f"tags.`{KIND_TAG}` = 'analysis'"):
-        client.delete_run(old.info.run_id)
-    tags = {
+    with store_errors(uri):
+        description = (config or {}).get("description")
+        exp_id = experiment_id(client, uri, experiment, description)
+        previous = client.search_runs([exp_id], filter_string=f"tags.`{KIND_TAG}` = 'analysis'")
+        run_id = client.create_run(exp_id, run_name="analysis", tags=_tags(experiment)).info.run_id
+        try:
+            log_params(client, run_id, {"experiment": dict(config or {"name": experiment})})
+            _fill(client, uri, run_id, headline, list(files))
+        except BaseException:
+            _discard(client, uri, run_id)
+            raise
+        for old in previous:
+            client.delete_run(old.info.run_id)
+    return run_id
+
+
+def _tags(experiment: str) -> dict[str, str]:
+    return {
         KIND_TAG: "analysis",
         "git_commit": git_commit(),
         "experiment": experiment,
@@ -81,16 +103,31 @@ def log_analysis(
             "test (Mann-Whitney U, Welch's t, paired tests, bootstrap CIs) in tables/stats.csv."
         ),
     }
-    run_id = client.create_run(exp_id, run_name="analysis", tags=tags).info.run_id
-    log_params(client, run_id, {"experiment": dict(config or {"name": experiment})})
+
+
+def _fill(client: Any, uri: str, run_id: str, headline: dict[str, float], files: list[Path]):
+    """The headline metrics and every file of the analysis run (PNGs under figures/, the rest
+    under tables/), then FINISHED."""
+    from mlflow.entities import Metric
+
     ts = int(pd.Timestamp.now().timestamp() * 1000)
-    paper = pd.read_csv(paper_table)
-    metrics = [Metric(k, v, ts, 0) for k, v in sorted(metrics_of(paper).items())]
+    metrics = [Metric(k, v, ts, 0) for k, v in sorted(headline.items())]
     for chunk in chunked(metrics):
         client.log_batch(run_id, metrics=chunk, synchronous=True)
-    files = dict.fromkeys([Path(paper_table), Path(stats), *map(Path, artifacts)])  # ordered set
     for path in files:
-        folder = "figures" if path.suffix == ".png" else "tables"
-        log_artifact(client, uri, run_id, path, folder)
+        log_artifact(client, uri, run_id, path, "figures" if path.suffix == ".png" else "tables")
     client.set_terminated(run_id)
-    return run_id
+
+
+def _discard(client: Any, uri: str, run_id: str) -> None:
+    """Best effort after a failed analysis run: end and delete it and, in a sqlite store,
+    remove the files it got, so the experiment shows the previous, complete analysis only."""
+    local = None
+    with contextlib.suppress(Exception):
+        local = run_artifact_dir(uri, client.get_run(run_id).info.artifact_uri)
+    with contextlib.suppress(Exception):
+        client.set_terminated(run_id, status="FAILED")
+    with contextlib.suppress(Exception):
+        client.delete_run(run_id)
+    if local is not None:
+        shutil.rmtree(local, ignore_errors=True)

@@ -5,14 +5,16 @@ and fits them again by today's rules."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from adaptiveload.calibration.additivity import held_out
 from adaptiveload.calibration.fit import DEFAULT_MAX_LOO, fit_measured, required_terms
 from adaptiveload.calibration.mix import TokenMix
 from adaptiveload.calibration.settings import BudgetRules
@@ -87,15 +89,18 @@ def refit(
 
     Several files of the same model, device and setup are pooled: every pass of a (B, S)
     point counts, its time is the minimum over all of them (as in `measure_grid`) and its
-    peak memory the maximum. The budgets are derived for `mix` by `rules`, at its capacity or
-    else the files' own; the provenance lists the source files and what their grids lacked by
-    today's rules (docs/calibration.md).
+    peak memory the maximum; the files' packs are pooled alike (by name and tokens) and held
+    out of the fit again (`additivity.held_out` against the refitted cost). The budgets are
+    derived for `mix` by `rules`, at its capacity or else the files' own; the provenance lists
+    the source files and what their grids lacked by today's rules (docs/calibration.md).
     """
     rules = rules or BudgetRules()
     sources = _sources(paths)
     first = sources[0][1]
     timer = first.extra.get("grid", {}).get("timer", "wall")
-    pooled = _pool([cal for _, cal in sources], timer)
+    pooled = _pool([p for _, cal in sources for p in cal.extra["points"]], timer, _point_identity)
+    packs = _pool([p for _, cal in sources for p in (cal.extra.get("additivity") or {}).get(
+        "packs", [])], timer, _pack_identity)  # fmt: skip
     points = sorted(pooled.values(), key=lambda p: (p["batch"] * p["tokens"], p["batch"]))
     cfg = get_config(first.model)
     setup_info = first.extra.get("setup", {})
@@ -110,13 +115,13 @@ def refit(
     if any(g.get("warmup", 1) < 1 for g in grids):
         lacking.append("no per-point warm-up and no process warm-up (cold first points)")
     if any(g.get("max_batch_tokens") for g in grids):
-        measured_b1 = {k[1] for k, p in pooled.items() if k[0] == 1 and p["status"] == "ok"}
+        measured_b1 = {p["tokens"] for p in points if p["batch"] == 1 and p["status"] == "ok"}
         if int(mix.tokens.max()) not in measured_b1:
             lacking.append(
                 f"B = 1 at the largest bucket ({int(mix.tokens.max())} tokens) was not measured "
                 "(dropped by a batch-token cap): the reference bucket is extrapolated"
             )
-    return fit_points(
+    cal = fit_points(
         cfg, first.device, points, mix, rules.capacity_bytes(first.capacity_bytes), rules,
         setup, int(first.extra.get("num_params") or count_parameters(build_on_meta(cfg))),
         memory_measured=memory_measured, max_loo=max_loo,
@@ -137,6 +142,10 @@ def refit(
             "notes": [f"grid lacked by today's rules: {what}" for what in lacking],
         },
     )  # fmt: skip
+    additivity = held_out(cal.cost, list(packs.values()), memory_measured, timer)
+    if additivity:
+        cal.extra["additivity"] = additivity
+    return cal
 
 
 def _sources(paths: Sequence[str | Path]) -> list[tuple[str, Calibration]]:
@@ -157,30 +166,42 @@ def _sources(paths: Sequence[str | Path]) -> list[tuple[str, Calibration]]:
     return sources
 
 
-def _pool(calibrations: list[Calibration], timer: str) -> dict[tuple[int, int], dict[str, Any]]:
-    """Every (B, S) point of the files, pooled: all passes of `timer` seconds (the minimum is
-    its time, as in `measure_grid`), the largest peak memory, "ok" if any file ran it."""
-    pooled: dict[tuple[int, int], dict[str, Any]] = {}
-    for cal in calibrations:
-        for point in cal.extra["points"]:
-            key = (int(point["batch"]), int(point["tokens"]))
-            into = pooled.setdefault(key, {
-                "batch": key[0], "tokens": key[1], "status": "oom", "peak_bytes": None,
-                f"{timer}_s_passes": [],
-            })  # fmt: skip
-            passes = point.get(f"{timer}_s_passes") or []
-            if point.get("status") == "ok" and passes:
-                into["status"] = "ok"
-                into[f"{timer}_s_passes"] += passes
-                peak = point.get("peak_bytes")
-                if peak is not None:
-                    into["peak_bytes"] = max(into["peak_bytes"] or 0.0, float(peak))
-    for point in pooled.values():
-        passes = point[f"{timer}_s_passes"]
-        point["time_s"] = min(passes) if passes else None
-        point[f"{timer}_s_median"] = statistics.median(passes) if passes else None
-        point["spread"] = pass_spread(passes)
+def _pool(
+    records: list[dict[str, Any]], timer: str, identity: Callable[[dict[str, Any]], dict[str, Any]]
+) -> dict[str, dict[str, Any]]:
+    """Measured records of several files pooled by `identity` (the fields that say what was
+    timed: a grid point's B and S, a pack's name and tokens): all passes of `timer` seconds
+    (the minimum is its time, as in `measure_grid`), the largest peak memory, "ok" if any
+    file ran it."""
+    pooled: dict[str, dict[str, Any]] = {}
+    for record in records:
+        fields = identity(record)
+        key = json.dumps(fields, sort_keys=True)
+        into = pooled.setdefault(key, {
+            **fields, "status": "oom", "peak_bytes": None, f"{timer}_s_passes": [],
+        })  # fmt: skip
+        passes = record.get(f"{timer}_s_passes") or []
+        if record.get("status") == "ok" and passes:
+            into["status"] = "ok"
+            into[f"{timer}_s_passes"] += passes
+            peak = record.get("peak_bytes")
+            if peak is not None:
+                into["peak_bytes"] = max(into["peak_bytes"] or 0.0, float(peak))
+    for record in pooled.values():
+        passes = record[f"{timer}_s_passes"]
+        record["time_s"] = min(passes) if passes else None
+        record[f"{timer}_s_median"] = statistics.median(passes) if passes else None
+        record["spread"] = pass_spread(passes)
     return pooled
+
+
+def _point_identity(point: dict[str, Any]) -> dict[str, Any]:
+    return {"batch": int(point["batch"]), "tokens": int(point["tokens"])}
+
+
+def _pack_identity(pack: dict[str, Any]) -> dict[str, Any]:
+    fields = ("pack", "tokens", "samples", "sum_tokens", "latent_grids")
+    return {k: pack[k] for k in fields if k in pack}
 
 
 def setup_dict(setup: analytic.TrainingSetup, precision: str) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from adaptiveload.calibration.additivity import held_out
 from adaptiveload.calibration.files import fit_points, setup_dict
 from adaptiveload.calibration.fit import FORMS
 from adaptiveload.calibration.grid import build_grid, latent_grid
@@ -98,11 +99,14 @@ def calibrate(cfg: CalibrationConfig, progress: bool = True) -> Calibration:
     validate against planned micro-batches if asked; every input is checked first.
 
     The grid follows `build_grid` (B = 1 at every size, the mix's largest bucket included;
-    the `max_batch_tokens` cap drops only B > 1 points and the file lists them). The clock
+    the `max_batch_tokens` cap drops only B > 1 points and the file lists them). The grid's
+    packs are timed in the same passes and held out of the fit: the file's `additivity`
+    compares them with the fitted cost of a set (`additivity.held_out`). The clock
     and its torch threads are `cfg.clock()` (match the training runs'). Validation draws
     micro-batches from the plans of every policy (`validate.validate_plans`); those predicted
     above its `max_seconds` are not drawn (their count is recorded).
     """
+    cfg.check_measurement()
     arch = get_config(cfg.model)
     dev = _resolve_device(cfg.device)
     capacity = cfg.budgets.capacity_bytes(_own_memory(dev))
@@ -110,8 +114,6 @@ def calibrate(cfg: CalibrationConfig, progress: bool = True) -> Calibration:
     largest = int(mix.tokens.max())
     points, dropped = _checked_grid(cfg.grid, largest)
     timer, threads = cfg.clock()
-    if cfg.validation.micro_batches and mix.samples is None:
-        raise UserError("--validate needs a --manifest or --mixture to plan micro-batches from")
     if threads is not None:
         torch.set_num_threads(threads)
     if timer == "cpu" and torch.get_num_threads() != 1:
@@ -119,12 +121,15 @@ def calibrate(cfg: CalibrationConfig, progress: bool = True) -> Calibration:
 
     model = _model_with_optimizer_state(arch, dev, cfg.activation_checkpointing, cfg.seed)
     process_warmup_s = warm_up_process(model, points[0], dev, PROCESS_WARMUP_STEPS, cfg.seed)
-    measured = measure_grid(model, points, dev, cfg.grid, cfg.seed, progress=progress,
-                            timer=timer)  # fmt: skip
+    measured, packs = measure_grid(model, points, dev, cfg.grid, cfg.seed, progress=progress,
+                                   timer=timer)  # fmt: skip
     cal = _fit(cfg, arch, dev, measured, mix, capacity, model, {
         "process_warmup_s": process_warmup_s, "timer": timer, "largest_bucket": largest,
         "dropped_by_max_batch_tokens": [list(bs) for bs in dropped],
     })  # fmt: skip
+    additivity = held_out(cal.cost, packs, memory_measured=dev.type == "cuda", timer=timer)
+    if additivity:
+        cal.extra["additivity"] = additivity
     if cfg.validation.micro_batches:
         cal.extra["validation"] = validate_plans(
             model, cal, mix, dev, cfg.validation, cfg.grid, cfg.seed, timer, progress
@@ -162,7 +167,9 @@ def _fit(
                      "tokens": sorted(set(grid.tokens)), "repeats": grid.repeats,
                      "warmup": grid.warmup, "process_warmup_steps": PROCESS_WARMUP_STEPS,
                      "timing": TIMING, "statistic": "min over passes",
-                     "max_batch_tokens": grid.max_batch_tokens, **grid_record},
+                     "max_batch_tokens": grid.max_batch_tokens,
+                     "packs": [{"name": p.name, "tokens": list(p.tokens)} for p in grid.packs],
+                     **grid_record},
             "notes": notes,
         },
     )  # fmt: skip

@@ -31,7 +31,7 @@ PRIOR_BATCH_SIZES = (1, 2, 4, 8)
 
 def prior(
     model_name: str,
-    rates: str = "h200",
+    rates: str,
     mix: TokenMix | None = None,
     rules: BudgetRules | None = None,
     num_tokens: int = 10,

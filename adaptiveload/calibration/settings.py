@@ -3,10 +3,9 @@
 
 Grouped by what they decide:
 
-- `Grid`: which points are timed and how often (the (B, S) bucket shapes of
-  `grid.build_grid`). A kind of point (e.g. a named pack of samples of different lengths
-  timed as one micro-batch) is a field here, read by `build_grid` and `timing.measure_grid`,
-  not another argument threaded through the stage;
+- `Grid`: which points are timed and how often: the (B, S) bucket shapes of
+  `grid.build_grid`, and the named `Pack`s of samples of different lengths, each timed as one
+  packed micro-batch and held out of the fit (`timing.measure_grid`, `additivity`);
 - `TokenMixSource`: the samples the budgets must serve (a manifest, a named mixture, else
   the grid's own sizes);
 - `BudgetRules`: capacity, headroom and the reference batch the budgets are derived with
@@ -22,20 +21,24 @@ the workflow reads the thread rule (`CalibrationConfig.job_threads`) while build
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from adaptiveload.calibration.grid import validate_grid
+from adaptiveload.calibration.grid import latent_grid, validate_grid
 from adaptiveload.costmodel import DEFAULT_HEADROOM
 from adaptiveload.data.bucketing import DEFAULT_MAX_FRAMES, DEFAULT_MODE, GRIDS, MODES
-from adaptiveload.errors import UserError
+from adaptiveload.errors import UserError, int_list
 from adaptiveload.experiment import schema_default
+from adaptiveload.model.architectures import get_config
 
 TIMERS = ("auto", "wall", "cpu")
 DEVICES = ("cpu", "cuda")
 # the released Wan 2.1 models, bucketed on Wan's own grid; every other config on the tiny one
 RELEASED = ("wan2.1-t2v-1.3b", "wan2.1-t2v-14b")
+PACK_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")  # the schema's pattern of calibration.packs[].name
 
 
 def _section(name: str) -> Any:
@@ -43,21 +46,69 @@ def _section(name: str) -> Any:
 
 
 @dataclass(frozen=True)
+class Pack:
+    """Samples of `tokens` S_1, S_2, ... tokens (at least two different lengths), timed as ONE
+    packed micro-batch: each sample a latent grid of its S_i tokens (`grid.latent_grid`, the
+    grid points' own shapes), all of them one token stream with attention per sample.
+
+    A pack of one length would be the grid point (B, S) again; mixed lengths are what tests
+    whether the cost of a set is the sum of its samples' terms (`additivity`)."""
+
+    name: str
+    tokens: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        where = f"calibration pack {self.name!r}"
+        if not PACK_NAME.match(self.name):
+            raise UserError(f"{where}: a name is letters, digits, '_', '.' or '-'")
+        if len(set(self.tokens)) < 2 or min(self.tokens) < 1:
+            raise UserError(
+                f"{where} tokens {list(self.tokens)}: expected samples of at least 2 different "
+                "token counts >= 1 (a pack of one length is the grid point (B, S))"
+            )
+        for s in self.tokens:
+            latent_grid(int(s))
+
+    @classmethod
+    def parse(cls, text: str) -> Pack:
+        """A command line's NAME=S1,S2,... (`calibrate measure --pack`)."""
+        name, sep, tokens = text.partition("=")
+        if not sep or not name:
+            raise UserError(
+                f"--pack {text!r}: expected NAME=S1,S2,... (its samples' token counts), "
+                "e.g. --pack mixed=1560,7200"
+            )
+        return cls(name.strip(), int_list(tokens, f"--pack {name}"))
+
+
+def packs_of(entries: Sequence[Mapping[str, Any]]) -> tuple[Pack, ...]:
+    """The `Pack`s of an experiment's `calibration.packs` entries ({name, tokens})."""
+    return tuple(Pack(str(e["name"]), tuple(int(s) for s in e["tokens"])) for e in entries)
+
+
+@dataclass(frozen=True)
 class Grid:
     """The (B, S) points timed: B = 1 at every token size (and the mix's largest bucket),
     every batch size at every listed size, B > 1 points over `max_batch_tokens` dropped;
-    `warmup` steps per point, then the minimum over `repeats` passes (docs/calibration.md)."""
+    `warmup` steps per point, then the minimum over `repeats` passes (docs/calibration.md).
+    `packs` are timed in the same passes, each as one packed micro-batch, and held out of the
+    fit: they check it (`additivity.held_out`)."""
 
     batch_sizes: tuple[int, ...] = tuple(_section("batch_sizes"))
     tokens: tuple[int, ...] = tuple(_section("tokens"))
     max_batch_tokens: int | None = _section("max_batch_tokens")
     repeats: int = _section("repeats")
     warmup: int = _section("warmup")
+    packs: tuple[Pack, ...] = field(default_factory=lambda: packs_of(_section("packs")))
 
     def __post_init__(self) -> None:
         validate_grid(self.batch_sizes, self.tokens, self.repeats, self.warmup)
         if self.max_batch_tokens is not None and self.max_batch_tokens < 1:
             raise UserError(f"max_batch_tokens {self.max_batch_tokens}: expected >= 1")
+        names = [p.name for p in self.packs]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise UserError(f"packs named {', '.join(twice)} more than once: give each its name")
 
 
 @dataclass(frozen=True)
@@ -159,9 +210,19 @@ class CalibrationConfig:
     validation: PlanValidation = field(default_factory=PlanValidation)
 
     def __post_init__(self) -> None:
+        get_config(self.model)  # UserError naming the known configs
         if self.device not in DEVICES:
             raise UserError(f"device '{self.device}': expected 'cpu' or 'cuda'")
         self.clock()  # refuses a timer/threads pair that cannot measure
+
+    def check_measurement(self) -> None:
+        """UserError unless a measurement can give a result (a refit or a prior reads only
+        the mix and the budget rules): a capacity where the device has none to read, a mix
+        to plan the validated micro-batches from."""
+        if self.device == "cpu" and self.budgets.capacity_gb is None:
+            raise UserError("--capacity-gb is required on CPU (there is no device memory to read)")
+        if self.validation.micro_batches and self.mix.manifest is None and not self.mix.mixture:
+            raise UserError("--validate needs a --manifest or --mixture to plan micro-batches from")
 
     @classmethod
     def from_experiment(cls, exp: dict[str, Any]) -> CalibrationConfig:
@@ -173,7 +234,8 @@ class CalibrationConfig:
             device=cal["device"],
             grid=Grid(batch_sizes=tuple(cal["batch_sizes"]), tokens=tuple(cal["tokens"]),
                       max_batch_tokens=cal["max_batch_tokens"], repeats=cal["repeats"],
-                      warmup=cal["warmup"]),
+                      warmup=cal["warmup"],
+                      packs=packs_of(cal["packs"])),
             mix=TokenMixSource(
                 manifest=Path(data["manifest"]) if data["manifest"] else None,
                 mixture=None if data["manifest"] else data["mixture"],

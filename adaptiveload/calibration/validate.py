@@ -73,13 +73,11 @@ def validate_plans(
                                   validation.max_seconds)  # fmt: skip
     drawn, too_slow, population = draw_micro_batches(cal, mix, k, world_size, max_seconds, seed)
     shapes = sorted({(d["batch"], d["tokens"]) for d in drawn}, key=lambda bs: bs[0] * bs[1])
-    # the model is warm from the grid: a new shape's untimed probe step is its warm-up
-    passes = replace(grid, warmup=0)
-    measured = {
-        (p["batch"], p["tokens"]): p
-        for p in measure_grid(model, shapes, device, passes, seed, progress=progress,
-                              timer=timer)
-    }  # fmt: skip
+    # the model is warm from the grid: a new shape's untimed probe step is its warm-up (the
+    # grid's packs were timed with it)
+    passes = replace(grid, warmup=0, packs=())
+    points, _ = measure_grid(model, shapes, device, passes, seed, progress=progress, timer=timer)
+    measured = {(p["batch"], p["tokens"]): p for p in points}
     rows = []
     for d in drawn:
         point = measured[d["batch"], d["tokens"]]

@@ -29,12 +29,10 @@ BOOTSTRAP_SEED = schema_default("analysis.seed")
 
 
 def _read(path: Path):
-    import pandas as pd
+    from adaptiveload.io import read_table
 
-    if not path.exists():
-        raise UserError(f"{path}: not found; run the `adaptiveload analyze` step that writes it "
-                        "(aggregate, stats, tables) first")
-    return pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
+    return read_table(path, "table", "run the `adaptiveload analyze` step that writes it "
+                      "(aggregate, stats, tables) again")
 
 
 @analyze.command("aggregate", epilog=examples(

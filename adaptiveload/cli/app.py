@@ -10,6 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from adaptiveload import __version__
+from adaptiveload.errors import UserError
 
 
 def group(name: str, help: str) -> typer.Typer:
@@ -29,6 +30,17 @@ def overridden(settings: Any, **flags: Any) -> Any:
 def examples(*lines: str) -> str:
     """A command's epilog: example command lines, printed as they are (click's \\b block)."""
     return "Examples:\n\n\b\n" + "\n".join(f"  $ {line}" for line in lines)
+
+
+def report_warnings(what: str, found: list[str], strict: bool) -> None:
+    """Tell the user what is unusual about `what` in one `warning:` line on stderr, or, with
+    --strict, refuse it (a UserError: exit 2, nothing written)."""
+    if not found:
+        return
+    line = f"{what}: " + "; ".join(found)
+    if strict:
+        raise UserError(f"{line} (refused: --strict)")
+    typer.echo(f"warning: {line}", err=True)
 
 
 app = typer.Typer(

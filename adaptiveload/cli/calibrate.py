@@ -50,7 +50,8 @@ Grid = Annotated[
 Bucketing = Annotated[str | None, Opt(help="aspect | exact")]
 CapacityGb = Annotated[
     float | None,
-    Opt(help="memory to budget against, GB", show_default="the device's own (CUDA, prior's)"),
+    Opt(help="memory to budget against, GB",
+        show_default="the device's own: measure on CUDA, the files' (refit), the rates' (prior)"),
 ]
 Headroom = Annotated[float | None, Opt(help="fraction of capacity kept free")]
 RefTokens = Annotated[
@@ -67,8 +68,9 @@ Seed = Annotated[int | None, Opt(help="seed of the weights, inputs and mixture")
 
 def _settings(config: Path | None, flags: dict[str, Any]) -> Any:
     """The one place a command line becomes a CalibrationConfig: the experiment file's (else
-    the defaults), every flag given over it (a None flag was not given)."""
-    from adaptiveload.calibration.settings import CalibrationConfig
+    the defaults), every flag given over it (a None flag was not given; `--pack`s given
+    replace the file's packs)."""
+    from adaptiveload.calibration.settings import CalibrationConfig, Pack
     from adaptiveload.experiment import load
 
     base = CalibrationConfig.from_experiment(load(config)) if config else CalibrationConfig()
@@ -78,12 +80,13 @@ def _settings(config: Path | None, flags: dict[str, Any]) -> Any:
         mix = replace(mix, manifest=f.get("manifest"), mixture=f.get("mixture"))
     ints = {k: int_list(f[k], f"--{k.replace('_', '-')}") for k in ("batch_sizes", "tokens")
             if k in f}  # fmt: skip
+    packs = tuple(Pack.parse(text) for text in f["pack"]) if f.get("pack") else None
     return overridden(
         base, model=f.get("model"), device=f.get("device"), threads=f.get("threads"),
         timer=f.get("timer"), max_loo=f.get("max_loo"), seed=f.get("seed"),
         activation_checkpointing=f.get("activation_checkpointing"),
         grid=overridden(base.grid, **ints, repeats=f.get("repeats"), warmup=f.get("warmup"),
-                        max_batch_tokens=f.get("max_batch_tokens")),
+                        max_batch_tokens=f.get("max_batch_tokens"), packs=packs),
         mix=overridden(mix, num_samples=f.get("num_samples"), grid=f.get("grid"),
                        bucketing=f.get("bucketing"), seed=f.get("seed")),
         budgets=overridden(base.budgets, capacity_gb=f.get("capacity_gb"),
@@ -96,7 +99,10 @@ def _settings(config: Path | None, flags: dict[str, Any]) -> Any:
 
 
 def _report(output: Path, cal: Any) -> None:
-    """One line on the fit and the budgets (and one on the validation, when it ran)."""
+    """One line on the fit and the budgets, one on the validation when it ran, and the
+    additivity block when the grid had packs."""
+    from adaptiveload.calibration.additivity import describe
+
     fit = cal.extra["fit"]
     loo = (
         f", {fit['form']} form, leave-one-out median {100 * fit['loo_median']:.1f}% max "
@@ -118,6 +124,8 @@ def _report(output: Path, cal: Any) -> None:
             f"{100 * val['median_rel_err']:.1f}% p95 {100 * val['p95_rel_err']:.1f}%",
             err=True,
         )
+    for line in describe(cal.extra.get("additivity")):
+        typer.echo(line, err=True)
 
 
 def _write(output: Path, cal: Any) -> None:
@@ -131,6 +139,8 @@ def _write(output: Path, cal: Any) -> None:
     "adaptiveload calibrate measure --model wan2.1-tiny --mixture tiny-cpu --capacity-gb 0.15 "
     "-o calibration.json",
     "adaptiveload calibrate measure --config experiments/default.yaml -o calibration.json",
+    "adaptiveload calibrate measure --model wan2.1-tiny --mixture tiny-cpu --capacity-gb 0.15 "
+    "--pack mixed=3740,1100,221 --pack images=221,221,88 -o calibration.json",
 ))
 def measure_cmd(
     output: Output,
@@ -150,6 +160,13 @@ def measure_cmd(
         int | None, Opt(help="timed passes over the grid, >= 2 (a point's time: the minimum)")
     ] = None,
     warmup: Annotated[int | None, Opt(help="warm-up steps per grid point")] = None,
+    pack: Annotated[
+        list[str] | None,
+        Opt(metavar="NAME=S1,S2,...",
+            help="a pack of samples of these token counts, timed as one packed "
+                 "micro-batch and held out of the fit (repeatable; replaces --config's packs)",
+            show_default="--config's, else none"),
+    ] = None,
     threads: Annotated[int | None, Opt(help="torch CPU threads while measuring")] = None,
     timer: Annotated[
         str | None, Opt(help="auto (cpu on a CPU with one thread, wall on CUDA) | wall | cpu")
@@ -186,10 +203,11 @@ def measure_cmd(
     Flags override the experiment file given with --config. The file is written only after
     everything succeeded.
     """
-    flags = dict(locals(), max_loo=max_loo_error)  # every option, by its name
-    from adaptiveload.calibration.measure import calibrate as measure
+    cfg = _settings(config, dict(locals(), max_loo=max_loo_error))  # every option, by its name
+    cfg.check_measurement()
+    from adaptiveload.calibration.measure import calibrate as measure  # torch: after the checks
 
-    _write(output, measure(_settings(config, flags), progress=not quiet))
+    _write(output, measure(cfg, progress=not quiet))
 
 
 @calibrate.command("refit", epilog=examples(
@@ -207,9 +225,7 @@ def refit_cmd(
     num_samples: NumSamples = None,
     grid: Grid = None,
     bucketing: Bucketing = None,
-    capacity_gb: Annotated[
-        float | None, Opt(help="memory to budget against, GB", show_default="the files'")
-    ] = None,
+    capacity_gb: CapacityGb = None,
     headroom: Headroom = None,
     ref_tokens: RefTokens = None,
     ref_batch: RefBatch = None,
@@ -247,9 +263,7 @@ def prior_cmd(
     num_samples: NumSamples = None,
     grid: Grid = None,
     bucketing: Bucketing = None,
-    capacity_gb: Annotated[
-        float | None, Opt(help="memory to budget against, GB", show_default="the device's")
-    ] = None,
+    capacity_gb: CapacityGb = None,
     headroom: Headroom = None,
     ref_tokens: RefTokens = None,
     ref_batch: RefBatch = None,
@@ -324,6 +338,7 @@ def budgets_cmd(
     else:
         raise UserError(f"{calibration}: no capacity_bytes; give --capacity-gb or --m-mem")
     derived = derive_budgets(cal.cost, mix.tokens, capacity, head)
-    out = {"calibration": str(calibration), "label": cal.label, "manifest": mix.to_dict(),
+    out = {"calibration": str(calibration), "label": cal.label, "model": cal.model,
+           "manifest": mix.to_dict(),
            "capacity_gb": capacity / 1e9, "headroom": head, **derived.to_dict()}  # fmt: skip
     typer.echo(json.dumps(out, indent=2))

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
 import pandas as pd
 import typer
 
-from adaptiveload.cli.app import app, examples
-from adaptiveload.costmodel import Calibration
+from adaptiveload.cli.app import app, examples, report_warnings
+from adaptiveload.costmodel import Calibration, shipped_calibrations
 from adaptiveload.data.bucketing import (
     DEFAULT_GRID,
     DEFAULT_MAX_FRAMES,
@@ -21,9 +22,9 @@ from adaptiveload.data.bucketing import (
     bucketize,
 )
 from adaptiveload.errors import UserError
-from adaptiveload.io import write_json, write_parquet
+from adaptiveload.io import read_json, write_json, write_parquet
 from adaptiveload.planning.dealing import DEFAULT_WINDOW_STEPS
-from adaptiveload.planning.plan import build_plan, check_table
+from adaptiveload.planning.plan import build_plan, check_table, plan_warnings
 from adaptiveload.planning.policies import AUTO, POLICIES, Budgets, MissingBudgetError, get_policy
 from adaptiveload.planning.simulate import DEFAULT_ALLREDUCE_GBPS, Simulation, simulate
 
@@ -31,13 +32,50 @@ Opt = typer.Option
 
 
 def _calibration(path: Path | None, model: str | None) -> Calibration | None:
-    """Load a calibration; UserError if it was made for another model than `model`."""
+    """Load a calibration (a file, or a shipped one by name); UserError if it was made for
+    another model than `model`."""
     if path is None:
         return None
     cal = Calibration.load(path)
     if model is not None:
         cal.require_model(model, path)
     return cal
+
+
+# the fields of a budgets file (`adaptiveload budgets`) that planning reads
+BUDGETS_FILE_FIELDS = ("calibration", "p", "m_mem", "m_comp", "m_tok", "capacity_gb", "headroom")
+
+
+def read_budgets(path: Path, cal: Calibration | None) -> Calibration:
+    """The calibration a budgets file was derived from (`cal`, else the one the file names),
+    carrying the file's p, budgets, reference batch and capacity: so a plan uses the p
+    `budgets` derived for the user's data, and predicts at that capacity."""
+    data = read_json(path, "budgets file")
+    missing = [k for k in BUDGETS_FILE_FIELDS if not isinstance(data, dict) or k not in data]
+    if missing:
+        raise UserError(
+            f"{path}: field(s) {', '.join(missing)} missing; write it with `adaptiveload "
+            "budgets --calibration CAL --manifest M > budgets.json`"
+        )
+    if cal is None:
+        if not (Path(data["calibration"]).exists() or data["calibration"] in
+                shipped_calibrations()):  # fmt: skip
+            raise UserError(
+                f"{path}: its calibration {data['calibration']!r} is not found from here; "
+                "give it with --calibration"
+            )
+        cal = Calibration.load(data["calibration"])
+    elif data.get("model", cal.model) != cal.model:
+        raise UserError(
+            f"{path}: budgets derived for model {data['model']!r}, the calibration is of "
+            f"{cal.model!r}; derive them with this calibration (`adaptiveload budgets`)"
+        )
+    derivation = {k: data[k] for k in ("ref_tokens", "ref_batch", "s_lo", "s_hi") if k in data}
+    return replace(
+        cal, p=float(data["p"]), m_mem=float(data["m_mem"]), m_comp=float(data["m_comp"]),
+        m_tok=float(data["m_tok"]), capacity_bytes=float(data["capacity_gb"]) * 1e9,
+        extra={**cal.extra, "budgets": derivation, "headroom": data["headroom"]},
+    )  # fmt: skip
 
 
 @app.command("plan", epilog=examples(
@@ -58,8 +96,19 @@ def plan_cmd(
     ] = None,
     epoch: Annotated[int, Opt(help="epoch to plan")] = 0,
     calibration: Annotated[
-        Path | None, Opt(help="calibration JSON: budgets set to 'auto' and the cost model")
+        Path | None,
+        Opt(help="calibration JSON (or a shipped one by name, e.g. h200-wan2.1-t2v-1.3b): "
+            "budgets set to 'auto' and the cost model"),
     ] = None,
+    budgets_file: Annotated[
+        Path | None,
+        Opt("--budgets", help="budgets JSON of `adaptiveload budgets` (p and budgets derived for "
+            "your data, its capacity): budgets set to 'auto'; the calibration still predicts"),
+    ] = None,
+    strict: Annotated[
+        bool, Opt("--strict", help="refuse an unusual plan (budget below every sample, "
+                  "excluded or oversize samples, heavy padding) instead of warning")
+    ] = False,
     m_tok: Annotated[
         str, Opt(help="equal-token budget, tokens per batch (auto: calibration, else m_mem)")
     ] = AUTO,
@@ -113,8 +162,9 @@ def plan_cmd(
 
     pol = get_policy(policy)
     cal = _calibration(calibration, model)
+    derived = read_budgets(budgets_file, cal) if budgets_file is not None else None
     budgets = Budgets.resolve(
-        m_tok, m_mem, m_comp, p, calibration=cal, m_comp_scale=m_comp_scale,
+        m_tok, m_mem, m_comp, p, calibration=derived or cal, m_comp_scale=m_comp_scale,
         pack_tokens=pack_tokens,
     )  # fmt: skip
     try:
@@ -122,9 +172,13 @@ def plan_cmd(
     except MissingBudgetError as exc:  # the library's message names Budgets; here: the flags
         flags = ", ".join(f"--{k.replace('_', '-')}" for k in exc.missing)
         raise UserError(
-            f"policy {policy}: budget(s) {', '.join(exc.missing)} not set; "
-            f"give {flags} or a --calibration file"
+            f"policy {policy}: budget(s) {', '.join(exc.missing)} not set; give {flags}, "
+            "--budgets FILE (`adaptiveload budgets --calibration CAL --manifest M` derives "
+            "them for your data) or --calibration CAL (a shipped one by name: "
+            f"{', '.join(shipped_calibrations())}; or `adaptiveload calibrate measure` on your "
+            "GPU, `adaptiveload calibrate prior --rates h200` without one)"
         ) from None
+    cal = derived or cal  # with a budgets file: its calibration, at the budgets' capacity
     _positive(allreduce_gbps=allreduce_gbps)
     simulated = simulation_steps is not None or simulation_summary is not None
     if summary is None and output is None and not simulated:
@@ -142,9 +196,11 @@ def plan_cmd(
     info = {
         "manifest": str(manifest), "bucketing": bucketing, "grid": grid,
         "calibration": str(calibration) if calibration else None,
+        "budgets_file": str(budgets_file) if budgets_file else None,
         "calibration_label": cal.label if cal else None,
     }  # fmt: skip
     plan.table.attrs["plan"].update(info)
+    report_warnings(f"plan ({plan.summary['policy']})", plan_warnings(plan.summary), strict)
     if output is not None:
         write_parquet(output, plan.table)
     if summary is not None:
@@ -235,13 +291,8 @@ def _positive(**values: float) -> None:
 
 
 def _read_plan(path: Path) -> pd.DataFrame:
-    if path.is_dir():  # pyarrow would read it as an (empty) dataset
-        raise UserError(f"{path}: a plan file (Parquet) expected, found a directory")
-    try:
-        table = pd.read_parquet(path)
-    except FileNotFoundError:
-        raise UserError(f"{path}: plan file not found") from None
-    except Exception as exc:
-        raise UserError(f"{path}: not a Parquet plan table ({exc})") from None
+    from adaptiveload.io import read_table
+
+    table = read_table(path, "plan file", "pass a plan table `adaptiveload plan -o` writes")
     check_table(table, str(path))
     return table

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -21,24 +20,6 @@ tracking_app = group("tracking", "The MLflow tracking store.")
 # set to 1 by the Snakemake rule, which `exec`s the trainer: a killed `snakemake` then takes
 # its training jobs with it instead of leaving them running (Linux; see docs/robustness.md)
 DIE_WITH_PARENT = "ADAPTIVELOAD_DIE_WITH_PARENT"
-
-
-def _die_with_parent() -> None:
-    """Ask Linux to send SIGTERM when the parent process dies (prctl PR_SET_PDEATHSIG), and
-    turn SIGTERM into SystemExit so the run is marked FAILED in MLflow on the way out."""
-    import ctypes
-    import signal
-
-    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
-    parent = os.getppid()
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        pr_set_pdeathsig = 1
-        libc.prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
-    except (OSError, AttributeError):  # not Linux: the docs say how to clean up by hand
-        return
-    if os.getppid() != parent:  # the parent died before the request took effect
-        sys.exit(128 + signal.SIGTERM)
 
 
 def _steps(text: str | None) -> int | str | None:
@@ -96,8 +77,11 @@ def train(
     Under `torchrun --nproc-per-node N -m adaptiveload train ...` each process is one rank
     (DDP; gloo on CPU, NCCL on CUDA); otherwise one process emulates the ranks in turn.
     """
+    from adaptiveload.lifecycle import die_with_parent, stop_on_signals
+
+    stop_on_signals()  # a stopped run ends FAILED in MLflow, not RUNNING
     if os.environ.get(DIE_WITH_PARENT) == "1":
-        _die_with_parent()
+        die_with_parent()
     from adaptiveload.tracking.run import RunTracker
     from adaptiveload.tracking.store import configure_environment
     from adaptiveload.training.session import Request
@@ -155,3 +139,26 @@ def init(
     from adaptiveload.tracking.store import init_store
 
     typer.echo(f"tracking store ready: {init_store(uri)}", err=True)
+
+
+@tracking_app.command("check", epilog=examples(
+    "adaptiveload tracking check --experiment default results/default/runs/*/seed*/* "
+    "-o results/default/tracking/check.json",
+))
+def check(
+    run_dirs: Annotated[list[Path], typer.Argument(help="training run folders")],
+    experiment: Annotated[str, typer.Option("--experiment", help="their MLflow experiment")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="JSON report of the check")],
+) -> None:
+    """The end of training: upload every run folder's spooled records, then require that each
+    folder's MLflow run is FINISHED (the pipeline's check before its analysis)."""
+    from adaptiveload.io import write_json
+    from adaptiveload.tracking.run import check_runs
+    from adaptiveload.tracking.store import configure_environment, tracking_uri
+
+    configure_environment()
+    report = check_runs(experiment, run_dirs)
+    write_json(out, {"tracking_uri": tracking_uri(), "runs": report})
+    uploaded = sum(r["uploaded"] for r in report)
+    typer.echo(f"{len(report)} run(s) FINISHED in the store; {uploaded} spooled record(s) "
+               "uploaded", err=True)  # fmt: skip

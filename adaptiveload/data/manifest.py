@@ -39,13 +39,21 @@ def load_manifest(path: str | os.PathLike[str]) -> pd.DataFrame:
 
 
 def validate_manifest(
-    raw: pd.DataFrame, origin: str, base_dir: Path | None = None, csv: bool = False
-) -> pd.DataFrame:
+    raw: pd.DataFrame, origin: str, base_dir: Path | None = None, csv: bool = False,
+    frame: bool = False,
+) -> pd.DataFrame:  # fmt: skip
     """Check a raw manifest frame and return it typed: sizes int64, ids str, optionals present.
 
-    `origin` names the source in messages; `csv` makes row references line numbers (header = 1).
+    The one validator of manifests: every entry (the file readers, the synthetic mixtures,
+    `PlanBatchSampler.from_manifest`, the CLI) passes through it, so no invalid row reaches
+    bucketing (where a clip of 0 or NaN frames would otherwise land in some bucket).
+    `origin` names the source in messages; rows are referenced as 1-based data rows, as file
+    line numbers with `csv` (header = 1), or as 0-based positions (``df.iloc[i]``) with
+    `frame` (a DataFrame the caller built).
     """
-    where = _Problems(origin, csv)
+    if not isinstance(raw, pd.DataFrame):
+        raise UserError(f"{origin}: a manifest is a pandas DataFrame, got {type(raw).__name__}")
+    where = _Problems(origin, csv, frame)
     raw = raw.reset_index(drop=True)  # row numbers in messages are positions
     if len(raw) == 0:
         raise UserError(f"{origin}: no samples (a header but no rows); expected one row per sample")
@@ -136,13 +144,14 @@ def _read_csv(path: Path) -> pd.DataFrame:
 class _Problems:
     """Collects one problem per bad column, so a single message lists every column to fix.
 
-    Rows are 1-based data rows (Parquet) or file lines (CSV, header = line 1).
+    Rows are 1-based data rows (Parquet), file lines (CSV, header = line 1) or 0-based
+    positions (a DataFrame).
     """
 
-    def __init__(self, origin: str, csv: bool) -> None:
+    def __init__(self, origin: str, csv: bool, frame: bool = False) -> None:
         self.origin = origin
-        self.offset = 2 if csv else 1
-        self.unit = "line" if csv else "row"
+        self.offset = 2 if csv else 0 if frame else 1
+        self.unit = "line" if csv else "position" if frame else "row"
         self.found: list[str] = []
 
     def fail(self, bad: np.ndarray, column: str, values: pd.Series, expected: str) -> bool:
@@ -177,14 +186,21 @@ def _sample_ids(col: pd.Series, where: _Problems) -> pd.Series:
     empty = missing | (ids.str.strip() == "").to_numpy()
     if where.fail(empty, "sample_id", col, "a non-empty string"):
         return ids
+    if pd.Index(ids).is_unique:  # the common case, twice as fast as duplicated() on 1M ids
+        return ids
     dup = ids.duplicated(keep=False).to_numpy()
     if dup.any():
-        first = ids[dup].iloc[0]
-        same = np.flatnonzero((ids == first).to_numpy())
-        lines = ", ".join(str(i + where.offset) for i in same[:_SHOW])
+        repeated = ids[dup]
+        shown = []
+        for sid in repeated.unique()[:_SHOW]:
+            at = np.flatnonzero((ids == sid).to_numpy())[:_SHOW] + where.offset
+            shown.append(f"{sid!r} ({where.unit}s {', '.join(map(str, at))})")
+        n_ids = repeated.nunique()
+        more = f" and {n_ids - _SHOW} more" if n_ids > _SHOW else ""
         where.found.append(
-            f"column 'sample_id': {int(dup.sum())} rows share an id, e.g. {first!r} at "
-            f"{where.unit}s {lines}; expected every sample_id to be unique"
+            f"column 'sample_id': {int(dup.sum())} rows share {n_ids} id(s): "
+            f"{', '.join(shown)}{more}; expected every sample_id to be unique (rename or "
+            "drop the repeats)"
         )
     return ids
 

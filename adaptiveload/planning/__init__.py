@@ -4,10 +4,15 @@
   the ``Budgets`` they read and the ``POLICIES`` registry;
 - ``plan``: ``build_plan`` -> ``Plan(table, summary)``, one epoch, identical on every rank;
 - ``dealing``: how batches are dealt to (step, rank) slots (balanced: sort-and-chunk);
-- ``sampler``: ``PlanBatchSampler``, a ``torch.utils.data`` batch sampler over a plan;
-- ``simulate``: the plan through a cost model -> per-step table and metrics (``model``).
+- ``sampler``: ``PlanBatchSampler``, a ``torch.utils.data`` batch sampler over a plan, whose
+  batches carry a ``BatchInfo`` (step, padding, the step's samples);
+- ``compare``: every policy's plan of one manifest through one cost model (``adaptiveload
+  compare``);
+- ``simulate``: the plan through a cost model -> per-step table and metrics (``model``);
+- ``paper_map``: the grid of the paper's unpublished choices, planned and simulated.
 
-In your own trainer (docs/sampler.md has runnable examples for PyTorch, DDP and Accelerate)::
+In your own trainer (docs/sampler.md has runnable examples for PyTorch, gradient accumulation,
+DDP, Accelerate, Lightning and diffusers' WanTransformer3DModel)::
 
     from torch.utils.data import DataLoader
 
@@ -15,12 +20,15 @@ In your own trainer (docs/sampler.md has runnable examples for PyTorch, DDP and 
     from adaptiveload.data.dataset import LatentDataset
     from adaptiveload.data.manifest import load_manifest
     from adaptiveload.planning.policies import Budgets
-    from adaptiveload.planning.sampler import PlanBatchSampler
+    from adaptiveload.planning.sampler import BatchInfoDataset, PlanBatchSampler
 
-    budgets = Budgets.resolve(calibration=Calibration.load("h200-wan2.1-t2v-1.3b.json"))
+    budgets = Budgets.resolve(calibration=Calibration.load("h200-wan2.1-t2v-1.3b"))
     sampler = PlanBatchSampler.from_manifest(load_manifest("manifest.csv"), "adaptiveload",
                                              budgets, world_size, rank, seed)
-    loader = DataLoader(LatentDataset(sampler.samples), batch_sampler=sampler)
+    data = BatchInfoDataset(LatentDataset(sampler.samples))
+    loader = DataLoader(data, batch_sampler=sampler, collate_fn=data.collate)
+    for batch, info in loader:  # info.step, info.step_samples, info.is_padding
+        ...
 
 (Submodules are imported explicitly so that planning without torch stays torch-free.)
 """

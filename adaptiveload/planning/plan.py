@@ -43,6 +43,7 @@ step's samples can do better), for every policy.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,6 +61,14 @@ REQUIRED_COLUMNS = ("sample_id", "bucket_frames", "bucket_height", "bucket_width
 TABLE_COLUMNS = (
     "step", "rank", "sample_id", "frames", "height", "width", "tokens", "batch_id", "is_padding",
 )  # fmt: skip
+# summary fields that say what a plan was made from, in the order a mismatch is reported: two
+# plans whose digests differ are told apart by the first of these that differs
+PLAN_INPUTS = (
+    "policy", "seed", "epoch", "world_size", "num_samples", "num_excluded",
+    "m_tok", "m_mem", "m_comp", "p", "pack_tokens", "window_steps", "deal_cost",
+)  # fmt: skip
+# a plan whose padding repeats exceed this share of its real batches is reported
+HEAVY_PADDING = 0.1
 PREDICTED = (
     "imbalance_rate", "idle_fraction", "samples_per_s", "tokens_per_s", "vs_lower_bound",
     "vram_utilization_mean", "vram_utilization_max",  # only with a capacity (a Calibration)
@@ -143,6 +152,7 @@ def build_plan(
         "duplicates": int((seen > 1).sum()),
         "steps": slots.size // world_size,
         "batches": int(batches.size.size),
+        "min_sample_tokens": int(tokens.min()),
         "max_tokens_per_batch": int(np.add.reduceat(tokens[batches.order], batches.start).max()),
         "constraint_violations": _violations(pol, budgets, batches, packs),
         **budgets.as_dict(),
@@ -150,8 +160,7 @@ def build_plan(
         "epoch": epoch,
         "window_steps": window_steps if by_cost else None,
         "deal_cost": _deal_cost(pol, cost),
-        # ranks can all-gather this to check they planned the same (inputs in the same order)
-        "plan_digest": _digest(row_sample, batches.size[slots], slot_pad),
+        **_digests(frame, row_sample, batches.size[slots], slot_pad),
     }
     if packs is not None:
         summary["pack_limits"] = packs.limits.as_dict()
@@ -328,11 +337,106 @@ def check_table(table: pd.DataFrame, origin: str) -> None:
 
 
 def _digest(*arrays: np.ndarray) -> str:
-    """Short content hash of the plan's row positions, batch sizes and padding flags."""
+    """Short content hash of arrays (the plan's row positions, batch sizes, padding flags)."""
     h = hashlib.sha256()
     for arr in arrays:
         h.update(np.ascontiguousarray(arr).tobytes())
     return h.hexdigest()[:16]
+
+
+def table_digest(table: pd.DataFrame) -> str:
+    """The digest of a plan table that carries no summary (one not written by `build_plan`):
+    its steps, ranks, sample_ids and padding flags, row by row."""
+    cols = ["step", "rank", "sample_id", "is_padding"]
+    return _digest(pd.util.hash_pandas_object(table[cols], index=False).to_numpy())
+
+
+# what a differing field says about two plans (plan_difference), beyond its name
+_DIFFERENCE_MEANS = {"data_digest": "other samples, or the same ones in another row order"}
+
+
+def plan_difference(a: Mapping[str, Any], b: Mapping[str, Any]) -> tuple[str, Any, Any]:
+    """The first field in which plan summaries `a` and `b` differ, and its two values: an input
+    (PLAN_INPUTS, in that order), then the data, then the plan digest itself. The data
+    field's name says what it means ("data_digest (other samples, or ...)")."""
+    keys = (*PLAN_INPUTS, "data_digest")
+    for k in keys:
+        if k in a and k in b and a[k] != b[k]:
+            name = f"{k} ({_DIFFERENCE_MEANS[k]})" if k in _DIFFERENCE_MEANS else k
+            return name, a[k], b[k]
+    return "plan_digest", a.get("plan_digest"), b.get("plan_digest")
+
+
+def _digests(
+    frame: pd.DataFrame, row_sample: np.ndarray, slot_size: np.ndarray, slot_pad: np.ndarray
+) -> dict[str, str]:
+    """The plan's identity: `data_digest` (the samples planned: ids, bucket shapes and tokens,
+    in row order) and `plan_digest` (which samples run where and when: the row positions,
+    batch sizes and padding flags, with the data digest that says what a position means).
+    Resumes (`PlanBatchSampler.load_state_dict`) and ranks (`PlanBatchSampler.check_ranks`)
+    compare them; 1M samples digest in tens of milliseconds."""
+    data = hashlib.sha256()
+    _hash_strings(data, frame["sample_id"])
+    for col in REQUIRED_COLUMNS[1:]:
+        data.update(np.ascontiguousarray(frame[col].to_numpy(np.int64)).tobytes())
+    data_digest = data.hexdigest()[:16]
+    plan = _digest(np.frombuffer(data_digest.encode(), np.uint8), row_sample, slot_size, slot_pad)
+    return {"data_digest": data_digest, "plan_digest": plan}
+
+
+def _hash_strings(h: Any, values: pd.Series) -> None:
+    """Feed a column of strings (other values by their text) to hash `h` through its Arrow
+    buffers (offsets and bytes): no Python object per row, zero-copy for pandas' Arrow-backed
+    strings."""
+    import pyarrow as pa
+
+    try:
+        arr = pa.array(values, type=pa.large_string(), from_pandas=True)
+    except (pa.ArrowTypeError, pa.ArrowInvalid):  # ids that are not strings (integers)
+        arr = pa.array(values.astype(str), type=pa.large_string(), from_pandas=True)
+    if isinstance(arr, pa.ChunkedArray):  # a column read in chunks (Parquet, large CSVs)
+        arr = arr.combine_chunks()
+    offsets = np.frombuffer(arr.buffers()[1], np.int64)[arr.offset : arr.offset + len(arr) + 1]
+    h.update((offsets - offsets[0]).tobytes())
+    body = arr.buffers()[2]
+    if body is not None:
+        h.update(memoryview(body)[offsets[0] : offsets[-1]])
+
+
+def plan_warnings(summary: dict[str, Any]) -> list[str]:
+    """What about a plan is unusual enough to tell the user, one clause each: samples never
+    trained (excluded: no bucket, over the device's capacity), samples over a budget on their
+    own (they run alone, B = 1; all of them means a budget below every sample), heavy
+    padding. The sampler joins them into one warning line; the CLI prints them, or refuses
+    them with --strict."""
+    found = []
+    excluded, total = summary["num_excluded"], summary["num_samples"]
+    if excluded:
+        over = summary.get("num_over_capacity", 0)
+        why = f", {over} of them over the device's capacity" if over else ""
+        found.append(f"{excluded} of {total} samples excluded (never trained{why})")
+    oversize, planned = summary["num_oversize"], total - excluded
+    if oversize:
+        pol = get_policy(summary["policy"])
+        limits = ", ".join(f"{k}={summary[k]:.6g}" for k in pol.requires if k != "p")
+        if oversize == planned:
+            found.append(
+                f"every sample exceeds the {pol.name} budget {limits} on its own (the smallest "
+                f"has {summary['min_sample_tokens']} tokens): each batch is one sample; raise "
+                "the budget or derive it for this data with `adaptiveload budgets`"
+            )
+        else:
+            found.append(
+                f"{oversize} of {planned} samples exceed the {pol.name} budget {limits} on "
+                "their own and run alone (B = 1)"
+            )
+    pad, batches = summary["num_padding_batches"], summary["batches"]
+    if pad > HEAVY_PADDING * batches:
+        found.append(
+            f"{pad} padding batches for {batches} real ones ({summary['world_size']} ranks): "
+            "each repeats a batch of the epoch; fewer ranks or more data pad less"
+        )
+    return found
 
 
 def _starts(counts: np.ndarray) -> np.ndarray:

@@ -6,33 +6,94 @@ of batches per epoch (the plan pads the last step), as DDP requires. With ``rank
 yields every rank's batches, step-major (step 0 rank 0, step 0 rank 1, ...): the form for a
 loader that shards batches across processes itself, as HF Accelerate's ``prepare`` does.
 
-Resuming: ``state_dict(consumed_steps=k)`` records the epoch and the k steps your loop has
-finished; ``load_state_dict`` makes the next pass start after them. Without ``consumed_steps``
-it records the batches the sampler has handed out, which with ``num_workers > 0`` runs ahead of
-the loop by the DataLoader's prefetch. docs/sampler.md has runnable examples.
+Each batch it yields is a ``PlanBatch``: the list of dataset indices, plus ``.info``, a
+``BatchInfo`` (epoch, step, rank, padding, the step's sample count). ``BatchInfoDataset``
+carries that info through a DataLoader (workers included), so a training loop reads its step
+and normaliser from the batch rather than counting batches.
+
+Resuming: ``state_dict(consumed_steps=k)`` records the epoch, the k steps your loop has
+finished and the plan's digests; ``load_state_dict`` refuses the state of another plan and
+makes the next pass start after those steps (a ``set_epoch`` of that same epoch keeps the
+offset). Without ``consumed_steps`` it records the batches the sampler has handed out, which
+with ``num_workers > 0`` runs ahead of the loop by the DataLoader's prefetch. Ranks that
+should hold one plan can compare it with ``check_ranks`` (one all-gather of digests).
+docs/sampler.md has runnable examples.
 """
 
 from __future__ import annotations
 
+import sys
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
-from torch.utils.data import Sampler
+from torch.utils.data import Dataset, Sampler, default_collate
 
 from adaptiveload.costmodel import Calibration, CostModel
 from adaptiveload.data.bucketing import DEFAULT_GRID, DEFAULT_MAX_FRAMES, DEFAULT_MODE, bucketize
+from adaptiveload.data.manifest import validate_manifest
 from adaptiveload.errors import UserError
 from adaptiveload.planning.dealing import DEFAULT_WINDOW_STEPS
-from adaptiveload.planning.plan import Plan, build_plan
+from adaptiveload.planning.plan import (
+    PLAN_INPUTS,
+    Plan,
+    build_plan,
+    plan_difference,
+    plan_warnings,
+    table_digest,
+)
 from adaptiveload.planning.policies import Budgets, Policy
+
+_SHOW_IDS = 5  # excluded sample ids quoted in the warning line
+
+
+class PlanWarning(UserWarning):
+    """A plan runs but is unusual: samples excluded or over a budget alone, heavy padding."""
+
+
+class BatchInfo(NamedTuple):
+    """Where a yielded batch sits in the plan (a NamedTuple: it pickles, pins and moves to a
+    device unchanged through DataLoader workers, Accelerate and Lightning).
+
+    `step_samples` counts the samples of all ranks in the step, padding repeats included:
+    what a rank's summed loss is divided by so the step's gradient is the mean over all of
+    them (docs/definitions.md, loss weighting). `is_padding`: the batch repeats one of this
+    epoch (the padded last step); it still has to run under DDP, whose all-reduce every rank
+    joins, but a loop may leave it out of its logs or weight it 0.
+    """
+
+    epoch: int
+    step: int
+    rank: int
+    num_steps: int
+    is_padding: bool
+    num_samples: int
+    step_samples: int
+
+
+class PlanBatch(list):
+    """One micro-batch: the dataset indices (a plain list to any code that indexes a dataset)
+    and ``info``, its ``BatchInfo``."""
+
+    def __init__(self, indices: Sequence[int], info: BatchInfo) -> None:
+        super().__init__(indices)
+        self.info = info
+
+    def __reduce__(self) -> tuple[Any, ...]:  # to DataLoader workers with its info
+        return (PlanBatch, (list(self), self.info))
 
 
 @dataclass(frozen=True)
 class PlanBuilder:
-    """Everything but the epoch: ``builder(epoch)`` is that epoch's plan, on any rank."""
+    """Everything but the epoch: ``builder(epoch)`` is that epoch's plan, on any rank.
+
+    The first plan it builds reports, in one PlanWarning line, what about it is unusual
+    (`plan.plan_warnings`: excluded samples, named by `excluded_ids` when given; samples over a
+    budget on their own; heavy padding).
+    """
 
     samples: pd.DataFrame  # bucketed; its row order is the dataset order
     policy: str | Policy
@@ -42,39 +103,56 @@ class PlanBuilder:
     cost_model: CostModel | Calibration | None = None
     window_steps: int | None = DEFAULT_WINDOW_STEPS
     num_excluded: int = 0
-    # the latest epoch's plan, shared by the samplers of all ranks one process emulates
-    _latest: dict[int, Plan] = field(default_factory=dict, init=False, repr=False, compare=False)
+    excluded_ids: Sequence[str] = ()  # of the manifest rows bucketing dropped
+    # the latest epoch's plan ({"epoch": e, "plan": plan}), shared by the samplers of all ranks
+    # one process emulates; and whether the first plan's warning was given
+    _cache: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __call__(self, epoch: int) -> Plan:
-        if epoch not in self._latest:
+        if self._cache.get("epoch") != epoch:
             plan = build_plan(
                 self.samples, self.policy, self.budgets, self.world_size, self.seed, epoch,
                 cost_model=self.cost_model, window_steps=self.window_steps,
                 num_excluded=self.num_excluded,
             )  # fmt: skip
-            self._latest.clear()
-            self._latest[epoch] = plan
-        return self._latest[epoch]
+            self._cache.update(epoch=epoch, plan=plan)
+            if not self._cache.get("warned"):
+                self._cache["warned"] = True
+                self._warn(plan.summary)
+        return self._cache["plan"]
+
+    def _warn(self, summary: Mapping[str, Any]) -> None:
+        found = plan_warnings(dict(summary))
+        if not found:
+            return
+        ids = list(self.excluded_ids[:_SHOW_IDS])
+        if ids:
+            more = " ..." if len(self.excluded_ids) > _SHOW_IDS else ""
+            found[0] += f", e.g. {', '.join(map(repr, ids))}{more}"
+        warnings.warn(f"plan ({summary['policy']}): " + "; ".join(found), PlanWarning,
+                      stacklevel=_outside_the_package())  # fmt: skip
 
 
 PlanSource = pd.DataFrame | Plan | Callable[[int], Plan]
+SampleIndex = Sequence[str] | pd.Index | Mapping[str, int]
 
 
 class PlanBatchSampler(Sampler[list[int]]):
-    """Yields this rank's batches (lists of dataset indices) of the current epoch's plan.
+    """Yields this rank's batches (``PlanBatch``: dataset indices + ``info``) of the current
+    epoch's plan.
 
     `plan`: a plan table or Plan (one fixed epoch) or a builder ``epoch -> Plan`` (a new plan
-    per ``set_epoch``). `rank`: this process's rank, or None for every rank's batches in
-    step-major order (for loaders that shard batches themselves). `sample_index`: the
-    dataset's sample_ids in dataset order (or a mapping sample_id -> position); defaults to a
-    PlanBuilder's ``samples`` order.
+    per ``set_epoch``). `rank`: this process's rank among the data-parallel ranks, or None for
+    every rank's batches in step-major order (for loaders that shard batches themselves).
+    `sample_index`: the dataset's sample_ids in dataset order (or a mapping sample_id ->
+    position); defaults to a PlanBuilder's ``samples`` order.
     """
 
     def __init__(
         self,
         plan: PlanSource,
         rank: int | None,
-        sample_index: Sequence[str] | pd.Index | Mapping[str, int] | None = None,
+        sample_index: SampleIndex | None = None,
         epoch: int = 0,
     ) -> None:
         self._builder = plan if callable(plan) and not isinstance(plan, pd.DataFrame) else None
@@ -84,7 +162,7 @@ class PlanBatchSampler(Sampler[list[int]]):
             sample_index = self._builder.samples["sample_id"]
         self._index, self._positions = _as_index(sample_index)
         self.rank = rank
-        self._fixed = None if self._builder else _table(plan)
+        self._fixed = None if self._builder else plan
         self.epoch = epoch
         self._load(epoch)
 
@@ -98,57 +176,114 @@ class PlanBatchSampler(Sampler[list[int]]):
         rank: int | None,
         seed: int,
         *,
+        sample_index: SampleIndex | None = None,
         bucketing: str = DEFAULT_MODE,
         grid: str = DEFAULT_GRID,
         max_frames: int = DEFAULT_MAX_FRAMES,
         cost_model: CostModel | Calibration | None = None,
-        window_steps: int | None = DEFAULT_WINDOW_STEPS,
     ) -> PlanBatchSampler:
-        """Bucketize `manifest` and plan it; build your dataset over ``sampler.samples``."""
-        bucketed = bucketize(manifest, mode=bucketing, grid=grid, max_frames=max_frames)
+        """Validate `manifest` (a UserError names column, row and fix), bucketize and plan it.
+
+        Dataset index i is row i of ``sampler.samples`` (the bucketed rows: samples that fit
+        no bucket are left out), unless `sample_index` gives your dataset's sample_ids in its
+        own order (``manifest["sample_id"]`` for a dataset over the manifest's rows) or a
+        mapping sample_id -> index. Excluded and oversize samples are reported once, in one
+        PlanWarning line, and counted in ``sampler.summary``. Balanced policies deal within the
+        default window; a ``PlanBuilder`` takes every planning option.
+        """
+        frame = validate_manifest(manifest, origin="from_manifest: manifest", frame=True)
+        bucketed = bucketize(frame, mode=bucketing, grid=grid, max_frames=max_frames)
         builder = PlanBuilder(
             bucketed.samples, policy, budgets, world_size, seed,
-            cost_model=cost_model, window_steps=window_steps, num_excluded=bucketed.num_excluded,
+            cost_model=cost_model, num_excluded=bucketed.num_excluded,
+            excluded_ids=bucketed.excluded_ids.tolist(),
         )  # fmt: skip
-        return cls(builder, rank)
+        return cls(builder, rank, sample_index)
 
     @property
     def samples(self) -> pd.DataFrame:
-        """The bucketed samples a PlanBuilder plans over (dataset order)."""
+        """The bucketed samples a PlanBuilder plans over (its dataset order)."""
         if not isinstance(self._builder, PlanBuilder):
             raise AttributeError("samples is known only when the plan comes from a PlanBuilder")
         return self._builder.samples
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        """The current epoch's plan summary: digests, budgets, counts (samples, excluded,
+        oversize, padding), and predicted metrics when a cost model was given; with
+        ``excluded_ids`` when the sampler bucketed the manifest itself."""
+        out = dict(self._summary)
+        if isinstance(self._builder, PlanBuilder) and self._builder.num_excluded:
+            out["excluded_ids"] = list(self._builder.excluded_ids)
+        return out
+
+    @property
+    def sampler(self) -> PlanBatchSampler:
+        """The sampler itself: where Accelerate's ``loader.set_epoch`` and Lightning's epoch
+        loop look for ``set_epoch`` on a batch sampler (``batch_sampler.sampler``)."""
+        return self
 
     @property
     def batches_per_step(self) -> int:
         """Batches handed out per plan step: 1 for one rank, world_size for ``rank=None``."""
         return self.world_size if self.rank is None else 1
 
-    def set_epoch(self, epoch: int) -> None:
-        """Switch to `epoch`'s plan (rebuilt deterministically) and start it from step 0."""
+    def set_epoch(self, epoch: int, step: int | None = None) -> None:
+        """Switch to `epoch`'s plan (rebuilt deterministically).
+
+        The next pass starts at `step`; None: at step 0, unless a resume
+        (``load_state_dict``) of this same epoch is pending, whose offset it keeps, so the
+        usual ``set_epoch(epoch)`` at the top of an epoch loop does not replay the steps done.
+        """
         if self._builder is None and epoch != self.epoch:
             raise ValueError(
                 "a fixed plan table covers one epoch; pass a PlanBuilder to plan each epoch"
             )
+        pending = self._resume if epoch == self.epoch else None
         self._load(epoch)
+        if step is not None:
+            self._start_at(step)
+        elif pending:
+            self._resume = self._pos = pending
+
+    def _start_at(self, step: int) -> None:
+        """Make the next pass begin at `step` of the current epoch."""
+        if isinstance(step, bool) or not isinstance(step, (int, np.integer)):
+            raise ValueError(f"step {step!r}: expected an integer")
+        if not 0 <= step <= self.num_steps:
+            raise ValueError(f"step {step}: outside 0..{self.num_steps}")
+        self._resume = self._pos = int(step) * self.batches_per_step
 
     def __len__(self) -> int:
-        return self.num_steps * self.batches_per_step
+        """Batches the next pass yields (or the pass in progress): after a resume, the rest."""
+        return self._total - (self._resume or self._pass_start)
 
-    def __iter__(self) -> Iterator[list[int]]:
-        self._pos = self._start
+    def __iter__(self) -> Iterator[PlanBatch]:
+        self._pos = self._resume or 0
         return self._batches()
 
-    def _batches(self) -> Iterator[list[int]]:
+    def _batches(self) -> Iterator[PlanBatch]:
         # The resume offset is taken when the pass yields its first batch, not in __iter__: a
         # DataLoader with workers calls iter() twice and discards the first iterator unstarted.
-        start, self._start = self._start, 0  # a later pass replays the epoch from step 0
-        for slot in range(start, len(self)):
+        start, self._resume = self._resume or 0, None  # a later pass replays from step 0
+        self._pass_start = start
+        for slot in range(start, self._total):
             self._pos = slot + 1
-            yield self._flat[self._bounds[slot] : self._bounds[slot + 1]].tolist()
+            yield PlanBatch(self._flat[self._bounds[slot] : self._bounds[slot + 1]].tolist(),
+                            self._info(slot))  # fmt: skip
+        self._pass_start = 0
+
+    def _info(self, slot: int) -> BatchInfo:
+        step, at_rank = divmod(slot, self.batches_per_step)
+        return BatchInfo(
+            epoch=self.epoch, step=step, rank=self.rank if self.rank is not None else at_rank,
+            num_steps=self.num_steps, is_padding=bool(self._slot_pad[slot]),
+            num_samples=int(self._bounds[slot + 1] - self._bounds[slot]),
+            step_samples=int(self.samples_per_step[step]),
+        )  # fmt: skip
 
     def state_dict(self, consumed_steps: int | None = None) -> dict[str, Any]:
-        """Where to resume: the epoch and the steps done in it.
+        """Where to resume: the epoch, the steps done in it, and the plan they belong to.
 
         `consumed_steps`: the steps of this epoch your loop has finished (counting those before
         a resume). Pass it whenever ``num_workers > 0``: otherwise the count is what this
@@ -163,30 +298,72 @@ class PlanBatchSampler(Sampler[list[int]]):
             "rank": self.rank,
             "world_size": self.world_size,
             "num_steps": self.num_steps,
+            "plan": self._identity(),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Resume: the next pass yields exactly the batches after ``state["step"]``."""
+        """Resume: the next pass yields exactly the batches after ``state["step"]``.
+
+        ValueError, naming what differs, for the state of another rank or another plan
+        (another manifest, order of its rows, policy, budgets, seed or world size).
+        """
         if state["rank"] != self.rank or state["world_size"] != self.world_size:
             raise ValueError(
                 f"state is for rank {state['rank']} of {state['world_size']}, "
                 f"this sampler is rank {self.rank} of {self.world_size}"
             )
-        self.set_epoch(int(state["epoch"]))
-        if state["num_steps"] != self.num_steps or not 0 <= state["step"] <= self.num_steps:
-            raise ValueError("state does not match this plan (different data, policy or seed?)")
-        self._start = self._pos = int(state["step"]) * self.batches_per_step
+        if not isinstance(state.get("plan"), Mapping) or "plan_digest" not in state["plan"]:
+            raise ValueError(
+                "state has no plan digest (saved by an older adaptiveload): it cannot be "
+                "checked against this plan; start the epoch afresh"
+            )
+        self.set_epoch(int(state["epoch"]), step=0)
+        saved, here = state["plan"], self._identity()
+        if saved["plan_digest"] != here["plan_digest"]:
+            raise ValueError(f"state is of another plan: {_differs(saved, here, 'the state')}")
+        self._start_at(int(state["step"]))
+
+    def check_ranks(self, group: Any = None) -> None:
+        """ValueError on every process if the processes of `group` (default: all) planned
+        differently: one all-gather of the plan digests, naming the first process and input
+        that differ (a manifest read in another row order, another seed, ...). A no-op when no
+        torch.distributed process group is initialized. Call it once after building the
+        sampler (and after ``set_epoch`` if epochs are planned from inputs that may drift)."""
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            return
+        here = self._identity()
+        everyone: list[Any] = [None] * dist.get_world_size(group)
+        dist.all_gather_object(everyone, here, group=group)
+        for process, there in enumerate(everyone):
+            if there["plan_digest"] != here["plan_digest"]:
+                raise ValueError(
+                    f"process {process} planned another epoch than process "
+                    f"{dist.get_rank(group)}: {_differs(there, here, f'process {process}')}; "
+                    "every rank must plan the same manifest rows in the same order with the "
+                    "same policy, budgets, world size, seed and epoch"
+                )
+
+    def _identity(self) -> dict[str, Any]:
+        """What says which plan this is: its inputs (PLAN_INPUTS) and digests."""
+        keys = (*PLAN_INPUTS, "data_digest", "plan_digest")
+        return {k: self._summary[k] for k in keys if k in self._summary}
 
     def _load(self, epoch: int) -> None:
-        table = self._fixed if self._builder is None else _table(self._builder(epoch))
+        if self._builder is None:
+            table, summary = _table_and_summary(self._fixed)
+        else:
+            plan = self._builder(epoch)
+            table, summary = plan.table, plan.summary
         self.epoch = epoch
-        meta = table.attrs.get("plan", {})
         step = table["step"].to_numpy(np.int64)
         rank = table["rank"].to_numpy(np.int64)
-        self.world_size = int(meta.get("world_size") or rank.max() + 1)
+        self.world_size = int(summary.get("world_size") or rank.max() + 1)
         if self.rank is not None and not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank {self.rank} outside 0..{self.world_size - 1}")
         self.num_steps = int(step.max()) + 1
+        self._summary = summary
         # samples in the whole step, all ranks: what a rank's loss share is computed against
         self.samples_per_step = np.bincount(step, minlength=self.num_steps)
         # one slot per batch this sampler hands out: (step) for one rank, (step, rank) for all
@@ -203,22 +380,93 @@ class PlanBatchSampler(Sampler[list[int]]):
             bad = ids[positions < 0][0]
             raise UserError(f"plan: sample_id {bad!r} is not in the dataset's sample index")
         self._flat = self._positions[positions]
-        self._bounds = np.searchsorted(slot, np.arange(len(self) + 1))
+        self._total = self.num_steps * self.batches_per_step
+        self._bounds = np.searchsorted(slot, np.arange(self._total + 1))
         empty = np.flatnonzero(np.diff(self._bounds) == 0)
         if empty.size:
             at_step, at_rank = divmod(int(empty[0]), self.batches_per_step)
             who = self.rank if self.rank is not None else at_rank
             raise ValueError(f"rank {who} has no batch at step {at_step}; pad the plan")
-        self._start = self._pos = 0
+        self._slot_pad = table["is_padding"].to_numpy(bool)[rows[self._bounds[:-1]]]
+        self._resume: int | None = None  # slot the next pass starts at, after a resume
+        self._pass_start = 0  # slot the pass in progress started at
+        self._pos = 0
 
 
-def _table(plan: pd.DataFrame | Plan) -> pd.DataFrame:
-    return plan.table if isinstance(plan, Plan) else plan
+class BatchInfoDataset(Dataset):
+    """Your map-style dataset, each loaded batch paired with the ``BatchInfo`` of its plan batch.
+
+    ``data = BatchInfoDataset(dataset, collate_fn)`` and ``DataLoader(data,
+    batch_sampler=sampler, collate_fn=data.collate)`` yield ``(batch, info)``: your collate's
+    batch (``default_collate`` if none) and its BatchInfo. The info travels with the indices
+    to the workers (``__getitems__`` receives the ``PlanBatch``), so it is right with any
+    ``num_workers``, after a resume and under Accelerate's sharding.
+    """
+
+    def __init__(self, dataset: Any, collate_fn: Callable[[list[Any]], Any] | None = None):
+        self.dataset = dataset
+        self.collate_fn = collate_fn or default_collate
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> Any:
+        return self.dataset[index]
+
+    def __getitems__(self, batch: Sequence[int]) -> _Fetched:
+        info = getattr(batch, "info", None)
+        if not isinstance(info, BatchInfo):
+            raise TypeError(
+                "BatchInfoDataset: the batch carries no BatchInfo; load it with "
+                "batch_sampler=PlanBatchSampler(...)"
+            )
+        getitems = getattr(self.dataset, "__getitems__", None)
+        items = getitems(list(batch)) if getitems else [self.dataset[i] for i in batch]
+        return _Fetched(items, info)
+
+    def collate(self, fetched: _Fetched) -> tuple[Any, BatchInfo]:
+        """The DataLoader's ``collate_fn``: (your collated batch, its BatchInfo)."""
+        return self.collate_fn(fetched.items), fetched.info
 
 
-def _as_index(
-    sample_index: Sequence[str] | pd.Index | Mapping[str, int],
-) -> tuple[pd.Index, np.ndarray]:
+class _Fetched:
+    """The items of one batch and its BatchInfo, between ``__getitems__`` and ``collate``."""
+
+    def __init__(self, items: list[Any], info: BatchInfo) -> None:
+        self.items, self.info = items, info
+
+    def __getitem__(self, index: int) -> Any:  # what another collate_fn would try first
+        raise TypeError(
+            "a BatchInfoDataset's batches are collated by its own collate: pass "
+            "collate_fn=dataset.collate to the DataLoader"
+        )
+
+
+def _outside_the_package() -> int:
+    """The `stacklevel` of the first caller outside adaptiveload: a warning then points at the
+    user's line that built the sampler, however deep inside the package it was raised."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("adaptiveload."):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def _differs(saved: Mapping[str, Any], here: Mapping[str, Any], where: str) -> str:
+    field_, theirs, ours = plan_difference(saved, here)
+    return f"{field_} is {theirs!r} in {where}, {ours!r} here"
+
+
+def _table_and_summary(plan: pd.DataFrame | Plan) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """A fixed plan's table and summary (a table written by `adaptiveload plan` carries its
+    summary in ``attrs``; any other gets its digest from its content)."""
+    if isinstance(plan, Plan):
+        return plan.table, plan.summary
+    summary = dict(plan.attrs.get("plan", {}))
+    summary.setdefault("plan_digest", table_digest(plan))
+    return plan, summary
+
+
+def _as_index(sample_index: SampleIndex) -> tuple[pd.Index, np.ndarray]:
     """(an Index of sample_ids, the dataset position of each of its entries)."""
     if isinstance(sample_index, Mapping):
         index = pd.Index(list(sample_index.keys()))
@@ -227,5 +475,8 @@ def _as_index(
         index = pd.Index(sample_index)
         positions = np.arange(len(index), dtype=np.int64)
     if not index.is_unique:
-        raise UserError("sample index: sample_ids must be unique")
+        dup = index[index.duplicated()].unique()[:_SHOW_IDS].tolist()
+        raise UserError(
+            f"sample index: sample_ids must be unique; repeated: {', '.join(map(repr, dup))}"
+        )
     return index, positions

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from adaptiveload.errors import UserError, notice
+from adaptiveload.pipeline import RUN_SPOOL
 from adaptiveload.tracking.spool import Spool
 from adaptiveload.tracking.store import (
     DESCRIPTION_TAG,
@@ -28,6 +29,9 @@ from adaptiveload.tracking.store import (
     experiment_id,
     log_artifact,
     log_params,
+    store_errors,
+    store_failure,
+    tracking_uri,
 )
 
 log = logging.getLogger(__name__)
@@ -49,6 +53,7 @@ class RunTracker:
         self.client = _client(uri)
         self.retry_s = retry_s
         self._last_failure: float | None = None
+        self.last_error: Exception | None = None  # why the store last refused a record
         self._system = None
         path = Path(spool_path)
         self.spool = Spool.load(path) if path.exists() else Spool(path, run_id, uri)
@@ -64,22 +69,28 @@ class RunTracker:
         params: Mapping[str, Any],
         tags: Mapping[str, str],
         spool_path: Path,
-        run_id: str | None = None,
+        resume: Mapping[str, Any] | None = None,
         run_dir: Path | None = None,
         supersede: str | None = None,
         description: str | None = None,
         run_description: str | None = None,
     ) -> RunTracker:
-        """Create the run (or reopen `run_id` when resuming); the store must be reachable.
+        """Create the run, or reopen the one a checkpoint fed (`resume`: its `run_id` and the
+        checkpoint's `step`, the steps it holds); the store must be reachable.
 
         A new run tagged with `run_dir` supersedes the earlier runs of that folder (and the
         run `supersede`, the one a stale checkpoint fed): they get the tag SUPERSEDED_TAG,
         and those still RUNNING (killed before they could say so) are ended as KILLED.
-        A `run_id` this store does not hold (the command rerun with another
-        MLFLOW_TRACKING_URI) gets a new run here, said in one line. `description`: the
-        experiment's, shown by the MLflow UI (set on every start); `run_description`: the
-        run's, shown the same way (set when the run is created).
+        Resuming continues in a new run instead when the old one cannot take the resumed
+        steps: this store does not hold it (the command rerun with another
+        MLFLOW_TRACKING_URI), or it holds steps from the checkpoint's `step` on (logged by
+        the stopped process after its last checkpoint, and measured again now). Either is
+        said in one line; the trainer re-logs the checkpoint's steps, so the new run has
+        every step once, as the per-step table has
+        it. `description`: the experiment's, shown by the MLflow UI (set when given, or when
+        the experiment has none); `run_description`: the run's (set when it is created).
         """
+        run_id, resume_step = (resume["run_id"], resume["step"]) if resume else (None, None)
         stale = Spool.load(spool_path).run_id if Path(spool_path).exists() else None
         if stale is not None and stale != run_id:
             raise UserError(
@@ -90,9 +101,19 @@ class RunTracker:
         if run_id is not None and not _holds(client, run_id):
             notice(
                 f"MLflow run {run_id} of the checkpoint is not in the store {uri}: "
-                "logging to a new run there, which lacks the steps before the checkpoint"
+                "logging to a new run there (the checkpoint's steps are logged again)"
             )
             run_id = None
+        elif run_id is not None and resume_step is not None and _holds_past(
+            client, run_id, spool_path, resume_step
+        ):
+            notice(
+                f"MLflow run {run_id} holds steps from {resume_step} on, logged after the "
+                f"checkpoint of step {resume_step} by the process that stopped: continuing in "
+                "a new run with the checkpoint's steps and this run's, which supersedes it"
+            )
+            supersede, run_id = run_id, None
+            Path(spool_path).unlink(missing_ok=True)  # the stopped process's: superseded too
         exp_id = experiment_id(client, uri, experiment, description)
         if run_id is None:
             if run_description is not None:
@@ -112,7 +133,9 @@ class RunTracker:
         """`start` (its arguments but `uri`) on the configured store, with the system metrics
         monitor running: what a training run reports to. An unreachable store is a UserError
         here, before any training."""
-        tracker = cls.start(check_reachable(), **start)
+        uri = check_reachable()
+        with store_errors(uri):  # a read-only or full store: one line, before any training
+            tracker = cls.start(uri, **start)
         tracker.start_system_metrics()
         return tracker
 
@@ -202,6 +225,7 @@ class RunTracker:
         return True
 
     def _went_offline(self, exc: Exception) -> None:
+        self.last_error = exc
         if self._last_failure is None:
             warnings.warn(
                 f"MLflow store {self.uri} unreachable ({type(exc).__name__}); training goes on, "
@@ -251,6 +275,15 @@ def _holds(client: Any, run_id: str) -> bool:
         raise
 
 
+def _holds_past(client: Any, run_id: str, spool_path: Path, step: int) -> bool:
+    """Whether run `run_id` holds, in the store or in its spool, a step numbered `step` or
+    later: one a resumed run from a checkpoint of `step` steps measures again."""
+    pending = Spool.load(spool_path).records if Path(spool_path).exists() else []
+    spooled = max((r["step"] for r in pending if r.get("kind") == "step"), default=-1)
+    history = client.get_metric_history(run_id, STEP_KEY)
+    return max(spooled, max((m.step for m in history), default=-1)) >= step
+
+
 def _supersede(
     client: Any, exp_id: str, run_name: str, run_dir: str, new_id: str, stale: str | None
 ) -> None:
@@ -284,8 +317,59 @@ def sync(spool_path: str | Path, uri: str | None = None) -> int:
     if not spool.records:
         return 0
     pending = len(spool.records)
-    uri = check_reachable(uri or spool.uri)
-    tracker = RunTracker(uri, spool.run_id, Path(spool_path))
+    uri = uri or spool.uri
+    try:
+        check_reachable(uri)
+        with store_errors(uri):
+            tracker = RunTracker(uri, spool.run_id, Path(spool_path))
+    except UserError as exc:
+        raise UserError(f"{spool_path}: kept, not uploaded: {exc}") from None
     if not tracker.flush(force=True):
-        raise UserError(f"{spool_path}: upload to {uri} failed; the spool is kept, retry later")
+        reason = store_failure(uri, tracker.last_error or RuntimeError("upload failed"))
+        raise UserError(f"{spool_path}: kept, not uploaded: {reason}")
     return pending
+
+
+def check_runs(experiment: str, run_dirs: list[Path], uri: str | None = None) -> list[dict]:
+    """The end of a pipeline's training: upload what each run folder spooled (`sync`), then
+    require that the store holds a FINISHED run of each folder (the newest one not
+    superseded). One entry per folder (its MLflow run and the records uploaded); a spool the
+    store refuses, or a run that is missing or not FINISHED, is a UserError naming the
+    folder and the fix, so a pipeline never ends with runs RUNNING or records only on disk."""
+    uri = uri or tracking_uri()
+    report = []
+    for run_dir in map(Path, run_dirs):
+        spool = run_dir / RUN_SPOOL
+        try:
+            uploaded = sync(spool, uri)
+        except UserError as exc:
+            raise UserError(f"{exc}; then run the pipeline again (or `adaptiveload sync "
+                            f"{spool}`)") from None  # fmt: skip
+        client = _client(check_reachable(uri))
+        with store_errors(uri):
+            run = _current_run(client, experiment, run_dir)
+        if run is None:
+            raise UserError(
+                f"{run_dir}: no MLflow run of this folder in {uri} (trained with --no-track, "
+                "or with another MLFLOW_TRACKING_URI); delete its summary.json and run the "
+                "pipeline again to train it into this store"
+            )
+        if run.info.status != "FINISHED":
+            raise UserError(
+                f"{run_dir}: its MLflow run {run.info.run_id} is {run.info.status} though the "
+                "run wrote its results; delete its summary.json and run the pipeline again "
+                "(the run resumes from its last checkpoint)"
+            )
+        report.append({"run_dir": str(run_dir), "run_id": run.info.run_id, "uploaded": uploaded})
+    return report
+
+
+def _current_run(client: Any, experiment: str, run_dir: Path) -> Any:
+    """The newest run of `run_dir` that no later run superseded, or None."""
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        return None
+    folder = str(run_dir.resolve()).replace("'", "\\'")
+    runs = client.search_runs([exp.experiment_id], f"tags.`{RUN_DIR_TAG}` = '{folder}'",
+                              order_by=["attributes.start_time DESC"])  # fmt: skip
+    return next((r for r in runs if SUPERSEDED_TAG not in r.data.tags), None)

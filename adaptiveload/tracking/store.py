@@ -11,6 +11,7 @@ once on a fresh store take turns creating it. The pipeline still runs
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 from collections.abc import Iterable, Iterator, Mapping
@@ -20,6 +21,7 @@ from urllib.parse import urlparse
 
 from adaptiveload.errors import UserError
 from adaptiveload.extras import require
+from adaptiveload.io import atomic_path, exclusive
 
 DEFAULT_STORE = Path("results") / "mlflow.db"
 
@@ -123,10 +125,8 @@ def log_artifact(client, uri: str, run_id: str, path: Path, artifact_path: str |
         client.log_artifact(run_id, str(path), artifact_path)
         return
     folder = local / artifact_path if artifact_path else local
-    folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / f".{Path(path).name}.tmp"
-    shutil.copyfile(path, tmp)
-    os.replace(tmp, folder / Path(path).name)
+    with atomic_path(folder / Path(path).name) as tmp:  # a failed copy leaves no partial file
+        shutil.copyfile(path, tmp)
 
 
 def artifact_paths(client, uri: str, run_id: str) -> list[str]:
@@ -143,7 +143,9 @@ def artifact_paths(client, uri: str, run_id: str) -> list[str]:
 
 
 def experiment_id(client, uri: str, name: str, description: str | None = None) -> str:
-    """The id of experiment `name`, created if missing, with its description and kind set."""
+    """The id of experiment `name`, created if missing, with its kind set and its description:
+    `description` when given, else a generic one if it has none (a stage that does not read
+    the experiment's description leaves the one another stage set)."""
     exp = client.get_experiment_by_name(name)
     if exp is None:
         try:
@@ -152,13 +154,13 @@ def experiment_id(client, uri: str, name: str, description: str | None = None) -
             exp = client.get_experiment_by_name(name)
             if exp is None:
                 raise
-            exp_id = exp.experiment_id
-    else:
-        exp_id = exp.experiment_id
-    client.set_experiment_tag(exp_id, EXPERIMENT_KIND_TAG, TRAINING_KIND)
-    text = description or f"AdaptiveLoad experiment {name}"
-    client.set_experiment_tag(exp_id, DESCRIPTION_TAG, text)
-    return exp_id
+        else:
+            exp = client.get_experiment(exp_id)
+    client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, TRAINING_KIND)
+    if description or DESCRIPTION_TAG not in exp.tags:
+        text = description or f"AdaptiveLoad experiment {name}"
+        client.set_experiment_tag(exp.experiment_id, DESCRIPTION_TAG, text)
+    return exp.experiment_id
 
 
 def init_store(uri: str | None = None) -> str:
@@ -173,32 +175,53 @@ def init_store(uri: str | None = None) -> str:
 def check_reachable(uri: str | None = None) -> str:
     """Raise UserError if the store cannot be reached; called before any training starts."""
     uri = uri or tracking_uri()
-    try:
-        with _creation_lock(uri):
-            _client(uri).search_experiments(max_results=1)
-    except Exception as exc:  # MLflow raises many types (connection, OperationalError, ...)
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UserError(
-            f"MLflow tracking store {uri}: not reachable ({first[:200]}); start the server, fix "
-            "MLFLOW_TRACKING_URI, or unset it to use the local sqlite file results/mlflow.db"
-        ) from None
+    with store_errors(uri), _creation_lock(uri):
+        _client(uri).search_experiments(max_results=1)
     return uri
+
+
+@contextlib.contextmanager
+def store_errors(uri: str) -> Iterator[None]:
+    """Turn what a tracking store raises (MLflow, sqlite, HTTP and OS errors of many types)
+    into a UserError of one line: the store, what it said, the fix (`store_failure`)."""
+    try:
+        yield
+    except UserError:
+        raise
+    except Exception as exc:
+        raise UserError(store_failure(uri, exc)) from None
+
+
+def store_failure(uri: str, exc: BaseException) -> str:
+    """The one-line message for a store that refused an operation: unreachable, read-only,
+    not a store at all (a damaged or foreign file), or on a full disk, and what to do."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    first = text.split(" [SQL:")[0][:200]
+    where = uri.removeprefix("sqlite:///") if uri.startswith("sqlite:///") else uri
+    said, code = first.lower(), getattr(exc, "errno", None)
+    if code in (errno.EROFS, errno.EACCES) or any(
+        w in said for w in ("readonly", "read-only", "permission denied")
+    ):
+        fix = (f"the store is read-only: make {where} and its folder writable, or set "
+               "MLFLOW_TRACKING_URI to a writable store")  # fmt: skip
+    elif "not a database" in said or "malformed" in said:
+        fix = (f"{where} is not an MLflow store (damaged, or another file): move it aside "
+               "and run `adaptiveload tracking init`, or set MLFLOW_TRACKING_URI")  # fmt: skip
+    elif code in (errno.ENOSPC, errno.EDQUOT) or "disk is full" in said or "no space" in said:
+        fix = f"the disk that holds {where} is full: free space there and run it again"
+    else:
+        return (f"MLflow tracking store {uri}: not reachable ({first}); start the server, fix "
+                "MLFLOW_TRACKING_URI, or unset it to use the local sqlite file "
+                "results/mlflow.db")  # fmt: skip
+    return f"MLflow tracking store {uri}: {first}; {fix}"
 
 
 @contextlib.contextmanager
 def _creation_lock(uri: str) -> Iterator[None]:
     """Exclusive lock on `<db>.lock` for a sqlite URI whose folder exists (POSIX); else none."""
     db = Path(uri.removeprefix("sqlite:///")) if uri.startswith("sqlite:///") else None
-    try:
-        import fcntl
-    except ImportError:  # Windows: no flock; create the store with `tracking init` first
-        fcntl = None
-    if db is None or fcntl is None or not db.parent.is_dir():
+    if db is None or not db.parent.is_dir():
         yield
         return
-    with open(f"{db}.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    with exclusive(f"{db}.lock", wait=True):
+        yield

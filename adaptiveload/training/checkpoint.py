@@ -74,8 +74,10 @@ def save(directory: Path, step: int, state: dict[str, Any], keep: int = 2) -> Pa
     """Write `state` (plus format, step, RNG) as checkpoint `step`; prune older ones."""
     path = path_for(directory, step)
     payload = {"format": FORMAT_VERSION, "step": step, "rng": rng_state(), **state}
-    with atomic_path(path) as tmp:
-        torch.save(payload, tmp)
+    with atomic_path(path) as tmp, tmp.open("wb") as fh:
+        # to a file object, not a path: a full disk is then Python's OSError (ENOSPC), which
+        # atomic_path reports in one line, not torch's "enforce fail at inline_container.cc"
+        torch.save(payload, fh)
     for old in sorted(_existing(directory))[:-keep]:
         old[1].unlink(missing_ok=True)
     return path

@@ -17,6 +17,7 @@ from adaptiveload.data.mixtures import synthesize
 from adaptiveload.errors import UserError
 from adaptiveload.io import read_json
 from adaptiveload.model.architectures import get_config
+from adaptiveload.planning.plan import plan_difference
 from adaptiveload.planning.policies import Budgets
 from adaptiveload.planning.sampler import PlanBuilder
 from adaptiveload.provenance import code_version
@@ -49,7 +50,7 @@ def prepare_data(
     budgets = Budgets.resolve(**exp["budgets"], calibration=calibration)
     builder = PlanBuilder(
         samples, cfg.policy, budgets, cfg.world_size, cfg.seed, cost_model=calibration,
-        num_excluded=int(bucketed.num_excluded),
+        num_excluded=int(bucketed.num_excluded), excluded_ids=bucketed.excluded_ids.tolist(),
     )  # fmt: skip
     epoch0 = builder(0)  # plan epoch 0 now: a missing or bad budget fails before any output
     if plan is not None:
@@ -65,14 +66,6 @@ def prepare_data(
     return TrainData(builder=builder, dataset=dataset, calibration=calibration)
 
 
-# summary fields that say what a plan was made from, compared in this order to name the first
-# that differs when two plans' digests do
-PLAN_INPUTS = (
-    "policy", "seed", "epoch", "world_size", "num_samples", "num_excluded",
-    "m_tok", "m_mem", "m_comp", "p", "pack_tokens", "window_steps", "deal_cost",
-)  # fmt: skip
-
-
 def check_plan(path: Path, planned: dict[str, Any]) -> None:
     """UserError unless `path` (the summary JSON of `adaptiveload plan`, as the pipeline
     writes it) describes the epoch-0 plan this run made (`planned`, its summary): same
@@ -86,11 +79,9 @@ def check_plan(path: Path, planned: dict[str, Any]) -> None:
         )
     if given["plan_digest"] == planned["plan_digest"]:
         return
-    field = next(
-        (k for k in PLAN_INPUTS if k in given and given[k] != planned.get(k)), "plan_digest"
-    )
+    field, theirs, ours = plan_difference(given, planned)
     raise UserError(
-        f"{path}: field {field} is {given[field]!r} but this run plans {planned.get(field)!r} "
+        f"{path}: field {field} is {theirs!r} but this run plans {ours!r} "
         "(another calibration, config, manifest or world size); plan again with this run's "
         "inputs, or train without --plan"
     )

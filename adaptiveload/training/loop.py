@@ -96,6 +96,32 @@ def build_model(cfg: TrainConfig, device: torch.device) -> WanModel:
     return model.to(device)
 
 
+def step_metrics(rows: list[dict[str, Any]], capacity: float | None) -> dict[str, float]:
+    """The per-step MLflow metrics of one step's rows of the per-step table (one per rank),
+    under their stable keys: computed from the table's columns alone, so a step re-logged
+    from a checkpoint's rows gets the values it had when it was measured. `loss` is the
+    step's mean over its samples; `vram_utilization` needs the device's `capacity` (CUDA)."""
+    t = np.array([[row["compute_s"] for row in rows]])
+    step_time = rows[0]["step_time_s"]
+    samples = sum(row["samples"] for row in rows)
+    out = {
+        "loss": sum(row["loss"] * row["samples"] for row in rows) / samples,
+        "step_time_s": step_time,
+        "step_wall_s": rows[0]["step_wall_s"],
+        "imbalance_rate": metrics.imbalance_rate(t),
+        "idle_fraction": metrics.idle_fraction(t),
+    }
+    out["samples_per_s"], out["tokens_per_s"] = metrics.throughput(
+        samples, sum(row["tokens"] for row in rows), step_time
+    )
+    if capacity:
+        peaks = np.array([[row["peak_bytes"] for row in rows]])
+        out["vram_utilization"] = metrics.vram_utilization(peaks, capacity)[0]
+    for row in rows:
+        out.update({f"rank{row['rank']}/{k}": row[k] for k in RANK_METRICS})
+    return out
+
+
 class Trainer:
     """Holds the model, optimizer and per-rank samplers of one run; `run()` trains it."""
 
@@ -137,6 +163,8 @@ class Trainer:
             weight_decay=cfg.optim.weight_decay,
         )
         self.samplers = {r: PlanBatchSampler(data.builder, r) for r in self.ranks.local}
+        if self.ranks.distributed:  # processes that read their inputs differently stop here
+            next(iter(self.samplers.values())).check_ranks()
         self._tokens = data.builder.samples["tokens"].to_numpy(np.int64)  # per dataset index
         self.rows: list[dict[str, Any]] = []
         self.start_step = 0
@@ -195,13 +223,12 @@ class Trainer:
         """(dataset indices, samples of the whole step) for `rank`'s next micro-batch."""
         sampler = self.samplers[rank]
         try:
-            indices = next(self._iters[rank])
+            batch = next(self._iters[rank])
         except StopIteration:  # epoch over: the next epoch's plan, from its first step
             sampler.set_epoch(sampler.epoch + 1)
             self._iters[rank] = iter(sampler)
-            indices = next(self._iters[rank])
-        step_in_epoch = sampler.state_dict()["step"] - 1
-        return indices, int(sampler.samples_per_step[step_in_epoch])
+            batch = next(self._iters[rank])
+        return batch, batch.info.step_samples
 
     def _autocast(self):
         if self.device.type == "cuda":
@@ -247,7 +274,7 @@ class Trainer:
                 t_b = self.clock.now()
                 dd.barrier(self.ranks)
                 wait = self.clock.now() - t_b
-        loss_sum = float(losses.detach().sum())
+        loss_sum = float(losses.detach().sum())  # the table keeps the mean over the samples
         return {
             "step": step,
             "rank": rank,
@@ -266,7 +293,6 @@ class Trainer:
             ),
             "loss": loss_sum / b,
             "lower_bound_s": None,  # a simulation's column: no model number in a measured row
-            "_loss_sum": loss_sum,
             "_load_s": t0 - t_load,
             "_load_wall_s": w0 - w_load,
         }
@@ -299,47 +325,35 @@ class Trainer:
             step_wall = max(r["_load_wall_s"] + r["compute_wall_s"] for r in rows) + (
                 w_end - w_opt
             )
-        step_loss = sum(row["_loss_sum"] for row in rows) / sum(row["samples"] for row in rows)
         for row in rows:
             row["step_time_s"] = step_time
             row["step_wall_s"] = step_wall
-            row["_step_loss"] = step_loss
-        return [
-            {k: v for k, v in row.items() if not k.startswith("_") or k == "_step_loss"}
-            for row in sorted(rows, key=lambda r: r["rank"])
-        ]
-
-    def step_metrics(self, rows: list[dict[str, Any]]) -> dict[str, float]:
-        """The per-step MLflow metrics, under their stable keys."""
-        t = np.array([[row["compute_s"] for row in rows]])
-        step_time = rows[0]["step_time_s"]
-        out = {
-            "loss": rows[0]["_step_loss"],
-            "step_time_s": step_time,
-            "step_wall_s": rows[0]["step_wall_s"],
-            "imbalance_rate": metrics.imbalance_rate(t),
-            "idle_fraction": metrics.idle_fraction(t),
-        }
-        out["samples_per_s"], out["tokens_per_s"] = metrics.throughput(
-            sum(row["samples"] for row in rows), sum(row["tokens"] for row in rows), step_time
-        )
-        if self.capacity:
-            peaks = np.array([[row["peak_bytes"] for row in rows]])
-            out["vram_utilization"] = metrics.vram_utilization(peaks, self.capacity)[0]
-        for row in rows:
-            out.update({f"rank{row['rank']}/{k}": row[k] for k in RANK_METRICS})
-        return out
+        return [{k: row[k] for k in STEP_COLUMNS} for row in sorted(rows, key=lambda r: r["rank"])]
 
     # -- the run -------------------------------------------------------------------------------
     def _replay_epoch(self) -> None:
         """`steps: epoch`: the warm-up is over, so every rank starts epoch 0 again from its first
         step; the timed window is then exactly one whole epoch (the warm-up's batches twice)."""
         for r, sampler in self.samplers.items():
-            sampler.set_epoch(0)
+            sampler.set_epoch(0, step=0)  # from step 0 even right after a resume
             self._iters[r] = iter(sampler)
+
+    def _relog_restored(self) -> None:
+        """Hand the sink every step the checkpoint restored, as the table holds them: the sink
+        skips what its store already has, and a run that continues in a new MLflow run (the
+        store held the stopped process's timings of later steps) gets them all, so MLflow
+        and the per-step table agree after any resume."""
+        if self.sink is None or not self.ranks.is_main or not self.rows:
+            return
+        by_step: dict[int, list[dict[str, Any]]] = {}
+        for row in self.rows:
+            by_step.setdefault(int(row["step"]), []).append(row)
+        for step in sorted(by_step):
+            self.sink.log_step(step, step_metrics(by_step[step], self.capacity))
 
     def run(self) -> TrainResult:
         cfg = self.cfg
+        self._relog_restored()
         bar = progress_bar(
             total=self.total_steps,
             initial=self.start_step,
@@ -351,12 +365,12 @@ class Trainer:
                 if cfg.steps == WHOLE_EPOCH and step == cfg.warmup_steps:
                     self._replay_epoch()
                 rows = self._step(step)
-                step_metrics = self.step_metrics(rows)
-                if not math.isfinite(step_metrics["loss"]):
-                    raise FloatingPointError(f"step {step}: loss is {step_metrics['loss']}")
-                self.rows.extend({k: row[k] for k in STEP_COLUMNS} for row in rows)
+                logged = step_metrics(rows, self.capacity)
+                if not math.isfinite(logged["loss"]):
+                    raise FloatingPointError(f"step {step}: loss is {logged['loss']}")
+                self.rows.extend(rows)
                 if self.ranks.is_main and self.sink is not None:
-                    self.sink.log_step(step, step_metrics)
+                    self.sink.log_step(step, logged)
                 done = step + 1
                 if self.ckpt_dir is not None and (
                     done % cfg.checkpoint_every == 0 or done == self.total_steps
@@ -364,8 +378,8 @@ class Trainer:
                     self._save(done)
                 bar.update(1)
                 bar.set_postfix(
-                    loss=f"{step_metrics['loss']:.4f}",
-                    tok_s=f"{step_metrics['tokens_per_s']:.0f}",
+                    loss=f"{logged['loss']:.4f}",
+                    tok_s=f"{logged['tokens_per_s']:.0f}",
                     refresh=False,
                 )
         finally:

@@ -13,14 +13,18 @@ Outputs under `out` (all written atomically):
     plan_summary.json    the plan's summary (epoch 0)
     checkpoints/         ckpt-<step>.pt, the newest two
     tracking.spool.jsonl metrics waiting for an unreachable store (only while some are)
-Starting the same command again resumes from the newest checkpoint, in the same MLflow run,
-if the run's identity (config, budgets, calibration, data, plan, code) is unchanged; otherwise
-it starts over in a new MLflow run and tags the old one superseded.
+    .train.lock          held while a trainer writes the folder (one writer per folder)
+Starting the same command again resumes from the newest checkpoint if the run's identity
+(config, budgets, calibration, data, plan, code) is unchanged: in the same MLflow run, or in
+a new one that re-logs the checkpoint's steps when the store holds steps the stopped process
+logged after that checkpoint (MLflow then agrees with the per-step table); otherwise it
+starts over in a new MLflow run. Either way the old run is tagged superseded.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -30,14 +34,14 @@ import torch
 from adaptiveload import experiment
 from adaptiveload.costmodel import Calibration
 from adaptiveload.errors import UserError
-from adaptiveload.io import write_json, write_parquet
+from adaptiveload.io import LockHeld, exclusive, write_json, write_parquet
 from adaptiveload.ops import ln_modulate as lm
-from adaptiveload.pipeline import Layout
+from adaptiveload.pipeline import RUN_SPOOL, Layout
 from adaptiveload.provenance import device_name, git_commit
 from adaptiveload.training import checkpoint
 from adaptiveload.training.distributed import Ranks, resolve_ranks, timer_of
 from adaptiveload.training.inputs import check_layout, prepare_data, run_identity
-from adaptiveload.training.loop import StepSink, Trainer
+from adaptiveload.training.loop import StepSink, TrainData, Trainer
 from adaptiveload.training.settings import TrainConfig, from_experiment
 from adaptiveload.training.summary import attention_backend, ln_modulate_impl, run_summary
 
@@ -61,9 +65,19 @@ class Request:
     checkpoint: bool = True  # False: no checkpoints, so no resume (short measurement runs)
 
 
-def resolve(
-    req: Request,
-) -> tuple[dict[str, Any], TrainConfig, Ranks, Calibration | None, Path]:
+@dataclass(frozen=True)
+class Resolved:
+    """A request checked and resolved: the experiment, the run's config, its ranks, the
+    calibration (if any) and the run folder."""
+
+    exp: dict[str, Any]
+    cfg: TrainConfig
+    ranks: Ranks
+    calibration: Calibration | None
+    out: Path
+
+
+def resolve(req: Request) -> Resolved:
     """Validate everything (files, fields, flags) before any output is written."""
     exp = experiment.load(req.config)
     ranks = resolve_ranks(req.emulate_world_size, exp["train"]["world_size"])
@@ -86,7 +100,7 @@ def resolve(
         calibration.require_model(cfg.model, cal_path)
     # the pipeline's layout, so a hand-run lands beside the pipeline's runs
     out = req.out or Layout(cfg.experiment).run_dir(cfg.policy, cfg.seed, cfg.kernel)
-    return exp, cfg, ranks, calibration, Path(out)
+    return Resolved(exp, cfg, ranks, calibration, Path(out))
 
 
 # Summary fields whose MLflow key says which formula they are (adaptiveload.metrics): both are
@@ -120,7 +134,7 @@ class RunSink(StepSink, Protocol):
 
 
 # opens a run's sink from the keyword arguments `train` describes the run with (experiment,
-# run_name, params, tags, run_description, spool_path, run_id, run_dir, supersede, description)
+# run_name, params, tags, run_description, spool_path, resume, run_dir, supersede, description)
 OpenSink = Callable[..., RunSink]
 
 
@@ -150,10 +164,45 @@ def train(req: Request, open_sink: OpenSink | None = None) -> dict[str, Any]:
     """Run (or resume) one training run; returns its summary (on the main process).
 
     `open_sink`: where the main process reports the run (None: nowhere), opened after every
-    input is checked and before training starts, so an unreachable store fails early."""
-    exp, cfg, ranks, calibration, out = resolve(req)
-    data = prepare_data(exp, cfg, calibration, req.manifest, req.plan)
-    check_layout(data.builder(0).table, cfg, req.config)
+    input is checked and before training starts, so an unreachable store fails early. The
+    main process holds the run folder's lock (`run_folder`) from before it reads a
+    checkpoint until its outputs are written."""
+    run = resolve(req)
+    data = prepare_data(run.exp, run.cfg, run.calibration, req.manifest, req.plan)
+    check_layout(data.builder(0).table, run.cfg, req.config)
+    with run_folder(run.out) if run.ranks.is_main else nullcontext():
+        return _train(req, run, data, open_sink)
+
+
+# the lock file of a run folder while a trainer writes it (removed when it is done)
+LOCK_NAME = ".train.lock"
+
+
+@contextmanager
+def run_folder(out: Path) -> Iterator[None]:
+    """One writer per run folder: a second trainer of the same folder (a hand-started run
+    with the pipeline's policy and seed, say) is refused in one line instead of resuming the
+    live run's checkpoint and MLflow run; a dead holder does not keep the lock (the kernel
+    releases it). A folder this call created is removed again if nothing was written."""
+    created = not out.exists()
+    try:
+        with exclusive(out / LOCK_NAME):
+            yield
+    except LockHeld as held:
+        raise UserError(
+            f"{out}: another `adaptiveload train` is writing this run folder ({held.holder}); "
+            "wait for it to end or stop it, or train into another --out"
+        ) from None
+    finally:
+        if created:
+            with suppress(OSError):
+                out.rmdir()  # only if empty: the run failed before writing anything
+
+
+def _train(
+    req: Request, run: Resolved, data: TrainData, open_sink: OpenSink | None
+) -> dict[str, Any]:
+    cfg, ranks, calibration, out = run.cfg, run.ranks, run.calibration, run.out
     ckpt_dir = out / "checkpoints" if req.checkpoint else None
     main = ranks.is_main
     identity = run_identity(cfg, data)
@@ -163,29 +212,7 @@ def train(req: Request, open_sink: OpenSink | None = None) -> dict[str, Any]:
         else checkpoint.Found()
     )
     resume = found.state
-    sink = None
-    if open_sink is not None and main:
-        sink = open_sink(
-            experiment=cfg.experiment,
-            run_name=cfg.run_name,
-            params={
-                "experiment": exp,
-                "run": cfg.to_dict(),
-                "calibration": calibration.label if calibration else "none",
-                "identity": identity,
-            },
-            tags=run_tags(cfg),
-            run_description=(
-                f"{cfg.policy}, seed {cfg.seed}, kernel {cfg.kernel}: {cfg.model} trained "
-                f"on {cfg.world_size} {cfg.launch_mode} ranks ({device_name(cfg.device)}); "
-                "per-step and summary metrics measured"
-            ),
-            spool_path=out / "tracking.spool.jsonl",
-            run_id=(resume or {}).get("tracking", {}).get("run_id"),
-            run_dir=out,
-            supersede=(found.stale or {}).get("tracking", {}).get("run_id"),
-            description=exp.get("description"),
-        )
+    sink = _open(open_sink, run, identity, found) if open_sink is not None and main else None
     trainer = None
     try:
         trainer = Trainer(
@@ -213,3 +240,37 @@ def train(req: Request, open_sink: OpenSink | None = None) -> dict[str, Any]:
             sink.log_artifact(out / name)
         sink.finish()
     return summary
+
+
+def _open(
+    open_sink: OpenSink, run: Resolved, identity: dict[str, str], found: checkpoint.Found
+) -> RunSink:
+    """The run's sink, described by its params and tags; resuming, the checkpoint's MLflow
+    run and its step count (the tracker continues in a new run if the store holds later
+    steps, the stopped process's)."""
+    cfg, resume = run.cfg, found.state or {}
+    return open_sink(
+        experiment=cfg.experiment,
+        run_name=cfg.run_name,
+        params={
+            "experiment": run.exp,
+            "run": cfg.to_dict(),
+            "calibration": run.calibration.label if run.calibration else "none",
+            "identity": identity,
+        },
+        tags=run_tags(cfg),
+        run_description=(
+            f"{cfg.policy}, seed {cfg.seed}, kernel {cfg.kernel}: {cfg.model} trained "
+            f"on {cfg.world_size} {cfg.launch_mode} ranks ({device_name(cfg.device)}); "
+            "per-step and summary metrics measured"
+        ),
+        spool_path=run.out / RUN_SPOOL,
+        resume=(
+            {"run_id": resume["tracking"]["run_id"], "step": resume["step"]}
+            if resume.get("tracking", {}).get("run_id")
+            else None
+        ),
+        run_dir=run.out,
+        supersede=(found.stale or {}).get("tracking", {}).get("run_id"),
+        description=run.exp.get("description"),  # a stage view has none: kept as it is
+    )

@@ -130,18 +130,18 @@ def from_experiment(
     device: str | None = None,
 ) -> TrainConfig:
     """TrainConfig from `adaptiveload.experiment.load(...)` output plus command-line overrides."""
-    if policy not in experiment["policies"]:
+    # (a stage view holds neither list: the pipeline names the policy and kernel of the run)
+    if "policies" in experiment and policy not in experiment["policies"]:
         raise UserError(
             f"--policy {policy}: not among this experiment's policies {experiment['policies']}"
         )
     train = experiment["train"]
-    kernels = experiment["model"]["kernels"]
     return TrainConfig(
         experiment=experiment["name"],
         policy=policy,
         seed=seed,
         model=experiment["model"]["config"],
-        kernel=kernel or kernels[0],
+        kernel=kernel or experiment["model"]["kernels"][0],
         batch_layout=experiment["model"]["batch_layout"],
         launch_mode=launch_mode,
         world_size=world_size,

@@ -9,7 +9,7 @@
 #   kernel       experiments/gpu/kernel_check.sh (build, CUDA tests, bench of every width,
 #                eager vs fused)
 #   calibration  `adaptiveload calibrate measure` of Wan 2.1 T2V-1.3B with $CAL_FLAGS (grid
-#                rules, per-micro-batch validation)
+#                rules, mixed packs held out of the fit, per-micro-batch validation)
 #   train        16 emulated ranks of the 1.3B on micro-batches of 12k-18k tokens (not
 #                overhead-bound), each policy eager, then fused while time is left; measured
 #                vs predicted imbalance per policy in summary.txt
@@ -30,14 +30,18 @@ set -uo pipefail
 
 # The calibration's flags, in one place: the grid (B = 1 at every size up to the 81-frame
 # 75,600 tokens, whatever the cap; B = 2 up to 65,520 tokens), one warm-up step per point, two
-# timed passes, and 24 micro-batches of the policies' 16-rank plans timed against the fit's
-# prediction (only those predicted under 2 s: paper-scale micro-batches take ~15 s each, the
-# large ones are covered by the grid).
+# timed passes, four mixed packs held out of the fit (additivity: images and 480p clips under
+# the floor, many short segments, medium and long clips with short ones; ~25 s of steps), and
+# 24 micro-batches of the policies' 16-rank plans timed against the fit's prediction (only
+# those predicted under 2 s: paper-scale micro-batches take ~15 s each, the large ones are
+# covered by the grid).
 CAL_FLAGS_CUDA="--batch-sizes 1,2 --tokens 1560,3120,7200,16380,32760,50400,75600 \
---max-batch-tokens 65520 --warmup 1 --repeats 2 --validate 24 --validate-world-size 16 \
---validate-max-seconds 2"
+--max-batch-tokens 65520 --warmup 1 --repeats 2 \
+--pack floor=3120,1560,1560 --pack short=7200,3120,1560,1560,1560,1560 \
+--pack medium=16380,7200,1560,1560 --pack long=32760,7200,1560,1560 \
+--validate 24 --validate-world-size 16 --validate-max-seconds 2"
 CAL_FLAGS_DRY="--batch-sizes 1,2 --tokens 64,256,1024 --max-batch-tokens 1024 --warmup 1 --repeats 2 \
---validate 4 --validate-world-size 4"
+--pack short=221,64,16 --pack mixed=1024,221 --validate 4 --validate-world-size 4"
 
 OUTDIR=${1:?usage: experiments/gpu/h200.sh OUTDIR [PACKDIR]}
 PACKDIR=${2:-}

@@ -10,7 +10,8 @@ from env.json), a `source: measured` calibration of the 1.3B whose fit has R^2 a
 measured memory, and run summaries that are `measured`, emulated over 16 ranks, with their
 per-step tables. Then replaces DEST with the run's files (logs over 256 KB are left out) plus:
   provenance.json  date, device, driver, versions, repo commit, parts and their status,
-                   the archive's sha256, when it was imported;
+                   the calibration's additivity (its mixed packs against the fit), the
+                   archive's sha256, when it was imported;
   run_index.json   the training runs in the analysis run-index format, so that
                    `adaptiveload analyze aggregate --index DEST/run_index.json` (or the
                    pipeline's run_index()) puts the measured rows beside the model rows.
@@ -105,6 +106,7 @@ def validate(root: Path, dry: bool) -> dict[str, Any]:
         "parts": {k: {"status": v["status"], "seconds": v["seconds"]} for k, v in parts.items()},
         "calibration": cal_files[0].relative_to(root).as_posix(),
         "calibration_label": cal.label,
+        "additivity": summarize.additivity_summary(cal.extra),
         "runs": runs,
     }
 
@@ -179,6 +181,7 @@ def import_run(
         "parts": info["parts"],
         "calibration": info["calibration"],
         "calibration_label": info["calibration_label"],
+        "additivity": info["additivity"],
         "training_runs": info["runs"],
         "dist_check": summarize.dist_summary(staged),
         "dest": dest.as_posix(),
@@ -250,9 +253,16 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    add = prov["additivity"]
+    packs = (
+        f" (additivity of {add['num_measured']} packs: median {100 * add['median_rel_err']:.1f}% "
+        f"worst {100 * add['max_rel_err']:.1f}%)"
+        if add and add["num_measured"]
+        else ""
+    )
     print(
-        f"{prov['dest']}: {prov['device']} ({prov['date']}), calibration {prov['calibration']}, "
-        f"{len(prov['training_runs'])} training run(s); parts "
+        f"{prov['dest']}: {prov['device']} ({prov['date']}), calibration {prov['calibration']}"
+        f"{packs}, {len(prov['training_runs'])} training run(s); parts "
         + ", ".join(f"{k}={v['status']}" for k, v in prov["parts"].items()),
         file=sys.stderr,
     )

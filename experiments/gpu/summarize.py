@@ -3,7 +3,8 @@
 Reads what the run wrote under OUTDIR (steps.tsv, env.json, dist/, kernel/summary.txt, the
 calibration JSON, train/*/summary.json) and writes OUTDIR/summary.txt and summary.json:
 the 2-process check, the kernel's target table as kernel_check printed it, the fit (p, R^2,
-M_mem, M_comp), and per training run imbalance / idle / throughput / VRAM next to the
+M_mem, M_comp), the mixed packs held out of it (additivity: measured vs predicted time and
+memory, median and worst), and per training run imbalance / idle / throughput / VRAM next to the
 equal-token run of the same kernel and the paper's 39% -> 18.9%, +22.7%, +27.2%, with the
 imbalance the cost model predicts for the very micro-batches each run timed. Missing parts
 are reported as missing.
@@ -20,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 POINT_KEYS = ("batch", "tokens", "time_s", "peak_bytes")
+PACK_KEYS = ("pack", "tokens", "samples", "sum_tokens", "status", "time_s", "predicted_s",
+             "rel_err", "signed_err", "peak_bytes", "predicted_bytes", "mem_rel_err")  # fmt: skip
 PAPER = "paper: imbalance 39% -> 18.9%, peak VRAM utilization +22.7%, throughput +27.2% (16 GPUs)"
 
 
@@ -53,7 +56,19 @@ def calibration_summary(out: Path) -> dict[str, Any] | None:
         "points_ok": len(ok),
         "points_oom": sum(p.get("status") == "oom" for p in points),
         "largest_point": {k: largest.get(k) for k in POINT_KEYS} if largest else None,
+        "additivity": additivity_summary(cal),
     }
+
+
+def additivity_summary(cal: dict[str, Any]) -> dict[str, Any] | None:
+    """The calibration's mixed packs held out of the fit (`additivity`): median and worst
+    relative error of the cost of a set, and each pack's measured and predicted time (and
+    memory); None for a calibration that timed no packs."""
+    add = cal.get("additivity")
+    if not add:
+        return None
+    rows = [{k: r.get(k) for k in PACK_KEYS} for r in add.get("packs", [])]
+    return {**{k: v for k, v in add.items() if k != "packs"}, "packs": rows}
 
 
 def predicted_imbalance(steps_file: Path, calibration: Path, warmup: int) -> float | None:
@@ -160,6 +175,9 @@ def render(summary: dict[str, Any], out: Path) -> str:
             f"S={big.get('tokens')}: {_num(big.get('time_s'), '.2f')} s, "
             f"{_num((big.get('peak_bytes') or 0) / 1e9, '.1f')} GB"
         )
+        from adaptiveload.calibration.additivity import describe
+
+        lines.extend(describe(cal["additivity"]) or ["additivity: no packs in this calibration"])
     lines.append("-- training (16 emulated ranks; metrics over steps after warm-up)")
     lines.append(
         "run | timed steps | imbalance measured/predicted | idle | samples/s | tokens/s | "

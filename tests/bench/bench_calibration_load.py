@@ -54,6 +54,7 @@ def run_calibration(out: Path, extra: tuple[str, ...] = ()) -> dict:
         "wall_s": wall,
         "points": [{k: p[k] for k in ("batch", "tokens", "time_s", "spread")}
                    for p in cal["points"]],
+        "calibration": cal,
     }  # fmt: skip
 
 
@@ -85,6 +86,8 @@ def main() -> None:
         + f") alone and beside {BURNERS} busy-loop processes; target |p_alone - p_loaded| <= 0.1",
         torch=torch.__version__,
     )  # fmt: skip
+    for run in (alone, loaded):
+        run.pop("calibration", None)
     result.update({"alone": alone, "loaded": loaded, "burners": BURNERS})
     if alone["ok"] and loaded["ok"]:
         result["p_difference"] = abs(alone["p"] - loaded["p"])

@@ -126,6 +126,7 @@ rule record:
     """The analysis as its own MLflow run, beside the training runs of this experiment."""
     input:
         store=STORE,
+        trained=[OUT.tracking_check] if TRAIN else [],
         config=CONFIG,
         paper=f"{TABLES}/paper_table.csv",
         stats=rules.stats.output.csv,

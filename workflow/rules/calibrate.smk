@@ -25,7 +25,7 @@ else:
         its clock needs, one on a CPU where the timer counts that thread's CPU seconds, else
         the whole machine)."""
         input:
-            config=CONFIG,
+            config=VIEWS["calibrate"],
             manifest=MANIFEST,
         output:
             CALIBRATION,

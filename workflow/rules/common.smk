@@ -5,6 +5,7 @@ import os
 import sys
 
 import yaml
+from snakemake.exceptions import WorkflowError
 
 from adaptiveload import pipeline
 from adaptiveload.calibration.settings import CalibrationConfig
@@ -23,6 +24,13 @@ envvars:
 
 # jobs find `adaptiveload` beside the Python running Snakemake (.venv/bin): no activation needed
 os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
+# Every shell job runs in `adaptiveload-job` (adaptiveload/jobshell.py): bash in a process group
+# of its own that is ended when Snakemake ends, even by kill -9, so no job outlives it.
+JOB_SHELL = os.path.join(os.path.dirname(sys.executable), "adaptiveload-job")
+if not os.path.exists(JOB_SHELL):
+    raise WorkflowError(f"{JOB_SHELL} not found: install the package (make setup) first")
+shell.executable(JOB_SHELL)
+shell.prefix("set -euo pipefail; ")  # what Snakemake gives bash, which it finds by name only
 # the same software as a conda environment, for `--software-deployment-method conda` (untested)
 CONDA_ENV = "../envs/adaptiveload.yaml"
 
@@ -45,6 +53,7 @@ def calibration_threads():
 
 STORE = OUT.store_ready
 CONFIG = OUT.config
+VIEWS = {stage: OUT.view(stage) for stage in pipeline.STAGE_FIELDS}
 CALIBRATION = OUT.calibration
 MANIFEST = config["data"]["manifest"] or OUT.manifest
 DESCRIBE = OUT.describe
@@ -139,13 +148,29 @@ TABLE_FILES = [f"{TABLES}/{t}.{ext}" for t in ("paper_table", "kernel_table")
                for ext in ("csv", "md", "html")]
 
 
+def run_dirs():
+    """Every training run's folder (the tracking check's arguments)."""
+    return [OUT.run_dir(p, s, k) for p in POLICIES for s in SEEDS for k in KERNELS]
+
+
 def all_targets():
-    targets = [CONFIG, f"{TABLES}/stats.md", f"{OUT.analysis}/mlflow_analysis.json",
+    """Every file the pipeline writes, intermediates included: a job that fails has its
+    outputs removed by Snakemake, and a missing intermediate that is not a target is not
+    made again (the outputs after it look up to date), which would leave tables of stale
+    runs and a plain rerun ending with "Nothing to be done"."""
+    index = pipeline.run_index(config)
+    targets = [CONFIG, STORE, DESCRIBE, OUT.run_index, *pipeline.run_files(index),
+               f"{OUT.analysis}/runs.parquet", f"{OUT.analysis}/steps.parquet",
+               f"{TABLES}/stats.md", f"{OUT.analysis}/mlflow_analysis.json", *KERNEL_BENCH,
                *TABLE_FILES, *[f"{FIGS}/{name}.png" for name in figure_names()]]
+    targets += [OUT.sim_manifest(name, pipeline.sweep_point(sim, variant).mixture)
+                for name, sim in SIMS.items() for variant in pipeline.variants(SWEEPS)]
     if config["kernel"]["build"]:
         targets.append(KERNEL_BUILD)
     if PAPER_MAP:
-        targets += [MAP_SUMMARY, f"{FIGS}/paper_map.png"]
+        targets += [VIEWS["paper_map"], MAP_POINTS, MAP_SUMMARY, f"{FIGS}/paper_map.png"]
     if TRAIN:
+        targets += [VIEWS["calibrate"], VIEWS["train"], CALIBRATION, MANIFEST,
+                    OUT.tracking_check]
         targets += [OUT.plan(policy, seed) for policy in POLICIES for seed in SEEDS]
-    return targets
+    return list(dict.fromkeys(targets))

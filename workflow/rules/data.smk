@@ -21,6 +21,27 @@ rule config_resolved:
         write_text(log[0], f"wrote {output[0]}\n")
 
 
+rule config_view:
+    """A stage's view of the resolved experiment: the fields it reads (adaptiveload.pipeline.
+    STAGE_FIELDS). Rewritten only when those fields change, so the stage reruns only then."""
+    output:
+        OUT.view("{stage}"),
+    params:
+        # sorted: the order in which config files were layered must not count as a change
+        text=lambda w: yaml.safe_dump(pipeline.stage_view(config, w.stage), sort_keys=True),
+    log:
+        f"{LOGS}/config_view/{{stage}}.log",
+    benchmark:
+        f"{BENCH}/config_view/{{stage}}.tsv"
+    wildcard_constraints:
+        stage="|".join(pipeline.STAGE_FIELDS),
+    run:
+        from adaptiveload.io import write_text
+
+        write_text(output[0], params.text)
+        write_text(log[0], f"wrote {output[0]}\n")
+
+
 if not config["data"]["manifest"]:
 
     rule manifest:

@@ -6,7 +6,7 @@
 rule paper_map:
     """Baseline and AdaptiveLoad at every setting of the map (simulated, labelled `model`)."""
     input:
-        config=CONFIG,
+        config=VIEWS["paper_map"],
         calibrations=map_calibrations(),
     output:
         points=MAP_POINTS,

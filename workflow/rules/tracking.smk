@@ -14,3 +14,26 @@ rule tracking_init:
         CONDA_ENV
     shell:
         "adaptiveload tracking init > {log} 2>&1"
+
+
+rule tracking_check:
+    """The end of training: every run's spooled records uploaded (a store that was full or
+    down during a run), every run FINISHED in the store; else the pipeline fails here with
+    one line naming the run and the fix instead of ending in success."""
+    input:
+        store=STORE,
+        summaries=[f"{d}/summary.json" for d in run_dirs()],
+    output:
+        OUT.tracking_check,
+    params:
+        runs=" ".join(run_dirs()),
+        experiment=EXP,
+    log:
+        f"{LOGS}/tracking_check.log",
+    benchmark:
+        f"{BENCH}/tracking_check.tsv"
+    conda:
+        CONDA_ENV
+    shell:
+        "adaptiveload tracking check --experiment {params.experiment} {params.runs} "
+        "-o {output} > {log} 2>&1"

@@ -8,7 +8,7 @@ rule train:
     thread timed by that thread's CPU time, which runs beside it do not disturb: one core
     each, so runs go side by side."""
     input:
-        config=CONFIG,
+        config=VIEWS["train"],
         manifest=MANIFEST,
         calibration=CALIBRATION,
         plan=OUT.plan("{policy}", "{seed}"),

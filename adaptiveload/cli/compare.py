@@ -1,0 +1,156 @@
+"""`adaptiveload compare`: every policy on your data, side by side, before you train."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from adaptiveload.cli.app import app, examples, report_warnings
+from adaptiveload.data.bucketing import DEFAULT_GRID, DEFAULT_MAX_FRAMES, DEFAULT_MODE, GRIDS, MODES
+from adaptiveload.errors import UserError
+from adaptiveload.planning.dealing import DEFAULT_WINDOW_STEPS
+
+Opt = typer.Option
+
+
+@app.command("compare", epilog=examples(
+    "adaptiveload compare --manifest my.csv --world-size 8 --calibration h200-wan2.1-t2v-1.3b",
+    "adaptiveload compare --manifest my.csv --world-size 8 --prior h200 "
+    "--model wan2.1-t2v-1.3b --capacity-gb 80 -o compare.json",
+    "adaptiveload compare --mixture paper-mixed --world-size 16 "
+    "--calibration h200-wan2.1-t2v-1.3b-measured",
+))
+def compare_cmd(
+    world_size: Annotated[int, Opt(help="data-parallel ranks N (the data-parallel group's size)")],
+    manifest: Annotated[Path | None, Opt(help="your manifest (CSV/Parquet)")] = None,
+    mixture: Annotated[str | None, Opt(help="or a named synthetic mixture")] = None,
+    num_samples: Annotated[int, Opt(help="samples drawn from --mixture")] = 20000,
+    calibration: Annotated[
+        Path | None,
+        Opt(help="calibration JSON, or a shipped one by name (h200-wan2.1-t2v-1.3b, ...)"),
+    ] = None,
+    prior: Annotated[
+        str | None, Opt(help="or a device prior (h200): the analytic cost model of --model")
+    ] = None,
+    model: Annotated[str | None, Opt(help="model of --prior (e.g. wan2.1-t2v-1.3b)")] = None,
+    capacity_gb: Annotated[
+        float | None,
+        Opt(help="device memory to budget against, GB", show_default="the calibration's"),
+    ] = None,
+    headroom: Annotated[
+        float | None, Opt(help="fraction of capacity kept free", show_default="the calibration's")
+    ] = None,
+    policies: Annotated[
+        str | None, Opt(help="comma-separated policies", show_default="every registered one")
+    ] = None,
+    seed: Annotated[int, Opt(help="plan seed")] = 0,
+    bucketing: Annotated[str, Opt(help=" | ".join(MODES))] = DEFAULT_MODE,
+    grid: Annotated[str, Opt(help=" | ".join(GRIDS))] = DEFAULT_GRID,
+    max_frames: Annotated[int, Opt(help="frames cap of the bucket grid")] = DEFAULT_MAX_FRAMES,
+    output: Annotated[Path | None, Opt("-o", "--output", help="also write it as JSON")] = None,
+    strict: Annotated[
+        bool, Opt("--strict", help="refuse unusual plans (budgets below every sample, ...)")
+    ] = False,
+) -> None:
+    """Predict every policy's imbalance, idle fraction, VRAM utilization and samples/s on your
+    data (all `model`, through one calibration), with the budgets derived for it.
+
+    The budgets are derived for this manifest's tokens (p over its range, the reference batch
+    among its buckets) at the calibration's capacity or --capacity-gb, as `adaptiveload
+    budgets` derives them; every policy is then planned with them and simulated.
+    """
+    from adaptiveload.io import write_json
+    from adaptiveload.planning.compare import compare_policies, comparison_rows
+    from adaptiveload.planning.plan import plan_warnings
+
+    bucketed, origin = _bucketed(manifest, mixture, num_samples, bucketing, grid, max_frames)
+    tokens = bucketed.samples["tokens"].to_numpy()
+    cal = _cost_model(calibration, prior, model, tokens, origin)
+    cal = cal.for_tokens(tokens, None if capacity_gb is None else capacity_gb * 1e9, headroom)
+    names = [p.strip() for p in policies.split(",") if p.strip()] if policies else None
+    summaries = compare_policies(bucketed, cal, world_size, seed, names, DEFAULT_WINDOW_STEPS)
+    for s in summaries:
+        report_warnings(f"plan ({s['policy']})", plan_warnings(s), strict)
+    report = {
+        "data": {"origin": origin, "num_samples": bucketed.num_samples,
+                 "num_excluded": bucketed.num_excluded, "bucketing": bucketing, "grid": grid},
+        "world_size": world_size,
+        "seed": seed,
+        "calibration": {"file": str(calibration) if calibration else None, "prior": prior,
+                        "model": cal.model, "label": cal.label,
+                        "capacity_gb": cal.capacity_bytes / 1e9,
+                        "headroom": cal.extra["headroom"]},
+        "budgets": {"p": cal.p, "m_tok": cal.m_tok, "m_mem": cal.m_mem, "m_comp": cal.m_comp,
+                    **{k: cal.extra["budgets"][k] for k in ("ref_tokens", "ref_batch")}},
+        "policies": summaries,
+    }  # fmt: skip
+    if output is not None:
+        write_json(output, report)
+    typer.echo(_text(report, comparison_rows(summaries)))
+
+
+def _bucketed(
+    manifest: Path | None, mixture: str | None, num_samples: int, bucketing: str, grid: str,
+    max_frames: int,
+) -> tuple[Any, str]:  # fmt: skip
+    """The data to compare on, bucketed, and how to name it."""
+    from adaptiveload.data.bucketing import bucketize
+    from adaptiveload.data.manifest import load_manifest
+    from adaptiveload.data.mixtures import synthesize
+
+    if (manifest is None) == (mixture is None):
+        raise UserError("compare: give exactly one of --manifest or --mixture (your data)")
+    if manifest is not None:
+        frame, origin = load_manifest(manifest), str(manifest)
+    else:
+        frame, origin = synthesize(mixture, num_samples, 0), f"mixture {mixture} (n={num_samples})"
+    return bucketize(frame, mode=bucketing, grid=grid, max_frames=max_frames), origin
+
+
+def _cost_model(
+    calibration: Path | None, prior: str | None, model: str | None, tokens: Any, origin: str
+) -> Any:
+    """A calibration file (or shipped name), or the analytic prior of `model` on a device."""
+    from adaptiveload.costmodel import Calibration
+
+    if (calibration is None) == (prior is None):
+        raise UserError(
+            "compare: give exactly one of --calibration (a file, or a shipped name such as "
+            "h200-wan2.1-t2v-1.3b) or --prior h200 with --model"
+        )
+    if calibration is not None:
+        cal = Calibration.load(calibration)
+        if model is not None:
+            cal.require_model(model, calibration)
+        return cal
+    if model is None:
+        raise UserError("compare: --prior needs --model (e.g. wan2.1-t2v-1.3b)")
+    from adaptiveload.calibration.mix import TokenMix
+    from adaptiveload.calibration.prior import prior as analytic_prior
+
+    return analytic_prior(model, prior, TokenMix(tokens, origin))
+
+
+def _text(report: dict[str, Any], rows: list[list[str]]) -> str:
+    """The printed comparison: what was compared, the budgets, the table."""
+    data, cal, b = report["data"], report["calibration"], report["budgets"]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    table = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+             for row in rows]  # fmt: skip
+    lines = [
+        f"{data['origin']}: {data['num_samples']} samples ({data['num_excluded']} excluded), "
+        f"{report['world_size']} ranks, seed {report['seed']}",
+        f"cost model: {cal['model']}, {cal['label']}, capacity {cal['capacity_gb']:.4g} GB, "
+        f"headroom {cal['headroom']:.0%}",
+        f"budgets for this data: p={b['p']:.3f}  M_tok={b['m_tok']:,.0f}  M_mem={b['m_mem']:,.0f}"
+        f"  M_comp={b['m_comp']:.4g}  (reference batch {b['ref_batch']} x {b['ref_tokens']:,.0f}"
+        " tokens)",
+        "",
+        *table,
+        "",
+        f"all predicted (model, through {cal['label']}); imbalance (max - min)/max of rank "
+        "compute per step, mean over steps",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,64 @@
+"""`adaptiveload-job`: the shell the pipeline runs every job in, so that no job outlives a
+killed Snakemake.
+
+Snakemake starts each shell job as `<shell> -c "<command>"`; the Snakefile names this program
+as that shell (`shell.executable`). It runs the command with bash, in a process group of its
+own, and
+
+* asks the kernel for SIGTERM when its parent (Snakemake) exits, even by SIGKILL (Linux,
+  `lifecycle.die_with_parent`);
+* passes SIGTERM, SIGINT and SIGHUP on to the whole group (bash and everything it started:
+  a compiler, both commands of an `a && b`), and SIGKILLs what is left `GRACE_S` seconds
+  later, so a job that ignores them cannot linger either;
+* exits with bash's status, or 128 + n after signal n, as a shell does.
+
+A job started by Snakemake through plain bash would instead keep running, unobserved, and
+write its outputs beside a rerun's. It imports only the standard library and
+`adaptiveload.lifecycle`: it starts before every job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from typing import NoReturn
+
+from adaptiveload.lifecycle import STOP_SIGNALS, die_with_parent
+
+GRACE_S = 30  # seconds a stopped job gets to end cleanly (a trainer marks its MLflow run FAILED)
+
+
+def main() -> NoReturn:
+    """Run `bash ARGS...` (what Snakemake passes: `-c COMMAND`) as described above."""
+    group: list[int] = []  # the job's process group, once started
+    stopped: list[int] = []  # the stop signal received, if any
+
+    def stop(signum: int, _frame: object) -> None:
+        if not stopped:
+            stopped.append(signum)
+            signal.alarm(GRACE_S)
+        _signal_group(group, signum)
+
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, stop)
+    signal.signal(signal.SIGALRM, lambda _s, _f: _signal_group(group, signal.SIGKILL))
+    die_with_parent(signal.SIGTERM)
+    bash = shutil.which("bash") or "/bin/bash"
+    job = subprocess.Popen([bash, *sys.argv[1:]], start_new_session=True)
+    group.append(job.pid)
+    if stopped:  # stopped while starting it
+        _signal_group(group, stopped[0])
+    code = job.wait()
+    if stopped:  # whatever of the job is still running goes too
+        _signal_group(group, signal.SIGKILL)
+    sys.exit(128 - code if code < 0 else code)
+
+
+def _signal_group(group: list[int], signum: int) -> None:
+    if group:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(group[0], signum)

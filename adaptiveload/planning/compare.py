@@ -1,0 +1,79 @@
+"""What-if on your data: every policy's plan of one manifest through one cost model, side by side.
+
+A user deciding whether to adopt a policy needs its predicted effect on *their* data before
+training: on a mix with few long clips AdaptiveLoad alone can be worse than equal-token on
+imbalance while balanced dealing helps. `compare_policies` plans the same bucketed samples
+under every policy of the registry (``policies.POLICIES``, so a new policy appears by itself)
+with the budgets of one calibration, and returns each plan's summary: counts, budgets and the
+``predicted_*`` metrics of the simulator (all `model`, through that calibration).
+`comparison_rows` turns them into the table `adaptiveload compare` prints.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from adaptiveload.costmodel import Calibration
+from adaptiveload.data.bucketing import Bucketed
+from adaptiveload.planning.dealing import DEFAULT_WINDOW_STEPS
+from adaptiveload.planning.plan import build_plan
+from adaptiveload.planning.policies import POLICIES, Budgets
+
+# (summary key, column title, format) of the printed table; a key no summary has (a metric
+# a newer planner adds, such as the distance to the lower bound) is left out
+COLUMNS = (
+    ("policy", "policy", "{}"),
+    ("predicted_imbalance_rate", "imbalance", "{:.1%}"),
+    ("predicted_idle_fraction", "idle", "{:.1%}"),
+    ("predicted_vram_utilization_mean", "VRAM mean", "{:.1%}"),
+    ("predicted_vram_utilization_max", "VRAM max", "{:.1%}"),
+    ("predicted_samples_per_s", "samples/s", "{:.4g}"),
+    ("samples_per_s_vs_first", "vs {first}", "{:+.1%}"),
+    ("predicted_vs_lower_bound", "x lower bound", "{:.3f}"),
+    ("steps", "steps", "{}"),
+    ("batches", "batches", "{}"),
+    ("num_oversize", "oversize", "{}"),
+)
+
+
+def compare_policies(
+    bucketed: Bucketed,
+    calibration: Calibration,
+    world_size: int,
+    seed: int = 0,
+    policies: Sequence[str] | None = None,
+    window_steps: int | None = DEFAULT_WINDOW_STEPS,
+) -> list[dict[str, Any]]:
+    """One plan summary per policy (default: every registered one, in registry order) of
+    `bucketed` on `world_size` ranks, all with the budgets and cost model of `calibration`;
+    each has ``samples_per_s_vs_first``, its predicted samples/s relative to the first's."""
+    budgets = Budgets.resolve(calibration=calibration)
+    rows = []
+    for name in policies or list(POLICIES):
+        plan = build_plan(
+            bucketed, name, budgets, world_size, seed, cost_model=calibration,
+            window_steps=window_steps,
+        )  # fmt: skip
+        rows.append(dict(plan.summary))
+    first = rows[0].get("predicted_samples_per_s", math.nan)
+    for row in rows:
+        row["samples_per_s_vs_first"] = row.get("predicted_samples_per_s", math.nan) / first - 1
+    return rows
+
+
+def comparison_rows(summaries: list[dict[str, Any]]) -> list[list[str]]:
+    """The table of `summaries`: a header row, then one row of formatted cells per policy
+    (the columns of COLUMNS that some summary has)."""
+    cols = [c for c in COLUMNS if any(c[0] in s for s in summaries)]
+    table = [[title.format(first=summaries[0]["policy"]) for _, title, _ in cols]]
+    for s in summaries:
+        table.append([_cell(s.get(key), fmt) for key, _, fmt in cols])
+    return table
+
+
+def _cell(value: Any, fmt: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return fmt.format(value)

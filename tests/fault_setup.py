@@ -1,0 +1,64 @@
+"""Real faults for the fault tests: a small filesystem that fills up, one that turns read-only,
+processes stopped by real signals. No mocks: a full disk is a tmpfs of a few hundred KiB.
+
+Mounting needs root (CAP_SYS_ADMIN); where it is not permitted the tests that need a mount
+skip with the reason, and the disk-full code paths keep a test that needs none
+(`limited_writer`: RLIMIT_FSIZE makes the kernel refuse a write past the limit, as a full disk
+refuses it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import resource
+import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+
+@contextlib.contextmanager
+def small_disk(path: Path, size_kib: int) -> Iterator[Path]:
+    """A tmpfs of `size_kib` KiB mounted at `path` (created) for the block; skips the test
+    where mounting is not permitted."""
+    path.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small filesystem needs root")
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size_kib}k", "tmpfs", str(path)],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()[:200]}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+def fill(path: Path, leave_bytes: int = 0) -> None:
+    """Fill the filesystem of `path` up to `leave_bytes` free, with one file `filler`."""
+    free = os.statvfs(path).f_bavail * os.statvfs(path).f_frsize
+    with open(path / "filler", "wb") as fh, contextlib.suppress(OSError):
+        fh.write(b"\0" * max(free - leave_bytes, 0))
+
+
+def read_only(path: Path) -> None:
+    """Remount the tmpfs at `path` read-only (its files stay, writes fail with EROFS); no
+    process may hold a file there open for writing."""
+    done = subprocess.run(["mount", "-o", "remount,ro", str(path)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+def limited_writer(max_bytes: int):
+    """A `preexec_fn` for subprocess: the child may write no file past `max_bytes` (the write
+    fails with EFBIG instead of killing the process with SIGXFSZ)."""
+
+    def apply() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (max_bytes, max_bytes))
+
+    return apply

@@ -1,0 +1,154 @@
+"""The planner on a user's data from the command line: `compare` (every policy side by side),
+`plan --budgets` (the p and budgets `budgets` derived for that data), budgets below every
+sample (a warning, or a refusal with --strict), shipped calibrations by name."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from adaptiveload.cli import main
+from adaptiveload.data.manifest import write_manifest
+from adaptiveload.data.mixtures import synthesize
+from adaptiveload.planning.policies import POLICIES
+
+
+def run(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
+    """One `adaptiveload` command in this process: (exit code, stdout, stderr)."""
+    monkeypatch.setattr(sys, "argv", ["adaptiveload", *args])
+    capsys.readouterr()
+    try:
+        main()
+        code = 0
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    """A user's CSV: string ids, images without fps, clips of every length."""
+    folder = tmp_path_factory.mktemp("mine")
+    frame = synthesize("paper-mixed", 1500, seed=4)
+    frame["sample_id"] = [f"clip/{i:05d}.mp4" for i in range(len(frame))]
+    write_manifest(folder / "mine.csv", frame)
+    tiny = synthesize("tiny-cpu", 200, seed=1)
+    write_manifest(folder / "tiny.csv", tiny)
+    return folder
+
+
+def test_compare_prints_and_writes_every_policy(data, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "compare.json"
+    code, stdout, err = run(
+        monkeypatch, capsys, "compare", "--manifest", str(data / "mine.csv"), "--world-size",
+        "8", "--calibration", "h200-wan2.1-t2v-1.3b", "-o", str(out),
+    )  # fmt: skip
+    assert code == 0, err
+    report = json.loads(out.read_text())
+    names = [s["policy"] for s in report["policies"]]
+    assert names == list(POLICIES)  # the registry, so a new policy appears by itself
+    for s in report["policies"]:
+        assert s["predicted_source"] == "model"
+        for key in ("imbalance_rate", "idle_fraction", "samples_per_s", "vram_utilization_mean"):
+            assert 0 <= s[f"predicted_{key}"] < float("inf")
+        assert s["p"] == pytest.approx(report["budgets"]["p"])  # the budgets shown are used
+    assert report["calibration"]["capacity_gb"] == pytest.approx(141, rel=0.01)
+    for name in names:
+        assert any(line.startswith(name + " ") for line in stdout.splitlines()), stdout
+    assert "budgets for this data: p=" in stdout and "all predicted (model" in stdout
+    # the balanced dealing is what cuts imbalance on this mix, and the table says so
+    by = {s["policy"]: s for s in report["policies"]}
+    assert by["adaptiveload-balanced"]["predicted_imbalance_rate"] < 0.5 * (
+        by["equal-token"]["predicted_imbalance_rate"]
+    )
+
+
+def test_compare_with_a_prior_honours_capacity(data, monkeypatch, capsys, tmp_path):
+    reports = {}
+    for gb in ("141", "80"):
+        out = tmp_path / f"c{gb}.json"
+        code, _, err = run(
+            monkeypatch, capsys, "compare", "--manifest", str(data / "mine.csv"),
+            "--world-size", "8", "--prior", "h200", "--model", "wan2.1-t2v-1.3b",
+            "--capacity-gb", gb, "--policies", "equal-token,adaptiveload", "-o", str(out),
+        )  # fmt: skip
+        assert code == 0, err
+        reports[gb] = json.loads(out.read_text())
+    assert reports["80"]["calibration"]["capacity_gb"] == pytest.approx(80)
+    assert reports["80"]["budgets"]["m_mem"] < 0.7 * reports["141"]["budgets"]["m_mem"]
+    assert [s["policy"] for s in reports["80"]["policies"]] == ["equal-token", "adaptiveload"]
+
+
+def test_plan_reads_the_budgets_file_and_its_p(data, tmp_path, monkeypatch, capsys):
+    """`budgets` derives p for the user's data; `plan --calibration` used the file's own p
+    (that of the mix the calibration was made for), and could not read the budgets back."""
+    code, stdout, err = run(
+        monkeypatch, capsys, "budgets", "--calibration", "h200-wan2.1-t2v-1.3b", "--manifest",
+        str(data / "tiny.csv"), "--grid", "tiny", "--capacity-gb", "40",
+    )  # fmt: skip
+    assert code == 0, err
+    budgets = tmp_path / "budgets.json"
+    budgets.write_text(stdout)
+    derived = json.loads(stdout)
+    summary = tmp_path / "plan.json"
+    code, _, err = run(
+        monkeypatch, capsys, "plan", "--manifest", str(data / "tiny.csv"), "--grid", "tiny",
+        "--policy", "adaptiveload", "--world-size", "4", "--seed", "0", "--budgets",
+        str(budgets), "-o", str(tmp_path / "plan.parquet"), "--summary", str(summary),
+    )  # fmt: skip
+    assert code == 0, err
+    planned = json.loads(summary.read_text())
+    for key in ("p", "m_mem", "m_comp", "m_tok"):
+        assert planned[key] == pytest.approx(derived[key])
+    from adaptiveload.costmodel import Calibration
+
+    assert planned["p"] != pytest.approx(Calibration.load("h200-wan2.1-t2v-1.3b").p, abs=1e-3)
+    assert "predicted_vram_utilization_mean" in planned  # at the budgets' 40 GB
+    budgets.write_text(json.dumps({**derived, "model": "wan2.1-t2v-14b"}))
+    code, _, err = run(
+        monkeypatch, capsys, "plan", "--manifest", str(data / "tiny.csv"), "--grid", "tiny",
+        "--policy", "adaptiveload", "--world-size", "4", "--seed", "0", "--budgets",
+        str(budgets), "--calibration", "h200-wan2.1-t2v-1.3b", "-o", str(tmp_path / "x.pq"),
+        "--summary", str(tmp_path / "x.json"),
+    )  # fmt: skip
+    assert code == 2 and "derived for model 'wan2.1-t2v-14b'" in err
+
+
+def test_budget_below_every_sample_warns_or_refuses(data, tmp_path, monkeypatch, capsys):
+    """`plan --m-tok 10` (below every sample) exited 0 with every batch oversize, silently."""
+    args = ["plan", "--manifest", str(data / "tiny.csv"), "--grid", "tiny", "--policy",
+            "equal-token", "--world-size", "4", "--seed", "0", "--m-tok", "10"]  # fmt: skip
+    plan = tmp_path / "plan.parquet"
+    code, _, err = run(monkeypatch, capsys, *args, "-o", str(plan), "--summary",
+                       str(tmp_path / "s.json"))  # fmt: skip
+    assert code == 0 and plan.exists()
+    (line,) = err.strip().splitlines()
+    assert line.startswith("warning: plan (equal-token): every sample exceeds")
+    assert "m_tok=10" in line and "(the smallest has " in line
+    strict = tmp_path / "strict.parquet"
+    code, _, err = run(monkeypatch, capsys, *args, "-o", str(strict), "--summary",
+                       str(tmp_path / "t.json"), "--strict")  # fmt: skip
+    assert code == 2 and not strict.exists() and not (tmp_path / "t.json").exists()
+    assert err.startswith("error: plan (equal-token): every sample exceeds")
+
+
+def test_missing_budgets_say_how_to_get_them(data, tmp_path, monkeypatch, capsys):
+    code, _, err = run(
+        monkeypatch, capsys, "plan", "--manifest", str(data / "tiny.csv"), "--policy",
+        "adaptiveload", "--world-size", "4", "--seed", "0", "-o", str(tmp_path / "p.pq"),
+        "--summary", str(tmp_path / "p.json"),
+    )  # fmt: skip
+    assert code == 2
+    for hint in ("--m-mem", "--budgets FILE", "adaptiveload budgets", "h200-wan2.1-t2v-1.3b",
+                 "calibrate prior --rates h200"):  # fmt: skip
+        assert hint in err, err
+
+
+def test_unknown_calibration_name_lists_the_shipped(tmp_path, monkeypatch, capsys):
+    code, _, err = run(monkeypatch, capsys, "compare", "--mixture", "tiny-cpu", "--world-size",
+                       "2", "--calibration", "h100-nope")  # fmt: skip
+    assert code == 2 and "h200-wan2.1-t2v-1.3b-measured" in err and "\n" not in err.strip()

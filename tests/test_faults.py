@@ -1,0 +1,479 @@
+"""Faults never end in a false success: real processes stopped by real signals, real full and
+read-only filesystems (tmpfs mounts, skipped where mounting is not permitted), a real sqlite
+MLflow store. Each test backs one row of the fault table in docs/robustness.md."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+from fault_setup import fill, limited_writer, read_only, small_disk
+from mlflow.tracking import MlflowClient
+from training_setup import ROOT, adaptiveload, cli_env, write_experiment
+
+from adaptiveload.analysis.record import KIND_TAG, log_analysis
+from adaptiveload.io import LockHeld, exclusive
+from adaptiveload.tracking.run import SUPERSEDED_TAG, RunTracker
+from adaptiveload.tracking.store import init_store, run_artifact_dir
+
+
+def _train_cmd(exp: Path, out: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "adaptiveload", "train", "--config", str(exp), "--policy",
+            "adaptiveload", "--seed", "0", "--out", str(out), *extra]  # fmt: skip
+
+
+def _runs(uri: str, experiment: str = "t") -> list:
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(experiment)
+    return [] if exp is None else client.search_runs([exp.experiment_id])
+
+
+def _errors(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("error:")]
+
+
+def _one_line_error(done: subprocess.CompletedProcess, *words: str) -> str:
+    """The command failed with exit 2 and exactly one `error:` line holding `words`."""
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    (line,) = _errors(done.stderr)
+    for word in words:
+        assert word in line, line
+    return line
+
+
+def _wait_for(condition, proc: subprocess.Popen, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert proc.poll() is None, "the process ended early"
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+# -- stop signals ---------------------------------------------------------------------------
+_CLEANUP = """
+import sys, time
+from pathlib import Path
+from adaptiveload.lifecycle import stop_on_signals
+stop_on_signals()
+marker = Path(sys.argv[1])
+try:
+    marker.write_text("ready")
+    time.sleep(60)
+finally:
+    time.sleep(0.5)  # a clean-up that takes a while, as finishing an MLflow run does
+    marker.write_text("cleaned up")
+"""
+
+
+def test_a_second_sigterm_does_not_interrupt_the_clean_up_of_the_first(tmp_path):
+    """A dying parent delivers two SIGTERMs tens of milliseconds apart: only the first ends
+    the process, so the clean-up it starts completes."""
+    marker = tmp_path / "marker"
+    proc = subprocess.Popen([sys.executable, "-c", _CLEANUP, str(marker)], env=cli_env())
+    _wait_for(lambda: marker.exists(), proc, timeout=60)
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(0.03)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    assert marker.read_text() == "cleaned up"
+
+
+@pytest.mark.slow
+def test_trainer_sent_two_sigterms_ends_its_mlflow_run_failed(tmp_path):
+    """What a killed Snakemake's trainer receives: SIGTERMs tens of milliseconds apart (two
+    were seen; here one every 30 ms until it is gone). The run ends FAILED, not RUNNING."""
+    uri = init_store(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp = write_experiment(tmp_path, steps=10000, warmup_steps=1, checkpoint_every=1)
+    out = tmp_path / "run"
+    env = dict(cli_env(uri), ADAPTIVELOAD_DIE_WITH_PARENT="1")  # as the pipeline starts it
+    proc = subprocess.Popen(_train_cmd(exp, out), env=env, cwd=ROOT, stderr=subprocess.PIPE,
+                            text=True)  # fmt: skip
+    _wait_for(lambda: (out / "checkpoints" / "ckpt-00000001.pt").exists(), proc)
+    deadline = time.monotonic() + 5  # SIGTERMs 30 ms apart, as long as it takes to end
+    while proc.poll() is None and time.monotonic() < deadline:
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.03)
+    assert proc.wait(timeout=120) == 128 + signal.SIGTERM
+    assert "Traceback" not in proc.stderr.read()
+    (run,) = _runs(uri)
+    assert run.info.status == "FAILED"
+
+
+# -- one writer per run folder --------------------------------------------------------------
+_HOLD = """
+import sys, time
+from adaptiveload.io import exclusive
+with exclusive(sys.argv[1]):
+    print("held", flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_folder_lock_is_exclusive_and_a_killed_holder_keeps_nothing(tmp_path):
+    lock = tmp_path / "run" / ".train.lock"
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD, str(lock)], env=cli_env(),
+                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(LockHeld) as held, exclusive(lock):
+            pass
+        assert f"pid {holder.pid} " in held.value.holder
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    with exclusive(lock):  # the kernel released the dead holder's lock
+        assert lock.exists()
+    assert not lock.exists()  # the last holder removes the file
+
+
+@pytest.mark.slow
+def test_a_second_trainer_of_a_run_folder_is_refused_in_one_line(tmp_path):
+    """A hand-started `train` with the pipeline's policy and seed lands in the live run's
+    folder: it is refused before it reads the checkpoint or touches the MLflow run."""
+    uri = init_store(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp = write_experiment(tmp_path, steps=10000, warmup_steps=1, checkpoint_every=1)
+    out = tmp_path / "run"
+    first = subprocess.Popen(_train_cmd(exp, out), env=cli_env(uri), cwd=ROOT,
+                             stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL)  # fmt: skip
+    try:
+        _wait_for(lambda: (out / "checkpoints" / "ckpt-00000001.pt").exists(), first)
+        second = subprocess.run(_train_cmd(exp, out), env=cli_env(uri), cwd=ROOT,
+                                capture_output=True, text=True, timeout=300)  # fmt: skip
+        _one_line_error(second, str(out), "another `adaptiveload train`", f"pid {first.pid}")
+        assert first.poll() is None  # the live run goes on
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.wait(timeout=120)
+    (run,) = _runs(uri)  # the second one opened no run
+    steps = [m.step for m in MlflowClient(uri).get_metric_history(run.info.run_id, "loss")]
+    assert len(steps) == len(set(steps))  # and logged no step
+    assert not (out / ".train.lock").exists()
+
+
+# -- resume: MLflow and the per-step table agree --------------------------------------------
+def _newest_checkpoint(out: Path) -> int:
+    names = sorted((out / "checkpoints").glob("ckpt-*.pt"))
+    return int(names[-1].stem.split("-")[1]) if names else 0
+
+
+def _store_last_step(uri: str) -> int:
+    runs = _runs(uri)
+    if not runs:
+        return -1
+    history = MlflowClient(uri).get_metric_history(runs[0].info.run_id, "loss")
+    return max((m.step for m in history), default=-1)
+
+
+@pytest.mark.slow
+def test_a_resumed_run_logs_to_mlflow_what_its_table_holds(tmp_path):
+    """Killed after logging steps past its last checkpoint, the rerun measures those steps
+    again: MLflow then holds every step once, with the table's values."""
+    uri = init_store(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp = write_experiment(tmp_path, steps=14, warmup_steps=1, checkpoint_every=4)
+    out = tmp_path / "run"
+    proc = subprocess.Popen(_train_cmd(exp, out), env=cli_env(uri), cwd=ROOT,
+                            stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL)  # fmt: skip
+    try:
+        while True:  # freeze it the moment the store is ahead of the checkpoint, then kill
+            _wait_for(lambda: _store_last_step(uri) >= max(_newest_checkpoint(out), 1), proc)
+            proc.send_signal(signal.SIGSTOP)
+            if _store_last_step(uri) >= _newest_checkpoint(out) > 0:
+                break
+            proc.send_signal(signal.SIGCONT)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    resumed_from = _newest_checkpoint(out)
+
+    again = adaptiveload(*_train_cmd(exp, out)[3:], env=cli_env(uri), cwd=ROOT, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"holds steps from {resumed_from} on" in again.stderr
+    table = pd.read_parquet(out / "steps.parquet")
+    runs = {r.info.run_id: r for r in _runs(uri)}
+    (live,) = [r for r in runs.values() if SUPERSEDED_TAG not in r.data.tags]
+    (killed,) = [r for r in runs.values() if SUPERSEDED_TAG in r.data.tags]
+    assert killed.data.tags[SUPERSEDED_TAG] == live.info.run_id
+    assert killed.info.status == "KILLED" and live.info.status == "FINISHED"
+    client = MlflowClient(uri)
+    for key in ("step_time_s", "loss", "rank1/compute_s"):
+        logged = sorted((m.step, m.value) for m in client.get_metric_history(live.info.run_id, key))
+        assert [s for s, _ in logged] == list(range(14)), key  # every step once
+        per_step = table.groupby("step")
+        expected = {
+            "step_time_s": per_step["step_time_s"].first(),
+            "loss": (table["loss"] * table["samples"]).groupby(table["step"]).sum()
+            / per_step["samples"].sum(),
+            "rank1/compute_s": table[table["rank"] == 1].set_index("step")["compute_s"],
+        }[key]
+        assert [v for _, v in logged] == pytest.approx(list(expected), rel=1e-12), key
+
+
+# -- full and read-only disks ---------------------------------------------------------------
+@pytest.mark.slow
+def test_checkpoint_write_on_a_full_disk_is_one_line_and_a_failed_run(tmp_path):
+    uri = init_store(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp = write_experiment(tmp_path, steps=6, warmup_steps=1, checkpoint_every=2)
+    with small_disk(tmp_path / "disk", 256) as disk:  # a checkpoint is ~400 KiB
+        out = disk / "run"
+        done = subprocess.run(_train_cmd(exp, out), env=cli_env(uri), cwd=ROOT,
+                              capture_output=True, text=True, timeout=600)  # fmt: skip
+        line = _one_line_error(done, "ckpt-00000002.pt", "No space left on device", "df -h")
+        assert "free space" in line
+        assert not list(out.rglob("*.tmp"))  # the partial write is gone
+    (run,) = _runs(uri)
+    assert run.info.status == "FAILED"
+
+
+@pytest.mark.slow
+def test_training_on_a_read_only_store_is_one_line_before_training(tmp_path):
+    exp = write_experiment(tmp_path, steps=2, warmup_steps=1)
+    with small_disk(tmp_path / "disk", 4096) as disk:
+        uri = f"sqlite:///{disk / 'mlflow.db'}"
+        made = adaptiveload("tracking", "init", "--uri", uri, env=cli_env(), cwd=tmp_path)
+        assert made.returncode == 0, made.stderr[-2000:]
+        read_only(disk)  # (from another process: this one holds no open file there)
+        out = tmp_path / "run"
+        done = subprocess.run(_train_cmd(exp, out), env=cli_env(uri), cwd=ROOT,
+                              capture_output=True, text=True, timeout=600)  # fmt: skip
+        _one_line_error(done, "read-only", str(disk / "mlflow.db"))
+        assert not out.exists()  # nothing trained, nothing written
+
+
+def _analysis_inputs(folder: Path) -> tuple[Path, Path]:
+    paper = folder / "paper_table.csv"
+    pd.DataFrame({"setup": ["train"], "kernel": ["eager"], "policy": ["adaptiveload"],
+                  "samples_per_s": [10.0]}).to_csv(paper, index=False)  # fmt: skip
+    stats = folder / "stats.csv"
+    pd.DataFrame({"metric": ["samples_per_s"], "p_value": [0.5]}).to_csv(stats, index=False)
+    return paper, stats
+
+
+def _record(paper: Path, stats: Path, out: Path, uri: str, *artifacts: Path):
+    extra = [a for path in artifacts for a in ("--artifact", str(path))]
+    return adaptiveload("analyze", "record", "--experiment", "e", "--paper-table", str(paper),
+                        "--stats", str(stats), "-o", str(out), *extra, env=cli_env(uri),
+                        cwd=out.parent, timeout=300)  # fmt: skip
+
+
+@pytest.mark.slow
+def test_record_on_a_store_that_is_not_a_database_is_one_line(tmp_path):
+    paper, stats = _analysis_inputs(tmp_path)
+    (tmp_path / "mlflow.db").write_bytes(os.urandom(4096))
+    done = _record(paper, stats, tmp_path / "a.json", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    _one_line_error(done, "not an MLflow store", "adaptiveload tracking init")
+    assert not (tmp_path / "a.json").exists()
+
+
+@pytest.mark.slow
+def test_analysis_run_is_replaced_only_once_the_new_one_is_complete(tmp_path):
+    """A figure the store cannot take (RLIMIT_FSIZE: the kernel refuses the write as a full
+    disk does): the previous analysis run stays, FINISHED; the new one is gone, files too."""
+    uri = init_store(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    paper, stats = _analysis_inputs(tmp_path)
+    first = log_analysis("e", paper, stats, [], uri=uri)
+    figure = tmp_path / "big.png"
+    figure.write_bytes(b"\x89PNG" + os.urandom(3 << 20))
+    script = textwrap.dedent(f"""
+        from pathlib import Path
+        from adaptiveload.analysis.record import log_analysis
+        log_analysis("e", Path({str(paper)!r}), Path({str(stats)!r}), [Path({str(figure)!r})],
+                     uri={uri!r})
+    """)
+    done = subprocess.run([sys.executable, "-c", script], env=cli_env(), capture_output=True,
+                          text=True, timeout=300, preexec_fn=limited_writer(2 << 20))  # fmt: skip
+    assert done.returncode != 0 and "cannot write it" in done.stderr
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("e")
+    analysis = f"tags.`{KIND_TAG}` = 'analysis'"
+    (kept,) = client.search_runs([exp.experiment_id], filter_string=analysis)
+    assert kept.info.run_id == first and kept.info.status == "FINISHED"
+    everything = client.search_runs([exp.experiment_id], analysis, run_view_type=3)  # ALL
+    assert [r.info.status for r in everything if r.info.run_id != first] == ["FAILED"]
+    root = run_artifact_dir(uri, kept.info.artifact_uri).parent
+    assert not list(root.rglob("*.tmp")) and not list(root.rglob("big.png"))
+
+
+@pytest.mark.slow
+def test_record_on_a_full_disk_is_one_line_and_keeps_the_previous_analysis(tmp_path):
+    paper, stats = _analysis_inputs(tmp_path)
+    figure = tmp_path / "figure.png"
+    figure.write_bytes(b"\x89PNG" + os.urandom(1 << 20))
+    with small_disk(tmp_path / "disk", 8192) as disk:
+        uri = init_store(f"sqlite:///{disk / 'mlflow.db'}")
+        first = _record(paper, stats, tmp_path / "a.json", uri)
+        assert first.returncode == 0, first.stderr[-3000:]
+        fill(disk, leave_bytes=256 << 10)  # room for the run's rows, not for the figure
+        done = _record(paper, stats, tmp_path / "b.json", uri, figure)
+        _one_line_error(done, "No space left on device")
+        assert not (tmp_path / "b.json").exists()
+        (disk / "filler").unlink()
+        client = MlflowClient(uri)
+        exp = client.get_experiment_by_name("e")
+        runs = client.search_runs([exp.experiment_id])
+        assert [r.info.status for r in runs] == ["FINISHED"]
+        assert not list((disk / "mlartifacts").rglob("*.tmp"))
+
+
+@pytest.mark.slow
+def test_truncated_per_step_table_in_aggregate_is_one_line(tmp_path):
+    columns = ("step", "rank", "compute_s", "samples", "tokens", "step_time_s")
+    table = pd.DataFrame({c: [0, 1] if c == "step" else [1, 1] for c in columns})
+    steps = tmp_path / "steps.parquet"
+    table.to_parquet(steps)
+    steps.write_bytes(steps.read_bytes()[: steps.stat().st_size // 2])  # a full disk's cut
+    summary = tmp_path / "summary.json"
+    summary.write_text(json.dumps({
+        "experiment": "t", "policy": "p", "seed": 0, "kernel": "eager", "world_size": 1,
+        "launch_mode": "emulated", "device": "cpu", "source": "measured", "warmup_steps": 0,
+    }))  # fmt: skip
+    index = tmp_path / "run_index.json"
+    index.write_text(json.dumps([{"setup": "train", "summary": str(summary), "steps": str(steps)}]))
+    done = adaptiveload("analyze", "aggregate", "--index", str(index), "--runs-out",
+                        str(tmp_path / "r.parquet"), "--steps-out", str(tmp_path / "s.parquet"),
+                        env=cli_env(), cwd=tmp_path, timeout=300)  # fmt: skip
+    _one_line_error(done, str(steps), "cannot be read", "delete it and run the pipeline again")
+    assert not (tmp_path / "r.parquet").exists()
+
+
+# -- the pipeline's job shell ---------------------------------------------------------------
+def _descendants(pid: int) -> list[int]:
+    found = []
+    for children in Path(f"/proc/{pid}/task").glob("*/children"):
+        with contextlib.suppress(OSError):
+            found += [int(c) for c in children.read_text().split()]
+    return found + [d for c in found for d in _descendants(c)]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_job_and_everything_it_started_die_with_its_killed_parent(tmp_path):
+    """`adaptiveload-job -c "a & b; wait"` as Snakemake starts it: SIGKILL the parent and
+    both commands go, within the job shell's grace period, instead of running on."""
+    shell = Path(sys.executable).parent / "adaptiveload-job"
+    parent_code = (
+        "import subprocess, sys\n"
+        f"p = subprocess.Popen([{str(shell)!r}, '-c', 'sleep 300 & sleep 301; wait'])\n"
+        "print(p.pid, flush=True)\n"
+        "p.wait()\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", parent_code], stdout=subprocess.PIPE,
+                              text=True)  # fmt: skip
+    job = int(parent.stdout.readline())
+    deadline = time.monotonic() + 60
+    while len([p for p in _descendants(job) if b"sleep" in Path(f"/proc/{p}/cmdline")
+               .read_bytes()]) < 2:  # fmt: skip
+        assert time.monotonic() < deadline, "the job did not start"
+        time.sleep(0.05)
+    started = [job, *_descendants(job)]
+    parent.kill()
+    parent.wait()
+    try:
+        deadline = time.monotonic() + 10
+        while any(_alive(p) for p in started) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not [p for p in started if _alive(p)]
+    finally:
+        for pid in started:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_the_job_shell_exits_with_the_status_of_its_command(tmp_path):
+    shell = str(Path(sys.executable).parent / "adaptiveload-job")
+    assert subprocess.run([shell, "-c", "exit 3"]).returncode == 3
+    done = subprocess.run([shell, "-c", "set -euo pipefail; false | cat; echo no"],
+                          capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 1 and "no" not in done.stdout
+    assert subprocess.run([shell, "-c", "kill -TERM $$"]).returncode == 128 + signal.SIGTERM
+
+
+# -- the end-of-training check --------------------------------------------------------------
+@pytest.mark.slow
+def test_a_store_that_filled_up_during_training_fails_the_check_until_it_is_synced(tmp_path):
+    """The store's disk fills during a run: the run's records go to its spool and the run
+    stays RUNNING. `tracking check` (the pipeline's end-of-training job) then fails in one
+    line naming the spool; once there is space it uploads them and finds the run FINISHED."""
+    run_dir = tmp_path / "run"
+    with small_disk(tmp_path / "disk", 8192) as disk:
+        uri = init_store(f"sqlite:///{disk / 'mlflow.db'}")
+        tracker = RunTracker.start(uri, "e", "r", {}, {}, run_dir / "tracking.spool.jsonl",
+                                   run_dir=run_dir)  # fmt: skip
+        tracker.retry_s = 0.0
+        tracker.log_step(0, {"loss": 1.0})
+        fill(disk)
+        with pytest.warns(UserWarning):
+            for step in range(1, 200):  # until sqlite needs a page it cannot get
+                tracker.log_step(step, {"loss": 1.0, **{f"m{i}": float(i) for i in range(50)}})
+            assert not tracker.finish()
+        assert (run_dir / "tracking.spool.jsonl").exists()
+        check = ["tracking", "check", "--experiment", "e", str(run_dir), "-o",
+                 str(tmp_path / "check.json")]  # fmt: skip
+        failed = adaptiveload(*check, env=cli_env(uri), cwd=tmp_path, timeout=300)
+        _one_line_error(failed, "tracking.spool.jsonl", "full", "run the pipeline again")
+        assert not (tmp_path / "check.json").exists()
+        (disk / "filler").unlink()
+        done = adaptiveload(*check, env=cli_env(uri), cwd=tmp_path, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        (run,) = _runs(uri, "e")
+        assert run.info.status == "FINISHED"
+        steps = [m.step for m in MlflowClient(uri).get_metric_history(run.info.run_id, "loss")]
+        assert sorted(steps) == list(range(200))
+        assert not (run_dir / "tracking.spool.jsonl").exists()
+
+
+@pytest.mark.slow
+def test_the_check_refuses_a_run_left_running(tmp_path):
+    uri = init_store(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    run_dir = tmp_path / "run"
+    RunTracker.start(uri, "e", "r", {}, {}, run_dir / "tracking.spool.jsonl", run_dir=run_dir)
+    done = adaptiveload("tracking", "check", "--experiment", "e", str(run_dir), "-o",
+                        str(tmp_path / "c.json"), env=cli_env(uri), cwd=tmp_path, timeout=300)
+    _one_line_error(done, str(run_dir), "is RUNNING", "delete its summary.json")
+
+
+# -- stage views: a stage depends on the fields it reads --------------------------------------
+def test_a_stage_view_holds_exactly_what_its_stage_reads(tmp_path):
+    """Each stage configured from its view gets the settings it gets from the whole
+    experiment; a field outside the view is absent (a stage reading it fails loudly, never
+    with a silent default)."""
+    from adaptiveload import experiment, pipeline
+    from adaptiveload.calibration.settings import CalibrationConfig
+    from adaptiveload.training.settings import from_experiment
+
+    full = experiment.load(ROOT / "tests" / "data" / "tiny.yaml")
+    views = {}
+    for stage in pipeline.STAGE_FIELDS:
+        path = tmp_path / f"{stage}.yaml"
+        path.write_text(yaml.safe_dump(pipeline.stage_view(full, stage)))
+        views[stage] = experiment.load(path)
+    assert CalibrationConfig.from_experiment(views["calibrate"]) == (
+        CalibrationConfig.from_experiment(full)
+    )
+    ranks = {"launch_mode": "emulated", "world_size": 2, "kernel": "eager"}
+    assert from_experiment(views["train"], "adaptiveload", 0, **ranks) == (
+        from_experiment(full, "adaptiveload", 0, **ranks)
+    )
+    assert views["paper_map"]["paper_map"] == full["paper_map"]
+    for stage, view in views.items():
+        assert "description" not in view and "analysis" not in view, stage
+    assert "steps" not in views["calibrate"]["train"]
+    with pytest.raises(KeyError):
+        views["train"]["simulate"]

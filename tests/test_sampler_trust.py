@@ -1,0 +1,348 @@
+"""The sampler in a user's own trainer: paths that used to give wrong results silently.
+
+Each test names the wrong result it rules out: a bad manifest row planned into some bucket,
+the resume state of another plan accepted, `set_epoch` dropping a resume, a loss normaliser
+indexed by the loop's count, dataset indices off by the excluded rows, ranks that planned
+differently, padding batches that cannot be told apart.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from adaptiveload.costmodel import Calibration
+from adaptiveload.data.mixtures import synthesize
+from adaptiveload.errors import UserError
+from adaptiveload.planning.policies import Budgets
+from adaptiveload.planning.sampler import (
+    BatchInfo,
+    BatchInfoDataset,
+    PlanBatchSampler,
+    PlanWarning,
+)
+
+BUDGETS = Budgets(m_tok=4096, m_mem=6144, m_comp=4096**1.2, p=1.2)
+WORLD = 2
+
+
+@pytest.fixture(scope="module")
+def manifest() -> pd.DataFrame:
+    return synthesize("tiny-cpu", 303, seed=0)
+
+
+def make(manifest: pd.DataFrame, rank: int | None = 0, **kw) -> PlanBatchSampler:
+    args = {"policy": "adaptiveload", "seed": 0, **kw}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PlanWarning)
+        return PlanBatchSampler.from_manifest(
+            manifest, args.pop("policy"), BUDGETS, WORLD, rank, args.pop("seed"), grid="tiny",
+            **args,
+        )  # fmt: skip
+
+
+class Rows(Dataset):
+    """Item i -> the sample_id of row i of `frame` (a user's dataset over their own rows)."""
+
+    def __init__(self, frame: pd.DataFrame) -> None:
+        self.ids = frame["sample_id"].tolist()
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> dict:
+        return {"sample_id": self.ids[i], "x": torch.zeros(1)}
+
+
+# --- 1. one validator for every manifest entry -------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("column", "value", "expect"),
+    [
+        ("num_frames", 0, "column 'num_frames'"),  # used to land in the largest bucket
+        ("num_frames", -5, "column 'num_frames'"),
+        ("num_frames", np.nan, "the cell is empty"),
+        ("height", 0, "column 'height'"),  # used to drop the row without a word
+        ("height", -3, "column 'height'"),
+    ],
+)
+def test_from_manifest_refuses_bad_sizes(manifest, column, value, expect):
+    bad = manifest.head(40).copy()
+    bad[column] = bad[column].astype(float)
+    bad.loc[7, column] = value
+    with pytest.raises(UserError, match=expect) as err:
+        make(bad)
+    assert "position 7" in str(err.value)  # the row, as the user's df.iloc[7]
+
+
+def test_from_manifest_missing_column_and_int64_na(manifest):
+    with pytest.raises(UserError, match=r"missing column.*height"):
+        make(manifest.drop(columns="height"))
+    nullable = manifest.head(20).astype({"num_frames": "Int64"})
+    nullable.loc[3, "num_frames"] = pd.NA
+    with pytest.raises(UserError, match=r"num_frames.*position 3 \(empty\)"):
+        make(nullable)
+
+
+def test_duplicate_ids_are_named(manifest):
+    bad = manifest.head(30).copy()
+    bad.loc[[4, 9], "sample_id"] = "clip-a"
+    bad.loc[[5, 6], "sample_id"] = "clip-b"
+    with pytest.raises(UserError, match="4 rows share 2 id") as err:
+        make(bad)
+    assert "'clip-a' (positions 4, 9)" in str(err.value)
+    assert "'clip-b' (positions 5, 6)" in str(err.value)
+
+
+# --- 2. resume states carry the plan's digests ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("other", "field"),
+    [
+        ({"seed": 1}, "seed is 1 in the state, 0 here"),
+        ({"policy": "adaptiveload-balanced"}, "policy is 'adaptiveload-balanced' in the state"),
+        ({"rows": 303}, "num_samples is 303 in the state, 300 here"),
+        ({"reverse": True}, "data_digest (other samples, or the same ones in another row order)"),
+    ],
+)
+def test_load_state_dict_refuses_another_plan(manifest, other, field):
+    """Every case has the same number of steps, which was all a state used to be checked by:
+    resuming after such a state trained some samples twice and others never that epoch."""
+    base = manifest.iloc[:300]
+    rows = manifest.iloc[: other.pop("rows", 300)]
+    if other.pop("reverse", False):
+        rows = rows.iloc[::-1]
+    saved = make(rows, **other)
+    here = make(base)
+    assert len(saved) == len(here)  # the old check could not tell them apart
+    state = saved.state_dict(consumed_steps=10)
+    with pytest.raises(ValueError, match="state is of another plan") as err:
+        here.load_state_dict(state)
+    assert field in str(err.value)
+    make(base).load_state_dict(make(base).state_dict(consumed_steps=10))  # the same plan: fine
+
+
+def test_set_epoch_of_the_resumed_epoch_keeps_the_offset(manifest):
+    full = {e: [list(b) for b in _epoch(make(manifest), e)] for e in (2, 3)}
+    before = make(manifest)
+    before.set_epoch(2)
+    state = before.state_dict(consumed_steps=4)
+
+    resumed = make(manifest)
+    resumed.load_state_dict(state)
+    assert len(resumed) == len(full[2]) - 4  # len says what the pass will yield
+    got = {}
+    for epoch in (2, 3):  # the usual loop, set_epoch at the top of every epoch
+        resumed.set_epoch(epoch)
+        got[epoch] = [list(b) for b in DataLoader(Rows(resumed.samples), batch_sampler=resumed,
+                                                  collate_fn=lambda items: items)]  # fmt: skip
+    assert [b for b in _epoch(make(manifest), 2)][4:] == list(map(_ids(resumed), got[2]))
+    assert len(got[2]) == len(full[2]) - 4 and len(got[3]) == len(full[3])
+    resumed.set_epoch(3)  # a second pass of an epoch already begun starts at step 0
+    assert [list(b) for b in resumed] == full[3]
+
+
+def _epoch(sampler: PlanBatchSampler, epoch: int) -> list:
+    sampler.set_epoch(epoch)
+    return list(sampler)
+
+
+def _ids(sampler: PlanBatchSampler):
+    """Map collated items back to the dataset indices they came from."""
+    index = {sid: i for i, sid in enumerate(sampler.samples["sample_id"])}
+    return lambda items: [index[item["sample_id"]] for item in items]
+
+
+# --- 3. every batch tells its step, padding and normaliser ---------------------------------
+
+
+def test_batch_info_after_resume_with_workers(manifest):
+    """The DDP fragment used to index samples_per_step with the loop's enumerate count: after a
+    resume most steps got another step's normaliser. The info travels with the batch."""
+    sampler = make(manifest, rank=1)
+    table = sampler._builder(0).table
+    mine = table[table["rank"] == 1]
+    resumed = make(manifest, rank=1)
+    resumed.load_state_dict(sampler.state_dict(consumed_steps=7))
+    data = BatchInfoDataset(Rows(resumed.samples))
+    loader = DataLoader(data, batch_sampler=resumed, collate_fn=data.collate, num_workers=2)
+    seen = []
+    for count, (batch, info) in enumerate(loader):
+        assert isinstance(info, BatchInfo) and info.rank == 1 and info.epoch == 0
+        expect = mine[mine["step"] == info.step]
+        assert list(batch["sample_id"]) == expect["sample_id"].tolist()
+        assert info.step_samples == int((table["step"] == info.step).sum())
+        assert info.is_padding == bool(expect["is_padding"].iat[0])
+        assert info.num_samples == len(expect) and info.num_steps == sampler.num_steps
+        seen.append((count, info.step))
+    assert [step for _, step in seen] == list(range(7, sampler.num_steps))
+    assert any(count != step for count, step in seen)  # enumerate would have been wrong
+
+
+def test_padding_batches_are_flagged():
+    small = synthesize("tiny-cpu", 12, seed=3)  # 9 batches on 2 ranks: one padding repeat
+    sampler = make(small, rank=None)
+    infos = [b.info for b in sampler]
+    table = sampler._builder(0).table
+    padded = table.groupby(["step", "rank"])["is_padding"].first()
+    assert [i.is_padding for i in infos] == padded.tolist()
+    assert any(i.is_padding for i in infos)
+
+
+def test_batch_info_dataset_refuses_a_plain_sampler_and_a_missing_collate(manifest):
+    data = BatchInfoDataset(Rows(manifest))
+    with pytest.raises(TypeError, match="carries no BatchInfo"):
+        next(iter(DataLoader(data, batch_size=2, collate_fn=data.collate)))
+    with pytest.raises(TypeError, match=r"collate_fn=dataset\.collate"):
+        next(iter(DataLoader(data, batch_sampler=make(manifest))))
+
+
+# --- 4. the user's own indexing; excluded and oversize samples said once --------------------
+
+
+def test_sample_index_keeps_the_users_manifest_rows(manifest):
+    """sampler.samples leaves out excluded rows: a dataset over the manifest's own rows got
+    other samples' indices. With sample_index=manifest['sample_id'] it gets its own rows."""
+    rows = manifest.head(60).copy()
+    rows.loc[[3, 11, 40], ["height", "width"]] = 8  # fit no bucket of the grid: excluded
+    with pytest.warns(PlanWarning) as caught:
+        sampler = PlanBatchSampler.from_manifest(
+            rows, "adaptiveload", BUDGETS, WORLD, 0, seed=0, grid="tiny",
+            sample_index=rows["sample_id"],
+        )  # fmt: skip
+    assert len(caught) == 1  # one line, once
+    line = str(caught[0].message)
+    assert "\n" not in line and "3 of 60 samples excluded" in line
+    assert repr(rows["sample_id"].iat[3]) in line
+    table = sampler._builder(0).table
+    mine = table[table["rank"] == 0]
+    ids = rows["sample_id"].to_numpy()
+    got = [ids[b].tolist() for b in sampler]
+    assert got == [g.tolist() for _, g in mine.groupby("step")["sample_id"]]
+    sampler.check_ranks()  # without a process group: a no-op
+    summary = sampler.summary
+    assert summary["num_excluded"] == 3
+    assert summary["excluded_ids"] == ids[[3, 11, 40]].tolist()
+    for key in ("plan_digest", "data_digest", "m_mem", "m_comp", "p", "num_oversize", "steps"):
+        assert key in summary
+
+
+def test_oversize_warning_and_predicted_metrics(manifest):
+    cal = Calibration.load("experiments/calibration/h200-wan2.1-t2v-1.3b.json")
+    tight = Budgets(m_tok=10, m_mem=6144, m_comp=4096**1.2, p=1.2)
+    with pytest.warns(PlanWarning, match="every sample exceeds the equal-token budget m_tok=10"):
+        sampler = PlanBatchSampler.from_manifest(
+            manifest, "equal-token", tight, WORLD, 0, seed=0, grid="tiny", cost_model=cal
+        )
+    summary = sampler.summary
+    assert summary["num_oversize"] == summary["num_planned"]
+    assert 0 <= summary["predicted_imbalance_rate"] <= 1
+
+
+# --- 6. loaders that drive epochs through batch_sampler.sampler ---------------------------
+
+
+def test_accelerate_set_epoch_and_len_after_resume(manifest):
+    """Accelerate's loader.set_epoch never reached the sampler, and after a resume len(loader)
+    counted the whole epoch."""
+    accel = pytest.importorskip("accelerate.data_loader")
+    sampler = make(manifest, rank=None)
+    shard = accel.BatchSamplerShard(sampler, num_processes=WORLD, process_index=1)
+    loader = accel.DataLoaderShard(Rows(sampler.samples), batch_sampler=shard,
+                                   collate_fn=lambda items: items)  # fmt: skip
+    loader.set_epoch(3)
+    assert sampler.epoch == 3
+    state = sampler.state_dict(consumed_steps=5)
+    resumed = make(manifest, rank=None)
+    resumed.load_state_dict(state)
+    shard = accel.BatchSamplerShard(resumed, num_processes=WORLD, process_index=1)
+    loader = accel.DataLoaderShard(Rows(resumed.samples), batch_sampler=shard,
+                                   collate_fn=lambda items: items)  # fmt: skip
+    loader.set_epoch(3)  # iterating sets the loader's epoch again: the resume must survive
+    expect = len(loader)
+    got = list(loader)
+    assert expect == len(got) == resumed.num_steps - 5
+    mine = make(manifest, rank=1)
+    mine.set_epoch(3)
+    assert list(map(_ids(resumed), got)) == [list(b) for b in mine][5:]
+
+
+# --- 5. ranks that planned differently ------------------------------------------------------
+
+RANKS_SCRIPT = """
+import sys
+import torch.distributed as dist
+from adaptiveload.data.mixtures import synthesize
+from adaptiveload.planning.policies import Budgets
+from adaptiveload.planning.sampler import PlanBatchSampler
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+manifest = synthesize("tiny-cpu", 183, seed=0)
+if rank == 1 and sys.argv[1] == "reversed":  # this rank read the manifest in another order
+    manifest = manifest.iloc[::-1].reset_index(drop=True)
+budgets = Budgets(m_tok=4096, m_mem=6144, m_comp=4096**1.2, p=1.2)
+sampler = PlanBatchSampler.from_manifest(manifest, "adaptiveload", budgets, 2, rank, seed=0,
+                                         grid="tiny")
+try:
+    sampler.check_ranks()
+    verdict = "same plan"
+except ValueError as exc:
+    verdict = f"refused: {exc}"
+with open(f"rank{rank}.txt", "w") as out:  # one file per rank: no interleaved output
+    out.write(f"{len(sampler)} steps\\n{verdict}\\n")
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("order", ["same", "reversed"])
+def test_check_ranks_catches_a_rank_that_read_another_row_order(order, tmp_path):
+    """Same length, different epoch: before, 92 samples trained twice and 91 never, silently."""
+    import subprocess
+    import sys
+
+    from training_setup import free_port
+
+    script = tmp_path / "ranks.py"
+    script.write_text(RANKS_SCRIPT)
+    out = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+         "--master-addr", "127.0.0.1", "--master-port", str(free_port()), str(script), order],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    steps, verdicts = zip(*(
+        (tmp_path / f"rank{r}.txt").read_text().splitlines() for r in range(2)
+    ), strict=True)  # fmt: skip
+    assert len(set(steps)) == 1  # the lengths agree either way
+    if order == "same":
+        assert verdicts == ("same plan", "same plan")
+    else:
+        assert all(v.startswith("refused: process") for v in verdicts), verdicts
+        assert all("data_digest (other samples, or the same ones in another row order)" in v
+                   for v in verdicts)  # fmt: skip
+
+
+def test_digests_of_ids_read_in_chunks(manifest):
+    """Ids read from Parquet come as chunked Arrow columns: their digest is that of the same
+    ids in one chunk (it used to stop with an AttributeError on such a column)."""
+    import pyarrow as pa
+
+    from adaptiveload.data.bucketing import bucketize
+    from adaptiveload.planning.plan import build_plan
+
+    samples = bucketize(manifest, grid="tiny").samples
+    chunked = samples.copy()
+    halves = pa.chunked_array([samples["sample_id"].iloc[:100], samples["sample_id"].iloc[100:]])
+    chunked["sample_id"] = pd.Series(pd.arrays.ArrowExtensionArray(halves))
+    a = build_plan(samples, "adaptiveload", BUDGETS, WORLD, 0).summary
+    b = build_plan(chunked, "adaptiveload", BUDGETS, WORLD, 0).summary
+    assert (a["data_digest"], a["plan_digest"]) == (b["data_digest"], b["plan_digest"])
