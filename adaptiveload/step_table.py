@@ -22,11 +22,12 @@ from adaptiveload.errors import UserError
 # step_wall_s: by the wall clock beside it (measured runs only, empty in a simulation).
 # samples, tokens, tokens_sq: n, sum S and sum S^2 of the rank's micro-batch (what its cost
 # depends on); frames, height, width: the bucket shape of its largest sample (of all of them
-# unless the micro-batch is a pack of several shapes)
+# unless the micro-batch is a pack of several shapes); lower_bound_s: the step's compute lower
+# bound (`CostModel.step_lower_bound` of its samples; a simulation's, empty in a measured run)
 STEP_COLUMNS = (
     "step", "rank", "compute_s", "compute_wall_s", "wait_s", "samples", "tokens", "tokens_sq",
     "frames", "height", "width", "peak_bytes", "peak_bytes_model", "loss", "step_time_s",
-    "step_wall_s",
+    "step_wall_s", "lower_bound_s",
 )  # fmt: skip
 # the columns a table must have to be analysed; a producer may leave the others out
 REQUIRED_STEP_COLUMNS = ("step", "rank", "compute_s", "samples", "tokens", "step_time_s")

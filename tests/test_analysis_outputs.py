@@ -217,3 +217,39 @@ def test_labels_say_which_clock_measured_and_which_calibration_predicted(tmp_pat
     assert labels["train"] == "measured (cpu)"
     assert labels["sim/measured"] == "model (measured calibration, cuda:NVIDIA H200)"
     assert labels["sim/prior"] == "model (NVIDIA H200 (analytic prior))"
+
+
+def test_load_vs_lower_bound_draws_each_policy_at_16_and_256_ranks(tmp_path):
+    """The figure of per-rank predicted load against the step bound, from real simulations:
+    one panel per policy at N = 16 and at N = 256 (a simulation of each N, first seed)."""
+    from planning_data import bucketed
+
+    from adaptiveload.analysis.aggregate import aggregate, parse_index
+    from adaptiveload.analysis.figures import FigureInputs, load_vs_lower_bound
+    from adaptiveload.costmodel import Calibration
+    from adaptiveload.planning.plan import build_plan
+    from adaptiveload.planning.policies import Budgets
+    from adaptiveload.planning.simulate import simulate
+
+    cal = Calibration.load("experiments/calibration/h200-wan2.1-t2v-1.3b-measured.json")
+    samples, index = bucketed(6_000, seed=1), []
+    for n in (16, 256):
+        for policy in ("adaptiveload-balanced", "adaptiveload-packed"):
+            plan = build_plan(samples, policy, Budgets.resolve(calibration=cal), n, 0,
+                              cost_model=cal)  # fmt: skip
+            sim = simulate(plan.table, cal)
+            out = tmp_path / f"n{n}" / policy
+            out.mkdir(parents=True)
+            sim.steps.to_parquet(out / "steps.parquet")
+            summary = {**sim.summary, "experiment": "t", "policy": policy, "seed": 0,
+                       "kernel": "none"}  # fmt: skip
+            (out / "summary.json").write_text(json.dumps(summary, default=float))
+            index.append({"setup": f"sim/n{n}", "summary": str(out / "summary.json"),
+                          "steps": str(out / "steps.parquet")})  # fmt: skip
+    agg = aggregate(parse_index(index))
+    empty = pd.DataFrame()
+    fig = load_vs_lower_bound(FigureInputs(runs=agg.runs, steps=agg.steps, stats=empty))
+    titles = [ax.get_title() for ax in fig.axes]
+    assert len(titles) == 4
+    assert sum("N = 16:" in t for t in titles) == sum("N = 256:" in t for t in titles) == 2
+    assert all("x the bound" in t for t in titles)

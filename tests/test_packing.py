@@ -71,6 +71,14 @@ def cells(table: pd.DataFrame) -> pd.DataFrame:
 def limits_broken(table: pd.DataFrame, bud: Budgets, cal: Calibration | None) -> pd.Series:
     """Independent restatement of a pack's limits (docs/definitions.md), per batch_id: True
     where a pack of more than one sample breaks one."""
+    over, n = over_limits(table, bud, cal)
+    return over & (n > 1)
+
+
+def over_limits(
+    table: pd.DataFrame, bud: Budgets, cal: Calibration | None
+) -> tuple[pd.Series, pd.Series]:
+    """Per batch_id: over one of the pack limits, and the pack's sample count."""
     s = table["tokens"].astype(np.float64)
     per = pd.DataFrame({"id": table["batch_id"], "s": s, "sp": s**bud.p})
     g = per.groupby("id").agg(n=("s", "size"), s=("s", "sum"), sp=("sp", "sum"))
@@ -85,7 +93,7 @@ def limits_broken(table: pd.DataFrame, bud: Budgets, cal: Calibration | None) ->
     for cap in token_caps:
         if cap is not None:
             over |= g["s"] > cap
-    return over & (g["n"] > 1)
+    return over, g["n"]
 
 
 @SETTINGS
@@ -120,6 +128,8 @@ def test_packed_invariants(df, bud, data, with_cal, world_size, window, seed):
     # memory never exceeded, every budget kept (a sample over one alone runs alone)
     assert not limits_broken(real, bud, cal).any()
     assert s["constraint_violations"] == 0
+    alone = df.assign(batch_id=np.arange(len(df)))  # every sample a pack of its own
+    assert s["num_oversize"] == int(over_limits(alone, bud, cal)[0].sum())
     # no fewer steps than the volume of the packs' limits allows... and not many more
     assert s["steps"] >= -(-s["batches"] // world_size)
     # identical on every rank: the same inputs plan the same, a copy of the frame too
@@ -250,7 +260,7 @@ def paper_mixed():
 def test_plan_quality_on_paper_mixed(paper_mixed, world_size):
     """Predicted (model) quality through the measured H200 1.3B calibration: within 1% of the
     steps' lower bound, imbalance under the targets, faster than balanced dealing, no pack
-    over memory. Deterministic numbers, not timings (results/benchmarks/packing.json has
+    over memory. Deterministic numbers, not timings (results/benchmarks/packing_plans.json has
     the full sweep)."""
     cal = Calibration.load(MEASURED)
     bud = Budgets.resolve(calibration=cal)
@@ -296,3 +306,53 @@ def test_sampler_yields_a_pack_per_step_and_resumes():
     resumed = PlanBatchSampler(PlanBuilder(samples, PACKED, bud, world_size=3, seed=2), None)
     resumed.load_state_dict(state)
     assert list(resumed) == list(every)[2 * 3 :]
+
+
+def test_the_trainer_runs_packed_plans_with_the_auto_layout(tmp_path):
+    """`model.batch_layout: auto` trains adaptiveload-packed packed and the others dense; the
+    rows of a packed run report each rank's pack (n, Σ S, Σ S²) as the plan made it, and the
+    per-step metrics carry them per rank."""
+    import torch
+    from training_setup import write_experiment
+
+    from adaptiveload import experiment as experiment_config
+    from adaptiveload.training.distributed import Ranks
+    from adaptiveload.training.inputs import prepare_data
+    from adaptiveload.training.loop import Trainer
+    from adaptiveload.training.settings import from_experiment
+
+    torch.set_num_threads(1)
+    exp = experiment_config.load(write_experiment(tmp_path, steps=3))
+    assert exp["model"]["batch_layout"] == "auto"
+    layouts = {p: from_experiment(exp, p, 0, launch_mode="emulated", world_size=3).batch_layout
+               for p in (PACKED, "adaptiveload-balanced")}  # fmt: skip
+    assert layouts == {PACKED: "packed", "adaptiveload-balanced": "dense"}
+    cfg = from_experiment(exp, PACKED, 0, launch_mode="emulated", world_size=3)
+    data = prepare_data(exp, cfg)
+    plan = data.builder(0).table
+    assert (plan.groupby(["step", "rank"])["tokens"].nunique() > 1).any()
+
+    class Sink:  # what the MLflow tracker is handed, step by step
+        def __init__(self) -> None:
+            self.logged: dict[int, dict] = {}
+
+        def log_step(self, step: int, metrics: dict) -> None:
+            self.logged[step] = dict(metrics)
+
+        def state_dict(self) -> dict:
+            return {}
+
+    sink = Sink()
+    trainer = Trainer(cfg, data, None, Ranks.emulated(3), sink=sink, progress=False)
+    try:
+        result = trainer.run()
+    finally:
+        trainer.close()
+    assert len(result.steps) == 3 * 3
+    for row in result.steps.itertuples():
+        tok = plan.loc[(plan["step"] == row.step) & (plan["rank"] == row.rank), "tokens"]
+        assert (row.samples, row.tokens, row.tokens_sq) == (len(tok), tok.sum(), (tok**2).sum())
+        logged = sink.logged[row.step]
+        assert [logged[f"rank{row.rank}/{k}"] for k in ("samples", "tokens", "tokens_sq")] == [
+            row.samples, row.tokens, row.tokens_sq
+        ]

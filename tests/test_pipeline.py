@@ -35,7 +35,8 @@ def test_pipeline_produces_tables_figures_and_mlflow_runs(tiny_run):
     assert "18.9%" in table  # the paper's numbers side by side
     assert "Mann-Whitney U" in (res / "tables" / "stats.md").read_text()
     for name in ("mixture_tokens", "compute_heatmap", "imbalance_distribution", "throughput",
-                 "vram_utilization", "calibration_fit", "kernel_bandwidth", "p_sweep"):
+                 "vram_utilization", "calibration_fit", "kernel_bandwidth", "p_sweep",
+                 "load_vs_lower_bound"):
         png = res / "figures" / f"{name}.png"
         assert png.read_bytes()[:4] == b"\x89PNG", name
     assert (tiny_run / "logs" / "tiny" / "aggregate.log").exists()

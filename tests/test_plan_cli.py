@@ -139,12 +139,14 @@ def test_plan_then_simulate(inputs):
 
 
 @pytest.mark.slow
-def test_plan_writes_its_one_simulation_as_simulate_would(inputs):
+@pytest.mark.parametrize("policy", ["adaptiveload", "adaptiveload-packed"])
+def test_plan_writes_its_one_simulation_as_simulate_would(inputs, policy):
     """`plan --simulation-steps/--simulation-summary` (the pipeline's simulations) writes what
-    `simulate --plan` writes for the same plan, from the one simulation planning made."""
-    root = inputs["root"] / "once"
+    `simulate --plan` writes for the same plan, from the one simulation planning made; a plan
+    file of packs (cells of several shapes) reads back the same."""
+    root = inputs["root"] / f"once-{policy}"
     root.mkdir()
-    common = ["--manifest", str(inputs["manifest"]), "--policy", "adaptiveload", "--seed", "1",
+    common = ["--manifest", str(inputs["manifest"]), "--policy", policy, "--seed", "1",
               "--world-size", "8", "--calibration", str(inputs["calibration"])]  # fmt: skip
     once = cli("plan", *common, "--simulation-steps", str(root / "once.parquet"),
                "--simulation-summary", str(root / "once.json"), "--warmup-steps", "2",
@@ -260,3 +262,18 @@ def test_simulate_refuses_a_missing_plan(inputs):
         "--json",
     )
     assert done.returncode == 2 and "plan file not found" in done.stderr
+
+
+def test_pack_tokens_caps_every_pack(inputs):
+    out = inputs["root"] / "capped"
+    done = cli("plan", "--manifest", str(inputs["manifest"]), "--policy", "adaptiveload-packed",
+               "--seed", "0", "--world-size", "4", "--calibration", str(inputs["calibration"]),
+               "--pack-tokens", "60000", "-o", str(out.with_suffix(".parquet")),
+               "--summary", str(out.with_suffix(".json")))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert " packs, " in done.stdout and "x the steps' lower bound" in done.stdout
+    summary = json.loads(out.with_suffix(".json").read_text())
+    assert summary["pack_tokens"] == 60000 and summary["pack_limits"]["tokens"] == 60000
+    table = pd.read_parquet(out.with_suffix(".parquet"))
+    sums = table.groupby("batch_id").agg(n=("tokens", "size"), s=("tokens", "sum"))
+    assert (sums.loc[sums["n"] > 1, "s"] <= 60000).all()

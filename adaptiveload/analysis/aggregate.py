@@ -33,7 +33,7 @@ SUMMARY_KEYS = (
 SUMMARY_METRICS = (
     "imbalance_rate", "imbalance_rate_mean", "idle_fraction", "max_over_mean", "samples_per_s",
     "tokens_per_s", "samples_per_s_wall", "tokens_per_s_wall", "vram_utilization_mean",
-    "vram_utilization_max", "capacity_bytes",
+    "vram_utilization_max", "capacity_bytes", "vs_lower_bound",
 )
 RUN_KEYS = ("setup", "variant", "policy", "kernel", "seed")
 

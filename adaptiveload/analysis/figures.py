@@ -410,6 +410,64 @@ def kernel_bandwidth(inp: FigureInputs) -> plt.Figure:
     return fig
 
 
+# the world sizes `load_vs_lower_bound` compares: a step of few ranks, and one of many
+BOUND_WORLD_SIZES = (16, 256)
+
+
+def load_vs_lower_bound(inp: FigureInputs) -> plt.Figure:
+    """Each rank's predicted compute per step against the step's lower bound, one panel per
+    policy and world size (N = 16 and 256): the simulation of each N that comes first
+    (measured calibrations first), its first seed, steps sorted by their bound."""
+    title = "Per-rank predicted load per step vs the step's lower bound"
+    runs = inp.runs[inp.runs["setup"].str.startswith("sim/")]
+    runs = runs[runs["world_size"].isin(BOUND_WORLD_SIZES)]
+    steps = inp.steps[inp.steps["lower_bound_s"].notna()]
+    if runs.empty or steps.empty:
+        sizes = " or ".join(map(str, BOUND_WORLD_SIZES))
+        return _placeholder(title, f"no simulation at N = {sizes}")
+    runs = runs.assign(measured=runs["label"].str.contains("measured calibration"))
+    picked = (runs.sort_values(["measured", "setup", "variant"], ascending=[False, True, True])
+              .drop_duplicates("world_size").sort_values("world_size"))
+    policies = _order(runs["policy"])
+    fig, axes = plt.subplots(len(policies), len(picked), squeeze=False, sharey="col",
+                             figsize=(6 * len(picked), 1.2 + 2.1 * len(policies)))
+    for col, group in enumerate(picked.itertuples()):
+        for row, policy in enumerate(policies):
+            ax = axes[row, col]
+            mine = runs[(runs["setup"] == group.setup) & (runs["variant"] == group.variant)
+                        & (runs["policy"] == policy)]
+            if mine.empty:
+                ax.axis("off")
+                continue
+            run = mine.sort_values("seed").iloc[0]
+            sel = steps[(steps["setup"] == run["setup"]) & (steps["variant"] == run["variant"])
+                        & (steps["policy"] == policy) & (steps["seed"] == run["seed"])]
+            _load_panel(ax, sel, run)
+            ax.set_title(_wrap(f"{policy}, N = {group.world_size}: {group.setup} "
+                               f"{'' if group.variant == 'base' else group.variant} "
+                               f"[{run['label']}]\n{ax.get_title()}", 60), fontsize=8)
+            ax.set_ylabel("compute per rank (s)" if col == 0 else "")
+        axes[-1, col].set_xlabel("step (sorted by its lower bound)")
+    fig.suptitle(f"{title}: dots = ranks, line = bound (no packing of the step's samples "
+                 "is faster), seed of each first run", fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
+def _load_panel(ax: plt.Axes, steps: pd.DataFrame, run: pd.Series) -> None:
+    """One run's ranks per step (dots) against the step bound (line), steps in bound order;
+    the title says how far the summed critical path is above the summed bound."""
+    bound = steps.groupby("step")["lower_bound_s"].first().sort_values()
+    x = pd.Series(np.arange(bound.size), index=bound.index)
+    ax.scatter(x[steps["step"]], steps["compute_s"], s=3, alpha=0.35,
+               color=PALETTE.get(run["policy"]), linewidths=0)
+    ax.plot(x.to_numpy(), bound.to_numpy(), color="k", lw=1.0)
+    ratio = steps.groupby("step")["compute_s"].max().sum() / bound.sum()
+    ax.set_title(f"{bound.size} steps, critical path {ratio:.3f}x the bound, imbalance "
+                 f"{100 * run['imbalance_rate']:.1f}%")
+    ax.set_ylim(bottom=0)
+
+
 FIGURES: dict[str, Callable[[FigureInputs], plt.Figure]] = {
     "mixture_tokens": mixture_tokens,
     "compute_heatmap": compute_heatmap,
@@ -422,6 +480,7 @@ FIGURES: dict[str, Callable[[FigureInputs], plt.Figure]] = {
     "world_size_scaling": world_size_scaling,
     "mixture_sweep": mixture_sweep,
     "kernel_bandwidth": kernel_bandwidth,
+    "load_vs_lower_bound": load_vs_lower_bound,
 }
 
 

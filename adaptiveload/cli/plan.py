@@ -210,9 +210,12 @@ def plan_cmd(
         _write_simulation(sim, {**plan.summary, **info}, experiment, simulation_steps,
                           simulation_summary)  # fmt: skip
     s = plan.summary
-    line = f"{s['policy']}: {s['steps']} steps x {s['world_size']} ranks, {s['batches']} batches"
+    unit = "packs" if pol.packed else "batches"
+    line = f"{s['policy']}: {s['steps']} steps x {s['world_size']} ranks, {s['batches']} {unit}"
     if "predicted_imbalance_rate" in s:
         line += f", predicted imbalance {s['predicted_imbalance_rate']:.1%} (model)"
+    if s.get("predicted_vs_lower_bound"):
+        line += f", {s['predicted_vs_lower_bound']:.3f}x the steps' lower bound"
     typer.echo(line)
 
 

@@ -138,31 +138,68 @@ class Packs:
     slot_pad: np.ndarray
     fill: np.ndarray
     limits: PackLimits
-    oversize: np.ndarray  # per sample position: alone over a limit
+    oversize: np.ndarray  # per sample position: over a limit on its own (it runs alone)
 
 
 @dataclass(frozen=True)
 class _Types:
-    """The epoch's distinct token counts, samples alone over a limit first, then costliest
-    first: cost `w`, limit use `use` [types, limits], `alone`, `caps` (the limits' caps less
-    the margin) and each sample position's type `of`."""
+    """The epoch's distinct token counts, samples that run alone first, then costliest
+    first: cost `w`, limit use `use` [types, limits], `alone` (no room beside it under
+    `caps`, the limits' caps less the margin), `over` (over a limit on its own: oversize),
+    and each sample position's type `of`."""
 
     w: np.ndarray
     use: np.ndarray
     alone: np.ndarray
+    over: np.ndarray
     caps: np.ndarray
     of: np.ndarray
+    tokens: np.ndarray  # each type's token count
+
+
+@dataclass(frozen=True)
+class _Fill:
+    """What LPT put in each pack: its `size`, predicted cost `load` (Σ w), Σ S, Σ S² and its
+    use of each limit `used` [limits, packs]."""
+
+    size: np.ndarray
+    load: np.ndarray
+    sum_s: np.ndarray
+    sum_sq: np.ndarray
+    used: np.ndarray
+
+    @classmethod
+    def concat(cls, fills: list[_Fill]) -> _Fill:
+        return cls(*(np.concatenate([getattr(f, k) for f in fills], axis=-1)
+                     for k in ("size", "load", "sum_s", "sum_sq", "used")))  # fmt: skip
+
+    def take(self, packs: np.ndarray) -> _Fill:
+        return _Fill(self.size[packs], self.load[packs], self.sum_s[packs],
+                     self.sum_sq[packs], self.used[:, packs])  # fmt: skip
+
+    def move(self, samples: np.ndarray, types: _Types, source: np.ndarray,
+             target: np.ndarray) -> None:  # fmt: skip
+        """In place: one sample of each type `samples` from pack `source[i]` (distinct) to
+        the empty pack `target[i]`."""
+        for field, per_type in (("size", 1), ("load", types.w), ("sum_s", types.tokens),
+                                ("sum_sq", types.tokens.astype(np.float64) ** 2)):  # fmt: skip
+            values = getattr(self, field)
+            add = per_type if np.isscalar(per_type) else per_type[samples]
+            values[source] -= add
+            values[target] = add
+        self.used[:, source] -= types.use[samples].T
+        self.used[:, target] = types.use[samples].T
 
 
 @dataclass(frozen=True)
 class _Window:
     """One window's LPT: its `members` (sample positions, by type), the pack of each and its
-    place in the pack, each pack's `size`, and the window's `steps`."""
+    place in the pack, what each pack holds, and the window's `steps`."""
 
     members: np.ndarray
     pack_of: np.ndarray
     place: np.ndarray
-    size: np.ndarray
+    fill: _Fill
     steps: int
 
 
@@ -204,7 +241,9 @@ def _types(tokens: np.ndarray, limits: PackLimits, cost: CostModel | None, p: fl
     rank = np.lexsort((-values, -w, ~alone))  # alone first, then costliest, then longest
     new_code = np.empty_like(rank)
     new_code[rank] = np.arange(rank.size)
-    return _Types(w=w[rank], use=use[rank], alone=alone[rank], caps=caps, of=new_code[code])
+    over = (use > np.asarray(limits.caps)).any(axis=1)
+    return _Types(w=w[rank], use=use[rank], alone=alone[rank], over=over[rank], caps=caps,
+                  of=new_code[code], tokens=values[rank])  # fmt: skip
 
 
 def _spread_over_windows(n: int, steps: int, per_window: int) -> np.ndarray:
@@ -241,12 +280,15 @@ def _pack_window(members: np.ndarray, types: _Types, steps: int, world_size: int
 
 def _lpt(
     count: np.ndarray, types: _Types, n_packs: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+) -> tuple[np.ndarray, np.ndarray, _Fill] | None:
     """`count[t]` samples of each type, in type order, into `n_packs` packs by LPT: each
-    sample's pack and place in it, and each pack's size; None if a sample finds no room."""
-    load = np.zeros(n_packs)
+    sample's pack and place in it, and what each pack holds; None if a sample finds no
+    room."""
+    fill = _Fill(np.zeros(n_packs, dtype=np.int64), np.zeros(n_packs),
+                 np.zeros(n_packs, dtype=np.int64), np.zeros(n_packs),
+                 np.zeros((types.use.shape[1], n_packs)))  # fmt: skip
+    load, size = fill.load, fill.size
     room = np.repeat(types.caps[:, None], n_packs, axis=1)  # [limits, packs]
-    size = np.zeros(n_packs, dtype=np.int64)
     pack_of = np.empty(int(count.sum()), dtype=np.int64)
     place = np.empty_like(pack_of)
     done = 0
@@ -265,10 +307,13 @@ def _lpt(
         done += m
         size += k
         load += k * types.w[t]
+        fill.sum_s[:] += k * types.tokens[t]
+        fill.sum_sq[:] += k * float(types.tokens[t]) ** 2
+        fill.used[:] += types.use[t][:, None] * k
         room -= types.use[t][:, None] * k
         if types.alone[t]:
             room[:, k > 0] = -1.0
-    return pack_of, place, size
+    return pack_of, place, fill
 
 
 def _place_block(
@@ -311,56 +356,50 @@ def _assemble(
 ) -> Packs:  # fmt: skip
     """The windows' packs as one epoch (numbered window by window), every pack given a sample
     where the epoch has enough, the rest padded, all dealt to steps by predicted cost."""
-    offset = np.cumsum([0] + [w.size.size for w in windows[:-1]])
+    offset = np.cumsum([0] + [w.fill.size.size for w in windows[:-1]])
     pack_of = np.concatenate([off + w.pack_of for w, off in zip(windows, offset, strict=True)])
     place = np.concatenate([w.place for w in windows])
     members = np.concatenate([w.members for w in windows])
-    size = np.concatenate([w.size for w in windows])
-    _fill_empty(pack_of, place, size, types.w[types.of[members]])
-    start = np.concatenate(([0], np.cumsum(size)[:-1])).astype(np.int64)
+    fill = _Fill.concat([w.fill for w in windows])
+    _fill_empty(pack_of, place, fill, types.of[members], types)
+    start = np.concatenate(([0], np.cumsum(fill.size)[:-1])).astype(np.int64)
     order = np.empty(tokens.size, dtype=np.int64)
     order[start[pack_of] + place] = members
-    real = size > 0
-    start, size = start[real], size[real]
-    sorted_tokens = tokens[order].astype(np.float64)
-    type_of = types.of[order]
-    fill = np.stack(
-        [np.add.reduceat(types.use[type_of, d], start) / cap for d, cap in enumerate(limits.caps)],
-        axis=1,
-    )
+    real = fill.size > 0
+    packs = fill.take(np.flatnonzero(real))
     pack_cost = (
-        cost.pack_time(size, np.add.reduceat(sorted_tokens, start),
-                       np.add.reduceat(sorted_tokens**2, start))
-        if cost is not None else np.add.reduceat(types.w[type_of], start)
-    )  # fmt: skip
+        cost.pack_time(packs.size, packs.sum_s, packs.sum_sq) if cost is not None else packs.load
+    )
     # a slot per pack of every window; one left empty repeats a random pack (padding)
     slot_pack = np.cumsum(real) - 1
     n_pad = int((~real).sum())
-    slot_pack[~real] = rng.choice(size.size, n_pad, replace=n_pad > size.size)
+    slot_pack[~real] = rng.choice(packs.size.size, n_pad, replace=n_pad > packs.size.size)
     step_window = np.repeat(np.arange(len(windows)), [w.steps for w in windows])
     deal = deal_in_windows(pack_cost[slot_pack], world_size, step_window, rng)
     return Packs(
-        order=order, start=start, size=size, slots=slot_pack[deal], slot_pad=~real[deal],
-        fill=fill, limits=limits, oversize=types.alone[types.of],
+        order=order, start=start[real], size=packs.size, slots=slot_pack[deal],
+        slot_pad=~real[deal], fill=(packs.used / np.asarray(limits.caps)[:, None]).T,
+        limits=limits, oversize=types.over[types.of],
     )  # fmt: skip
 
 
-def _fill_empty(pack_of: np.ndarray, place: np.ndarray, size: np.ndarray, cost: np.ndarray) -> None:
+def _fill_empty(
+    pack_of: np.ndarray, place: np.ndarray, fill: _Fill, type_of: np.ndarray, types: _Types
+) -> None:
     """In place: while a pack is empty and another holds two or more samples, move the
     cheapest sample (placed last) of the costliest such pack into it. A window gets an empty
     pack only when its share of the samples is short of its packs (an extra step, or a share
     a sample below its steps), and an empty pack would be padding: repeated work, where one
     moved sample is real work."""
+    size = fill.size
     while True:
         empty, multi = np.flatnonzero(size == 0), np.flatnonzero(size > 1)
         k = min(empty.size, multi.size)
         if k == 0:
             return
-        load = np.bincount(pack_of, weights=cost, minlength=size.size)
         donor = np.zeros(size.size, dtype=bool)
-        donor[multi[np.argsort(-load[multi], kind="stable")[:k]]] = True
+        donor[multi[np.argsort(-fill.load[multi], kind="stable")[:k]]] = True
         last = np.flatnonzero(place == size[pack_of] - 1)  # each pack's last-placed sample
         moved = last[donor[pack_of[last]]]
-        size[pack_of[moved]] -= 1
+        fill.move(type_of[moved], types, pack_of[moved], empty[:k])
         pack_of[moved], place[moved] = empty[:k], 0
-        size[empty[:k]] = 1

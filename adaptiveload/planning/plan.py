@@ -65,7 +65,7 @@ TABLE_COLUMNS = (
 # plans whose digests differ are told apart by the first of these that differs
 PLAN_INPUTS = (
     "policy", "seed", "epoch", "world_size", "num_samples", "num_excluded",
-    "m_tok", "m_mem", "m_comp", "p", "window_steps", "deal_cost",
+    "m_tok", "m_mem", "m_comp", "p", "pack_tokens", "window_steps", "deal_cost",
 )  # fmt: skip
 # a plan whose padding repeats exceed this share of its real batches is reported
 HEAVY_PADDING = 0.1

@@ -47,7 +47,6 @@ class Simulation:
     steps: pd.DataFrame
     summary: dict[str, Any]
     capacity_bytes: float | None = None
-    step_bound: np.ndarray | None = None  # each step's lower bound (CostModel.step_lower_bound)
 
     def timed(self, warmup_steps: int) -> Simulation:
         """The same simulation summarized over another timed window (nothing is simulated
@@ -55,8 +54,8 @@ class Simulation:
         summary = {k: v for k, v in self.summary.items() if k in _HEADER}
         summary["warmup_steps"] = warmup_steps
         summary.update(_metrics(self.steps, summary["world_size"], self.capacity_bytes,
-                                warmup_steps, self.step_bound))  # fmt: skip
-        return Simulation(self.steps, summary, self.capacity_bytes, self.step_bound)
+                                warmup_steps))  # fmt: skip
+        return Simulation(self.steps, summary, self.capacity_bytes)
 
 
 # the summary fields that describe the simulation itself (the rest are its window's metrics)
@@ -116,17 +115,14 @@ def simulate(
         "grad_bytes": grad_bytes,
         "allreduce_s": ar_s,
     }
-    frame, bound = _step_table(plan_table, cost, n, ar_s)
-    summary.update(_metrics(frame, n, capacity_bytes, warmup_steps, bound))
-    return Simulation(steps=frame, summary=summary, capacity_bytes=capacity_bytes,
-                      step_bound=bound)  # fmt: skip
+    frame = _step_table(plan_table, cost, n, ar_s)
+    summary.update(_metrics(frame, n, capacity_bytes, warmup_steps))
+    return Simulation(steps=frame, summary=summary, capacity_bytes=capacity_bytes)
 
 
-def _step_table(
-    table: pd.DataFrame, cost: CostModel, n: int, allreduce_s: float
-) -> tuple[pd.DataFrame, np.ndarray]:
+def _step_table(table: pd.DataFrame, cost: CostModel, n: int, allreduce_s: float) -> pd.DataFrame:
     """The per-(step, rank) predictions: each rank's micro-batch (n, Σ S, Σ S² of its rows)
-    through the cost model, every step waiting for its slowest rank; and each step's lower
+    through the cost model, every step waiting for its slowest rank, beside the step's lower
     bound."""
     step = table["step"].to_numpy(np.int64)
     rank = table["rank"].to_numpy(np.int64)
@@ -141,7 +137,7 @@ def _step_table(
     compute = cost.pack_time(cell.samples, cell.tokens, cell.tokens_sq).reshape(steps, n)
     t_step = compute.max(axis=1)
     empty = pd.array([pd.NA] * (steps * n), dtype="Float64")  # what only a measurement has
-    frame = pd.DataFrame(
+    return pd.DataFrame(
         {
             "step": np.repeat(np.arange(steps), n),
             "rank": np.tile(np.arange(n), steps),
@@ -161,10 +157,10 @@ def _step_table(
             "loss": empty.copy(),
             "step_time_s": np.repeat(t_step + allreduce_s, n),
             "step_wall_s": empty.copy(),
+            "lower_bound_s": np.repeat(_step_bounds(table, cost, steps, n), n),
         },
         columns=list(STEP_COLUMNS),
     )
-    return frame, _step_bounds(table, cost, steps, n)
 
 
 @dataclass(frozen=True)
@@ -215,11 +211,10 @@ def _split(cost_model: CostModel | Calibration) -> tuple[CostModel, Calibration 
 
 
 def _metrics(
-    frame: pd.DataFrame, n: int, capacity_bytes: float | None, warmup_steps: int,
-    step_bound: np.ndarray | None = None,
-) -> dict[str, Any]:  # fmt: skip
+    frame: pd.DataFrame, n: int, capacity_bytes: float | None, warmup_steps: int
+) -> dict[str, Any]:
     """The run-summary metrics of the predicted per-step table over its timed window, with
-    the window's lower bound and the plan's distance from it where the bounds are given."""
+    the window's lower bound and the plan's distance from it."""
     compute = frame["compute_s"].to_numpy(np.float64).reshape(-1, n)
     steps = compute.shape[0]
     keep = timed(np.arange(steps), warmup_steps)
@@ -238,8 +233,7 @@ def _metrics(
         capacity_bytes=capacity_bytes,
     )
     out["wall_s"] = wall_s
-    if step_bound is not None:
-        lower = float(step_bound[keep].sum())
-        out["lower_bound_s"] = lower
-        out["vs_lower_bound"] = float(window.max(axis=1).sum()) / lower if lower > 0 else None
+    lower = float(frame["lower_bound_s"].to_numpy(np.float64)[::n][keep].sum())
+    out["lower_bound_s"] = lower
+    out["vs_lower_bound"] = float(window.max(axis=1).sum()) / lower if lower > 0 else None
     return out

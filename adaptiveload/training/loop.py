@@ -54,6 +54,10 @@ from adaptiveload.training import distributed as dd
 from adaptiveload.training.objective import per_sample_loss, step_generator
 from adaptiveload.training.settings import TrainConfig
 
+# per-rank MLflow metrics of every step (`rank{r}/<column>`): the rank's compute time and what
+# its micro-batch held, n (a pack's segments), Σ S and Σ S² (what its cost depends on)
+RANK_METRICS = ("compute_s", "samples", "tokens", "tokens_sq")
+
 
 class StepSink(Protocol):
     """Where per-step metrics go besides the table (the MLflow tracker implements it)."""
@@ -113,7 +117,8 @@ def step_metrics(rows: list[dict[str, Any]], capacity: float | None) -> dict[str
     if capacity:
         peaks = np.array([[row["peak_bytes"] for row in rows]])
         out["vram_utilization"] = metrics.vram_utilization(peaks, capacity)[0]
-    out.update({f"rank{row['rank']}/compute_s": row["compute_s"] for row in rows})
+    for row in rows:
+        out.update({f"rank{row['rank']}/{k}": row[k] for k in RANK_METRICS})
     return out
 
 
@@ -287,6 +292,7 @@ class Trainer:
                 self.data.calibration.cost.set_memory(tokens) if self.data.calibration else None
             ),
             "loss": loss_sum / b,
+            "lower_bound_s": None,  # a simulation's column: no model number in a measured row
             "_load_s": t0 - t_load,
             "_load_wall_s": w0 - w_load,
         }

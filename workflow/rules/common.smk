@@ -127,6 +127,8 @@ def figure_names():
                        ("world_sizes", "world_size_scaling"), ("mixtures", "mixture_sweep")):
         if SWEEPS[axis]:
             names.append(name)
+    if SIMS:
+        names.append("load_vs_lower_bound")
     return names
 
 
