@@ -170,8 +170,9 @@ def test_training_without_checkpoints_writes_none(tmp_path):
 @pytest.mark.slow
 def test_dry_run_of_the_whole_check_imports_back(tmp_path):
     """DRY_RUN=1 h200.sh, every part: the 2-process torchrun check, kernel_check.sh cut at its
-    limit (its nvcc build takes minutes here), calibration, 16 emulated ranks under every
-    policy and kernel (the fused op's CPU fallback); the packed tarballs, then the importer."""
+    limit (its nvcc build takes minutes here), calibration, 16 emulated ranks under a one-shape
+    and the packed policy, both kernels (the fused op's CPU fallback); the packed tarballs,
+    then the importer."""
     out, pack = tmp_path / "h200", tmp_path / "pack"
     env = dict(_env(), DRY_RUN="1", PYTHON=sys.executable, KERNEL_S="5", WHEELS=str(tmp_path))
     proc = subprocess.run(
@@ -185,7 +186,8 @@ def test_dry_run_of_the_whole_check_imports_back(tmp_path):
     assert proc.returncode == 1  # the script's status says a part did not finish
     assert {"preflight", "dist", "calibrate", "train_budgets"} <= set(parts)
     summary = json.loads((out / "summary.json").read_text())
-    assert len(summary["train"]) == 6
+    assert len(summary["train"]) == 4
+    assert {r["policy"] for r in summary["train"]} == {"equal-token", "adaptiveload-packed"}
     assert {r["kernel"] for r in summary["train"]} == {"eager", "fused"}
     assert all(r["imbalance_predicted"] is not None for r in summary["train"])
     assert summary["calibration"]["label"].startswith("measured")
@@ -213,7 +215,7 @@ def test_dry_run_of_the_whole_check_imports_back(tmp_path):
     prov = import_results.import_run(pack, dest, dry=True)
     dated = Path(prov["dest"])
     assert dated.name == prov["date"][:10] and (dated / "provenance.json").is_file()
-    assert prov["dry_run"] and len(prov["training_runs"]) == 6 and prov["archive_sha256"]
+    assert prov["dry_run"] and len(prov["training_runs"]) == 4 and prov["archive_sha256"]
     assert prov["dist_check"]["launch_mode"] == "distributed"
     assert prov["additivity"]["num_measured"] == 2
     assert prov["repo_commit"] and prov["versions"]["torch"]
@@ -226,4 +228,4 @@ def test_dry_run_of_the_whole_check_imports_back(tmp_path):
     from adaptiveload.analysis.aggregate import aggregate, parse_index
 
     agg = aggregate(parse_index(str(dated / "run_index.json")))
-    assert len(agg.runs) == 6 and set(agg.runs["source"]) == {"measured"}
+    assert len(agg.runs) == 4 and set(agg.runs["source"]) == {"measured"}

@@ -71,6 +71,8 @@ if [ "$DRY" = 1 ]; then  # tiny, CPU, and without the packages no part may need
   # a shared CPU is slow at starting Python processes: wide limits, the plumbing is the point
   TOTAL=${TOTAL_BUDGET_S:-1500} DIST_S=${DIST_S:-240} CALIBRATE_S=${CALIBRATE_S:-300}
   TRAIN_RUN_S=${TRAIN_RUN_S:-200}
+  # the plumbing of a one-shape and a packed policy under both kernels
+  TRAIN_POLICIES=${TRAIN_POLICIES:-equal-token adaptiveload-packed}
   export OMP_NUM_THREADS=1 ALLOW_NO_GPU=1 BENCH_TIMEOUT_S=30
   # no part may need mlflow/snakemake/diffusers/av/seaborn/flash-attn: make them unimportable
   mkdir -p "$WORK/block" && cat > "$WORK/block/sitecustomize.py" <<'PY'
@@ -84,9 +86,16 @@ else
   CAL_ARGS=($CAL_FLAGS_CUDA --activation-checkpointing --mixture paper-mixed --num-samples 20000)
   TRAIN_CONFIG=experiments/gpu/h200_train.yaml
   TRAIN_STEPS=${TRAIN_STEPS:-2}
-  export BENCH_TIMEOUT_S=${BENCH_TIMEOUT_S:-60}
+  # kernel_check's steps, cut so that the segment tests and benches run inside KERNEL_S
+  # (build ~60 s and the dense CUDA tests ~20 s come first; ncu only if time is left)
+  KERNEL_S=${KERNEL_S:-200}
+  export BENCH_TIMEOUT_S=${BENCH_TIMEOUT_S:-40} SEGMENT_TESTS_TIMEOUT_S=${SEGMENT_TESTS_TIMEOUT_S:-40}
+  export BENCH_SEGMENTS_TIMEOUT_S=${BENCH_SEGMENTS_TIMEOUT_S:-25}
+  export BENCH_WIDTHS_TIMEOUT_S=${BENCH_WIDTHS_TIMEOUT_S:-15} E2E_TIMEOUT_S=${E2E_TIMEOUT_S:-50}
+  export NCU_START_BEFORE_S=${NCU_START_BEFORE_S:-140}
 fi
-TRAIN_POLICIES=${TRAIN_POLICIES:-equal-token adaptiveload adaptiveload-balanced}
+# the packed policy early: when the budget runs out, the paper's own policy is the one cut
+TRAIN_POLICIES=${TRAIN_POLICIES:-equal-token adaptiveload-packed adaptiveload-balanced adaptiveload}
 TRAIN_KERNELS=${TRAIN_KERNELS:-eager fused}
 
 printf 'part\tstatus\tseconds\n' > "$OUTDIR/steps.tsv"
@@ -178,7 +187,7 @@ fi
 # --- 3. kernel: experiments/gpu/kernel_check.sh under its limit -------------------------------------------
 if wants kernel; then
   mkdir -p "$OUTDIR/kernel"
-  run_part kernel "$(limit "${KERNEL_S:-140}" 340)" "$OUTDIR/kernel.log" \
+  run_part kernel "$(limit "${KERNEL_S:-200}" 280)" "$OUTDIR/kernel.log" \
     bash experiments/gpu/kernel_check.sh "$OUTDIR/kernel"
   pack kernel
 fi
@@ -190,7 +199,7 @@ CAL=${CALIBRATION:-}
 if [ -z "$CAL" ] && wants calibrate; then
   CAL="$OUTDIR/calibration/h200-$MODEL.json"
   [ "$DRY" = 1 ] && CAL="$OUTDIR/calibration/dry-$MODEL.json"
-  run_part calibrate "$(limit "${CALIBRATE_S:-170}" 190)" "$OUTDIR/calibration/calibrate.log" \
+  run_part calibrate "$(limit "${CALIBRATE_S:-160}" 110)" "$OUTDIR/calibration/calibrate.log" \
     "$PY" -m adaptiveload calibrate measure --model "$MODEL" --device "$DEVICE" "${CAL_ARGS[@]}" \
     -o "$CAL" || CAL=""
   pack calibration
