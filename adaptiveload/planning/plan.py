@@ -273,27 +273,26 @@ def _rows(
     frame: pd.DataFrame, tokens: np.ndarray, shape: np.ndarray, batches: _Batches,
     slots: np.ndarray, slot_pad: np.ndarray, world_size: int,
 ) -> tuple[pd.DataFrame, np.ndarray]:  # fmt: skip
-    """The plan table (one row per sample of each slot) and each row's sample position."""
+    """The plan table (one row per sample of each slot) and each row's sample position.
+    Built column by column into one integer block that the frame adopts without a copy: at
+    10M rows the copies pandas would make cost seconds."""
     slot_size = batches.size[slots]
-    row_slot = np.repeat(np.arange(slots.size), slot_size)
-    within = np.arange(row_slot.size) - _starts(slot_size)[row_slot]
-    row_sample = batches.order[batches.start[slots][row_slot] + within]
-    row_batch = slots[row_slot]
-    row_shape = shape[row_sample]
-    table = pd.DataFrame(
-        {
-            "step": row_slot // world_size,
-            "rank": row_slot % world_size,
-            "sample_id": frame["sample_id"].array.take(row_sample),  # no Python objects
-            "frames": row_shape[:, 0],
-            "height": row_shape[:, 1],
-            "width": row_shape[:, 2],
-            "tokens": tokens[row_sample],
-            "batch_id": row_batch,
-            "is_padding": slot_pad[row_slot],
-        },
-        columns=list(TABLE_COLUMNS),
-    )
+    n = int(slot_size.sum())
+    # each row's place in `batches.order`: its slot's batch start plus its place in the slot
+    first = batches.start[slots] - _starts(slot_size)
+    row_sample = batches.order[np.repeat(first, slot_size) + np.arange(n)]
+    ints = np.empty((6, n), dtype=np.int64)
+    slot = np.arange(slots.size)
+    ints[0] = np.repeat(slot // world_size, slot_size)
+    ints[1] = np.repeat(slot % world_size, slot_size)
+    for i in range(3):
+        np.take(shape[:, i], row_sample, out=ints[2 + i])
+    np.take(tokens, row_sample, out=ints[5])
+    int_cols = ["step", "rank", "frames", "height", "width", "tokens"]
+    table = pd.DataFrame(ints.T, columns=int_cols, copy=False)
+    table.insert(2, "sample_id", frame["sample_id"].array.take(row_sample))  # no Python objects
+    table["batch_id"] = np.repeat(slots, slot_size)
+    table["is_padding"] = np.repeat(slot_pad, slot_size)
     return table, row_sample
 
 
