@@ -186,8 +186,8 @@ def _cells(table: pd.DataFrame, key: np.ndarray, cells: int) -> _Cells:
         largest = np.repeat(np.maximum.reduceat(tok, starts), samples[key[starts]])
         at = np.flatnonzero(tok == largest)
         first = at[np.diff(key[at], prepend=-1) != 0]  # the first row of each cell's largest
-        cols = np.stack([table[c].to_numpy(np.int64) for c in ("frames", "height", "width")], 1)
-        shape[key[first]] = cols[first]
+        for i, col in enumerate(("frames", "height", "width")):
+            shape[key[first], i] = table[col].to_numpy(np.int64)[first]
     return _Cells(samples, sum_s, sum_sq.round().astype(np.int64), shape)
 
 
