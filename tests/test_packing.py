@@ -182,6 +182,41 @@ def test_lpt_by_cost_then_the_cap():
     assert exact.table.groupby("batch_id")["tokens"].sum().tolist() == [10, 10]
 
 
+def test_cheap_samples_beside_costly_ones_plan_in_little_memory():
+    """One-token images beside 36k-token clips at p = 2.9: a pack's load is ~10^12 of the
+    image's cost, so LPT's levels of the image span ~10^12 (a histogram over them asked for
+    3.45 TiB). The plan is made, every sample once, within its limits."""
+    shapes = np.array([(1, 16, 16), (61, 240, 720), (49, 720, 720), (37, 608, 32),
+                       (29, 944, 1216)])  # fmt: skip
+    df = bucketed(400, seed=0, shapes=shapes)
+    assert df["tokens"].min() == 1
+    bud = Budgets(m_mem=269_397.2, m_comp=1.0255e12, p=2.8962, pack_tokens=269_397.2)
+    plan = build_plan(df, PACKED, bud, 1, seed=3461, window_steps=128)
+    real = plan.table[~plan.table["is_padding"]]
+    assert sorted(real["sample_id"]) == sorted(df["sample_id"])
+    assert plan.summary["constraint_violations"] == 0
+
+
+def test_both_ways_to_the_mth_level_agree():
+    """`_mth_level`'s histogram and its bisection give the same level and count below it."""
+    from adaptiveload.planning import packing
+
+    def oracle(lo, fits, m):
+        runs = [np.arange(a, a + f) for a, f in zip(lo, fits, strict=True)]
+        values = np.sort(np.concatenate(runs))
+        return int(values[m - 1]), int((values < values[m - 1]).sum())
+
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        packs = int(rng.integers(1, 40))
+        lo = rng.integers(0, int(rng.choice([5, 50, 10**6])), packs)
+        fits = rng.integers(1, 12, packs)
+        m = int(rng.integers(1, fits.sum() + 1))
+        assert packing._mth_level(lo, fits, m) == oracle(lo, fits, m)
+        # far apart: the bisection (the levels between packs are never materialized)
+        assert packing._mth_level(lo * 10**9, fits, m) == oracle(lo * 10**9, fits, m)
+
+
 def test_oversize_samples_run_alone_and_count():
     bud = Budgets(m_mem=100, m_comp=1e9, p=1.0, pack_tokens=50)
     plan = build_plan(frame([80, 60, 10, 10, 10, 10]), PACKED, bud, world_size=2, seed=1)

@@ -322,8 +322,8 @@ def _place_block(
     """How many of m identical samples (cost `w`, limit use `use`) LPT puts in each pack:
     the m smallest of ``{load_b + k w : k < fits_b}`` (equal ones picked deterministically). With
     ``load_b = w (level_b + frac_b)`` those values sit on integer levels ``level_b + k``
-    ordered by ``frac_b`` inside one level, so one histogram over levels finds the level of
-    the m-th value. None if the packs have room for fewer than m."""
+    ordered by ``frac_b`` inside one level, so a count over levels finds the level of
+    the m-th value (`_mth_level`). None if the packs have room for fewer than m."""
     with np.errstate(divide="ignore", invalid="ignore"):
         fits = np.floor(np.min(np.where(use[:, None] > 0, room / use[:, None], np.inf), axis=0))
     fits = np.clip(fits, 0, m).astype(np.int64)
@@ -335,19 +335,43 @@ def _place_block(
     open_ = fits > 0
     lo = (level - level[open_].min()).astype(np.int64)  # first level of each pack's values
     end = lo + fits
-    top = int(end[open_].max())
-    per_level = np.cumsum(
-        np.bincount(lo[open_], minlength=top + 1) - np.bincount(end[open_], minlength=top + 1)
-    )
-    through = np.cumsum(per_level)  # values at levels <= j
-    at = int(np.searchsorted(through, m))  # the level of the m-th smallest value
+    at, below = _mth_level(lo[open_], fits[open_], m)
     k = np.clip(at - lo, 0, fits)  # every value below that level
-    need = m - (int(through[at - 1]) if at else 0)
+    need = m - below
     tied = np.flatnonzero(open_ & (lo <= at) & (at < end))
     if need < tied.size:
         tied = tied[np.argpartition(frac[tied], need - 1)[:need]]
     k[tied] += 1
     return k
+
+
+def _mth_level(lo: np.ndarray, fits: np.ndarray, m: int) -> tuple[int, int]:
+    """The level of the m-th smallest value when pack b holds one value at each level
+    ``lo_b .. lo_b + fits_b - 1``, and how many values lie below it. A histogram over the
+    levels where they are few (the usual case: loads within a few samples' cost of each
+    other); where loads span many levels of a cheap sample (one pack's level can be 10^10),
+    a bisection over the count of values at or below a level, ``Σ clip(L - lo_b + 1, 0,
+    fits_b)``, which gives the same level in O(packs) memory."""
+    top = int((lo + fits).max())
+    if top <= 8 * lo.size + 2 * m + 1024:
+        per_level = np.cumsum(
+            np.bincount(lo, minlength=top + 1) - np.bincount(lo + fits, minlength=top + 1)
+        )
+        through = np.cumsum(per_level)  # values at levels <= j
+        at = int(np.searchsorted(through, m))
+        return at, int(through[at - 1]) if at else 0
+
+    def through_level(level: int) -> int:
+        return int(np.clip(level - lo + 1, 0, fits).sum())
+
+    low, high = 0, top  # through_level(top) counts every value: at least m
+    while low < high:
+        mid = (low + high) // 2
+        if through_level(mid) >= m:
+            high = mid
+        else:
+            low = mid + 1
+    return low, through_level(low - 1) if low else 0
 
 
 def _assemble(
