@@ -5,6 +5,9 @@ PYTHON ?= python3
 VENV   := .venv
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 CORES  ?= all
+# pytest processes: the suite is mostly subprocesses (Snakemake, torchrun, CLI runs) that
+# leave a core idle while they start; a test file runs in one process (its fixtures once)
+WORKERS ?= 2
 
 .PHONY: setup run test check lint clean
 
@@ -20,13 +23,13 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/python -m pytest -q
+	$(VENV)/bin/python -m pytest -q -n $(WORKERS) --dist loadfile
 
 # the developer's fast lane: ruff and every module's unit tests, without the end-to-end tests
 # (`slow`: Snakemake, torchrun, installs, subprocess-heavy CLI runs) and the CUDA-only ones
 check: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/python -m pytest -q -m "not slow and not cuda"
+	$(VENV)/bin/python -m pytest -q -n $(WORKERS) --dist loadfile -m "not slow and not cuda"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

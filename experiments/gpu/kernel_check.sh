@@ -25,7 +25,8 @@
 # BENCH_WIDTHS (1152,2048,3072,4096), BENCH_WIDTHS_SEQ_LEN (32768), BENCH_WIDTHS_TIMEOUT_S (60),
 # SEGMENT_TESTS_TIMEOUT_S (150), BENCH_SEGMENTS_LENS (75600), BENCH_SEGMENTS_IMPLS
 # (fused,eager; add compile for the torch.compile of the gather, ~10 s of compiling per shape),
-# BENCH_SEGMENTS_TIMEOUT_S (60),
+# BENCH_SEGMENTS_TIMEOUT_S (60), CPU_OP_TESTS (the CPU op test files: test_kernel_ops.py and
+# test_kernel_segments.py),
 # E2E_SEQ_LENS (16380,32760,75600), E2E_TIMEOUT_S (120), NCU_TIMEOUT_S (45; 0 skips),
 # NCU_START_BEFORE_S (200), ALLOW_NO_GPU=1 (dry run on a GPU-less machine: carry on past the
 # availability check; the CUDA tests skip, the benches write skip records and the end-to-end
@@ -92,13 +93,14 @@ fi
 
 # 2. the CPU resource check (ptxas -v of every dispatched instance vs the sm_90 limits) and
 #    the CPU op tests, in the background on the host while the GPU runs the CUDA tests
+CPU_OP_TESTS=${CPU_OP_TESTS:-tests/test_kernel_ops.py tests/test_kernel_segments.py}
 SM=${ARCH%%;*}
 SM=${SM/./}
 step resources 200 "$OUT/resources.txt" "$PY" -m adaptiveload.ops.kernel_resources --arch "$SM" &
 RES_PID=$!
 if "$PY" -c 'import pytest' 2>/dev/null; then
-  step cpu_op_tests 150 "$OUT/cpu_op_tests.log" "$PY" -m pytest tests/test_kernel_ops.py \
-    tests/test_kernel_segments.py -q -rs \
+  # shellcheck disable=SC2086  # CPU_OP_TESTS is a list of test paths
+  step cpu_op_tests 150 "$OUT/cpu_op_tests.log" "$PY" -m pytest $CPU_OP_TESTS -q -rs \
     -p no:cacheprovider --noconftest -o addopts="" -o timeout=0 -k "not inductor" &
   CPU_PID=$!
 fi
