@@ -62,3 +62,22 @@ def limited_writer(max_bytes: int):
         resource.setrlimit(resource.RLIMIT_FSIZE, (max_bytes, max_bytes))
 
     return apply
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (children of any of its threads: Snakemake starts jobs from
+    worker threads)."""
+    found = []
+    for children in Path(f"/proc/{pid}/task").glob("*/children"):
+        with contextlib.suppress(OSError):
+            found += [int(c) for c in children.read_text().split()]
+    return found + [d for c in found for d in descendants(c)]
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie has ended)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")

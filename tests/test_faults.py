@@ -4,7 +4,6 @@ MLflow store. Each test backs one row of the fault table in docs/robustness.md."
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -17,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from fault_setup import fill, limited_writer, read_only, small_disk
+from fault_setup import alive, descendants, fill, limited_writer, read_only, small_disk
 from mlflow.tracking import MlflowClient
 from training_setup import ROOT, adaptiveload, cli_env, write_experiment
 
@@ -347,22 +346,6 @@ def test_truncated_per_step_table_in_aggregate_is_one_line(tmp_path):
 
 
 # -- the pipeline's job shell ---------------------------------------------------------------
-def _descendants(pid: int) -> list[int]:
-    found = []
-    for children in Path(f"/proc/{pid}/task").glob("*/children"):
-        with contextlib.suppress(OSError):
-            found += [int(c) for c in children.read_text().split()]
-    return found + [d for c in found for d in _descendants(c)]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state not in ("Z", "X")
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 def test_a_job_and_everything_it_started_die_with_its_killed_parent(tmp_path):
     """`adaptiveload-job -c "a & b; wait"` as Snakemake starts it: SIGKILL the parent and
@@ -378,21 +361,21 @@ def test_a_job_and_everything_it_started_die_with_its_killed_parent(tmp_path):
                               text=True)  # fmt: skip
     job = int(parent.stdout.readline())
     deadline = time.monotonic() + 60
-    while len([p for p in _descendants(job) if b"sleep" in Path(f"/proc/{p}/cmdline")
+    while len([p for p in descendants(job) if b"sleep" in Path(f"/proc/{p}/cmdline")
                .read_bytes()]) < 2:  # fmt: skip
         assert time.monotonic() < deadline, "the job did not start"
         time.sleep(0.05)
-    started = [job, *_descendants(job)]
+    started = [job, *descendants(job)]
     parent.kill()
     parent.wait()
     try:
         deadline = time.monotonic() + 10
-        while any(_alive(p) for p in started) and time.monotonic() < deadline:
+        while any(alive(p) for p in started) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not [p for p in started if _alive(p)]
+        assert not [p for p in started if alive(p)]
     finally:
         for pid in started:
-            if _alive(pid):
+            if alive(pid):
                 os.kill(pid, signal.SIGKILL)
 
 

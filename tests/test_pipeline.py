@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from fault_setup import alive, descendants
 from workflow_setup import REPO, copy_workflow, snakemake
 
 pytestmark = pytest.mark.slow  # every test here runs Snakemake
@@ -217,31 +218,11 @@ def test_a_failed_analysis_job_is_never_a_false_success(tiny_run):
     assert _jobs(snakemake(tiny_run, "-n", "--configfile", "experiments/tiny.yaml")) == {}
 
 
-def _descendants(pid: int) -> list[int]:
-    """Every process below `pid` (children of any of its threads: Snakemake starts jobs from
-    worker threads)."""
-    found = []
-    for children in Path(f"/proc/{pid}/task").glob("*/children"):
-        try:
-            found += [int(c) for c in children.read_text().split()]
-        except OSError:
-            continue
-    return found + [d for c in found for d in _descendants(c)]
-
-
 def _cmdline(pid: int) -> bytes:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return b""
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state not in ("Z", "X")
 
 
 @pytest.mark.slow
@@ -262,22 +243,22 @@ def test_every_job_dies_with_a_killed_snakemake_and_the_readme_recovers(tmp_path
     try:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and not any(
-            b"\0calibrate\0measure\0" in _cmdline(p) for p in _descendants(proc.pid)
+            b"\0calibrate\0measure\0" in _cmdline(p) for p in descendants(proc.pid)
         ):
             assert proc.poll() is None, "snakemake ended before calibrating"
             time.sleep(0.2)
-        jobs = _descendants(proc.pid)
+        jobs = descendants(proc.pid)
         assert jobs, "no job started"
         proc.kill()
         proc.wait()
         deadline = time.monotonic() + 10  # a calibration that just started has a minute left
-        while any(_alive(p) for p in jobs) and time.monotonic() < deadline:
+        while any(alive(p) for p in jobs) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert not [p for p in jobs if _alive(p)], "jobs outlived the killed snakemake"
+        assert not [p for p in jobs if alive(p)], "jobs outlived the killed snakemake"
         assert not (work / "results" / "tiny" / "calibration" / "calibration.json").exists()
     finally:
         for pid in jobs:
-            if _alive(pid):
+            if alive(pid):
                 os.kill(pid, signal.SIGKILL)
     profile = ["--profile", "workflow/profiles/default", "--configfile", "experiments/tiny.yaml"]
     locked = snakemake(work, *profile, "results/tiny/config.yaml")  # a target that exists
