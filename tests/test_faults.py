@@ -4,9 +4,11 @@ MLflow store. Each test backs one row of the fault table in docs/robustness.md."
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -166,12 +168,23 @@ def _newest_checkpoint(out: Path) -> int:
     return int(names[-1].stem.split("-")[1]) if names else 0
 
 
-def _store_last_step(uri: str) -> int:
-    runs = _runs(uri)
-    if not runs:
-        return -1
-    history = MlflowClient(uri).get_metric_history(runs[0].info.run_id, "loss")
-    return max((m.step for m in history), default=-1)
+def _store_last_step(uri: str) -> int | None:
+    """The store's last logged step of `loss` (-1 before any); None while a writer holds the
+    database's lock, as a trainer frozen in the middle of a write does. Read with sqlite
+    itself and a short timeout: MLflow's client would wait 20 s on that lock, then raise."""
+    path = uri.removeprefix("sqlite:///")
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=1)) as db:
+            (step,) = db.execute("SELECT max(step) FROM metrics WHERE key = 'loss'").fetchone()
+    except sqlite3.OperationalError:
+        return None
+    return -1 if step is None else int(step)
+
+
+def _store_ahead_of_checkpoint(uri: str, out: Path) -> bool:
+    """MLflow holds a step that the newest checkpoint (of at least step 1) does not."""
+    last = _store_last_step(uri)
+    return last is not None and last >= max(_newest_checkpoint(out), 1)
 
 
 @pytest.mark.slow
@@ -185,9 +198,10 @@ def test_a_resumed_run_logs_to_mlflow_what_its_table_holds(tmp_path):
                             stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL)  # fmt: skip
     try:
         while True:  # freeze it the moment the store is ahead of the checkpoint, then kill
-            _wait_for(lambda: _store_last_step(uri) >= max(_newest_checkpoint(out), 1), proc)
+            _wait_for(lambda: _store_ahead_of_checkpoint(uri, out), proc)
             proc.send_signal(signal.SIGSTOP)
-            if _store_last_step(uri) >= _newest_checkpoint(out) > 0:
+            # still ahead now that it cannot write, of a checkpoint to resume from
+            if _store_ahead_of_checkpoint(uri, out) and _newest_checkpoint(out) > 0:
                 break
             proc.send_signal(signal.SIGCONT)
     finally:
