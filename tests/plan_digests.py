@@ -3,11 +3,12 @@
     python tests/plan_digests.py -o digests.json                   # all experiments/*.yaml
     python tests/plan_digests.py --compare tests/data/plan_digests.json    # all of them again
 
-tests/data/plan_digests.json holds the digests of the 360 plans of every experiment file: the
-plans of commit 48e969a (before the refactor that gave each module its layer), under the digest
-that names samples by id (`data_digest` inside `plan_digest`; the 360 plans themselves were
-checked unchanged by the former digest before the file was rewritten). A change meant to keep
-every plan is checked against it.
+tests/data/plan_digests.json holds the digests of the 489 plans of every experiment file at
+commit b54dae1: the 360 plans of commit 48e969a (before the refactor that gave each module its
+layer), identical there, under the digest that names samples by id (`data_digest` inside
+`plan_digest`; those 360 were checked unchanged by the former digest before the file was
+rewritten), and the 129 plans of the packed policy and the N = 256 simulation added since. A
+change meant to keep every plan is checked against it.
 
 A refactor that must not change any plan is checked by running this before and after it: the
 plan commands come from the pipeline itself (`snakemake -n -p -F` per experiment file, so the
