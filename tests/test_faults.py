@@ -211,7 +211,7 @@ def test_a_resumed_run_logs_to_mlflow_what_its_table_holds(tmp_path):
 
     again = adaptiveload(*_train_cmd(exp, out)[3:], env=cli_env(uri), cwd=ROOT, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert f"holds steps from {resumed_from} on" in again.stderr
+    assert f"holds steps from {resumed_from} on" in again.stderr, again.stderr[-3000:]
     table = pd.read_parquet(out / "steps.parquet")
     runs = {r.info.run_id: r for r in _runs(uri)}
     (live,) = [r for r in runs.values() if SUPERSEDED_TAG not in r.data.tags]

@@ -301,16 +301,17 @@ def _lpt(
             k = _place_block(load, room, m, types.w[t], types.use[t])
         if k is None:
             return None
-        packs = np.repeat(np.arange(n_packs), k)
-        pack_of[done : done + m] = packs
-        place[done : done + m] = size[packs] + np.arange(m) - np.repeat(np.cumsum(k) - k, k)
+        pack_of[done : done + m] = np.repeat(np.arange(n_packs), k)
+        # a sample's place: its pack's size before the block, plus its rank among the block's
+        place[done : done + m] = np.repeat(size - np.cumsum(k) + k, k) + np.arange(m)
         done += m
         size += k
         load += k * types.w[t]
         fill.sum_s[:] += k * types.tokens[t]
         fill.sum_sq[:] += k * float(types.tokens[t]) ** 2
-        fill.used[:] += types.use[t][:, None] * k
-        room -= types.use[t][:, None] * k
+        added = types.use[t][:, None] * k
+        fill.used[:] += added
+        room -= added
         if types.alone[t]:
             room[:, k > 0] = -1.0
     return pack_of, place, fill
@@ -324,8 +325,8 @@ def _place_block(
     ``load_b = w (level_b + frac_b)`` those values sit on integer levels ``level_b + k``
     ordered by ``frac_b`` inside one level, so a count over levels finds the level of
     the m-th value (`_mth_level`). None if the packs have room for fewer than m."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        fits = np.floor(np.min(np.where(use[:, None] > 0, room / use[:, None], np.inf), axis=0))
+    used = use > 0  # a limit the samples do not use never stops them
+    fits = np.floor(np.min(room[used] / use[used, None], axis=0, initial=np.inf))
     fits = np.clip(fits, 0, m).astype(np.int64)
     if fits.sum() < m:
         return None

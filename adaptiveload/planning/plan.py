@@ -132,7 +132,7 @@ def build_plan(
     batches, slots, slot_pad, packs = _micro_batches(
         pol, budgets, buckets, tokens, cost_model, world_size, window_steps, rng
     )
-    table, row_sample = _rows(frame, tokens, buckets.shape, batches, slots, slot_pad, world_size)
+    table, row_sample = _rows(frame, buckets, batches, slots, slot_pad, world_size)
 
     real = ~table["is_padding"].to_numpy()
     seen = np.bincount(row_sample[real], minlength=len(frame))
@@ -201,11 +201,11 @@ def _micro_batches(
 
 @dataclass(frozen=True)
 class _Buckets:
-    """Each sample's bucket `shape` [samples, 3] (frames, height, width) and bucket index
-    `of`; each bucket's `tokens` (checked: one count per shape, shapes positive, < 2^20)."""
+    """Each sample's bucket index `of`; each bucket's `shape` [buckets, 3] (frames, height,
+    width) and `tokens` (checked: one count per shape, shapes positive, < 2^20)."""
 
-    shape: np.ndarray
     of: np.ndarray
+    shape: np.ndarray
     tokens: np.ndarray
 
 
@@ -219,7 +219,9 @@ def _buckets(frame: pd.DataFrame, tokens: np.ndarray) -> _Buckets:
     bucket_tokens[bucket] = tokens
     if np.any(bucket_tokens[bucket] != tokens):
         raise UserError("bucketed samples: column tokens differs within one bucket shape")
-    return _Buckets(shape=shape, of=bucket, tokens=bucket_tokens)
+    keys = np.asarray(keys, dtype=np.int64)
+    bucket_shape = np.stack([keys >> 40, (keys >> 20) & MAX_TOKENS, keys & MAX_TOKENS], axis=1)
+    return _Buckets(of=bucket, shape=bucket_shape, tokens=bucket_tokens)
 
 
 def _deal_cost(pol: Policy, cost: CostModel | None) -> str | None:
@@ -270,12 +272,13 @@ def _shuffle_and_pad(
 
 
 def _rows(
-    frame: pd.DataFrame, tokens: np.ndarray, shape: np.ndarray, batches: _Batches,
-    slots: np.ndarray, slot_pad: np.ndarray, world_size: int,
+    frame: pd.DataFrame, buckets: _Buckets, batches: _Batches, slots: np.ndarray,
+    slot_pad: np.ndarray, world_size: int,
 ) -> tuple[pd.DataFrame, np.ndarray]:  # fmt: skip
     """The plan table (one row per sample of each slot) and each row's sample position.
     Built column by column into one integer block that the frame adopts without a copy: at
-    10M rows the copies pandas would make cost seconds."""
+    10M rows the copies pandas would make cost seconds. A row's shape and tokens are its
+    bucket's, looked up in the small bucket table: one gather over the samples, not four."""
     slot_size = batches.size[slots]
     n = int(slot_size.sum())
     # each row's place in `batches.order`: its slot's batch start plus its place in the slot
@@ -285,9 +288,11 @@ def _rows(
     slot = np.arange(slots.size)
     ints[0] = np.repeat(slot // world_size, slot_size)
     ints[1] = np.repeat(slot % world_size, slot_size)
+    narrow = np.int16 if buckets.tokens.size <= np.iinfo(np.int16).max else np.int64
+    row_bucket = buckets.of.astype(narrow)[row_sample]
     for i in range(3):
-        np.take(shape[:, i], row_sample, out=ints[2 + i])
-    np.take(tokens, row_sample, out=ints[5])
+        np.take(buckets.shape[:, i], row_bucket, out=ints[2 + i])
+    np.take(buckets.tokens, row_bucket, out=ints[5])
     int_cols = ["step", "rank", "frames", "height", "width", "tokens"]
     table = pd.DataFrame(ints.T, columns=int_cols, copy=False)
     table.insert(2, "sample_id", frame["sample_id"].array.take(row_sample))  # no Python objects
@@ -296,7 +301,7 @@ def _rows(
     return table, row_sample
 
 
-MAX_TOKENS = (1 << 20) - 1  # bucket shapes and tokens are packed in 20 bits (_make_batches)
+MAX_TOKENS = (1 << 20) - 1  # bucket shapes and tokens are packed in 20 bits (_buckets)
 
 
 def check_table(table: pd.DataFrame, origin: str) -> None:
@@ -339,7 +344,7 @@ def _digest(*arrays: np.ndarray) -> str:
     """Short content hash of arrays (the plan's row positions, batch sizes, padding flags)."""
     h = hashlib.sha256()
     for arr in arrays:
-        h.update(np.ascontiguousarray(arr).tobytes())
+        h.update(np.ascontiguousarray(arr))  # the array's buffer: no copy
     return h.hexdigest()[:16]
 
 
@@ -377,7 +382,7 @@ def _digests(
     data = hashlib.sha256()
     _hash_strings(data, frame["sample_id"])
     for col in REQUIRED_COLUMNS[1:]:
-        data.update(np.ascontiguousarray(frame[col].to_numpy(np.int64)).tobytes())
+        data.update(np.ascontiguousarray(frame[col].to_numpy(np.int64)))
     data_digest = data.hexdigest()[:16]
     plan = _digest(np.frombuffer(data_digest.encode(), np.uint8), row_sample, slot_size, slot_pad)
     return {"data_digest": data_digest, "plan_digest": plan}
