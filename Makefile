@@ -6,8 +6,10 @@ VENV   := .venv
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 CORES  ?= all
 # pytest processes: the suite is mostly subprocesses (Snakemake, torchrun, CLI runs) that
-# leave a core idle while they start; a test file runs in one process (its fixtures once)
+# leave a core idle while they start; a test file runs in one process (its fixtures once),
+# the longest files first (tests/conftest.py: LONGEST_FIRST)
 WORKERS ?= 2
+PYTEST  := $(VENV)/bin/python -m pytest -q -n $(WORKERS) --dist loadfile --no-loadscope-reorder
 
 .PHONY: setup run test check lint clean
 
@@ -23,13 +25,13 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/python -m pytest -q -n $(WORKERS) --dist loadfile
+	$(PYTEST)
 
 # the developer's fast lane: ruff and every module's unit tests, without the end-to-end tests
 # (`slow`: Snakemake, torchrun, installs, subprocess-heavy CLI runs) and the CUDA-only ones
 check: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/python -m pytest -q -n $(WORKERS) --dist loadfile -m "not slow and not cuda"
+	$(PYTEST) -m "not slow and not cuda"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
