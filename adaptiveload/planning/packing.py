@@ -65,7 +65,7 @@ import pandas as pd
 
 from adaptiveload.costmodel import Calibration, CostModel
 from adaptiveload.errors import UserError
-from adaptiveload.planning.dealing import deal_in_windows
+from adaptiveload.planning.dealing import deal_in_windows, narrow, shuffled_by_code
 from adaptiveload.planning.policies import Budgets
 
 # a pack fills a limit whose uses are not whole numbers (bytes, S^p) to at most
@@ -212,10 +212,7 @@ def make_packs(
     limits = PackLimits.of(budgets, cost_model)
     cost = cost_model.cost if isinstance(cost_model, Calibration) else cost_model
     types = _types(tokens, limits, cost, float(budgets.p))
-    perm = rng.permutation(tokens.size)
-    narrow = np.int16 if types.w.size <= np.iinfo(np.int16).max else np.int64
-    # by type, random inside (a stable sort of int16 keys is a radix sort: O(n))
-    order = perm[np.argsort(types.of[perm].astype(narrow), kind="stable")]
+    order = shuffled_by_code(types.of, types.w.size, rng)  # by type, random inside
     count = np.bincount(types.of, minlength=types.w.size)
     volume = (types.use * count[:, None])[~types.alone].sum(axis=0) / types.caps
     packs_needed = int(count[types.alone].sum()) + math.ceil(float(volume.max(initial=0.0)))
@@ -259,8 +256,7 @@ def _spread_over_windows(n: int, steps: int, per_window: int) -> np.ndarray:
 def _window_members(order: np.ndarray, windows: np.ndarray) -> list[np.ndarray]:
     """`order` split by window, each part keeping its type order."""
     n_windows = int(windows.max()) + 1
-    narrow = np.int16 if n_windows <= np.iinfo(np.int16).max else np.int64
-    by_window = np.argsort(windows.astype(narrow), kind="stable")
+    by_window = np.argsort(narrow(windows, n_windows), kind="stable")
     bounds = np.searchsorted(windows[by_window], np.arange(n_windows + 1))
     return [order[by_window[a:b]] for a, b in itertools.pairwise(bounds)]
 

@@ -52,7 +52,12 @@ import pandas as pd
 
 from adaptiveload.costmodel import Calibration, CostModel
 from adaptiveload.errors import UserError
-from adaptiveload.planning.dealing import DEFAULT_WINDOW_STEPS, deal_balanced
+from adaptiveload.planning.dealing import (
+    DEFAULT_WINDOW_STEPS,
+    deal_balanced,
+    narrow,
+    shuffled_by_code,
+)
 from adaptiveload.planning.packing import Packs, make_packs
 from adaptiveload.planning.policies import Budgets, Policy, get_policy
 from adaptiveload.planning.simulate import DEFAULT_ALLREDUCE_GBPS, Simulation, simulate
@@ -244,10 +249,7 @@ def _make_batches(
     """Steps 1-2: shuffle within each bucket shape, cut each bucket into batches of B(S)."""
     bucket, bucket_tokens = buckets.of, buckets.tokens
     n_buckets = bucket_tokens.size
-    perm = rng.permutation(bucket.size)
-    narrow = np.int16 if n_buckets <= np.iinfo(np.int16).max else np.int64
-    # grouped by bucket, random inside (a stable sort of int16 keys is a radix sort: O(n))
-    order = perm[np.argsort(bucket[perm].astype(narrow), kind="stable")]
+    order = shuffled_by_code(bucket, n_buckets, rng)  # grouped by bucket, random inside
     count = np.bincount(bucket, minlength=n_buckets)
     b_size = pol.batch_size(bucket_tokens, budgets)
     n_batches = -(-count // b_size)
@@ -288,8 +290,7 @@ def _rows(
     slot = np.arange(slots.size)
     ints[0] = np.repeat(slot // world_size, slot_size)
     ints[1] = np.repeat(slot % world_size, slot_size)
-    narrow = np.int16 if buckets.tokens.size <= np.iinfo(np.int16).max else np.int64
-    row_bucket = buckets.of.astype(narrow)[row_sample]
+    row_bucket = narrow(buckets.of, buckets.tokens.size)[row_sample]
     for i in range(3):
         np.take(buckets.shape[:, i], row_bucket, out=ints[2 + i])
     np.take(buckets.tokens, row_bucket, out=ints[5])
