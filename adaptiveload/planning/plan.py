@@ -125,9 +125,8 @@ def build_plan(
     and ``.num_excluded``) for `world_size` ranks.
 
     Balanced policies deal on ``cost_model.step_time`` when given, else on the proxy
-    B * S^p; `window_steps` (None = whole epoch) bounds how far they move a batch.
-    `steps_per_epoch` (STEP_MODES): ``free``, the policy's own count; ``match``,
-    equal-token's for these samples and ranks; or a number of steps (`_target_steps`).
+    B * S^p; `window_steps` (None = whole epoch) bounds how far they move a batch;
+    `steps_per_epoch`: ``free`` (the policy's own count), ``match`` (equal-token's) or K.
     """
     frame, excluded = _unpack(samples, num_excluded)
     frame, over_capacity = _drop_over_capacity(frame, cost_model)
