@@ -40,6 +40,7 @@ for AdaptiveLoad and M_tok for the equal-token baseline, both calibrated to one 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -123,12 +124,85 @@ class CostModel:
         work = np.maximum(np.asarray(work_sum, dtype=np.float64) / ranks, work_max)
         return np.maximum(self.t_floor, self.c0 + work)
 
+    def epoch_lower_bound(
+        self, tokens: Any, count: Any, limits: EpochLimits, ranks: int, step_s: float = 0.0
+    ) -> EpochBound:
+        """The least epoch any plan of these samples on `ranks` ranks could take, each
+        micro-batch within `limits` (docs/definitions.md derives it).
+
+        `tokens` are the epoch's distinct token counts and `count` how many real samples have
+        each (padding is no work: leave it out). K_min = ⌈P_min / N⌉ steps at least
+        (`EpochLimits.min_micro_batches`); every step pays c0 on its slowest rank and `step_s`
+        (the all-reduce) once; the slowest ranks together hold at least the work spread over
+        N ranks, and at least ⌈M_t / N⌉ samples of cost >= w_t for every cost w_t (the M_t
+        samples costing that much or more cannot split: some rank of some step holds
+        ⌈M_t,k / N⌉ of a step's share, and those ceilings add up to at least ⌈M_t / N⌉); and
+        no step is faster than the floor. More steps only add c0 and `step_s`, so K_min gives
+        the least. Memory and compute limits enter through K_min only."""
+        tok = np.asarray(tokens, dtype=np.float64).ravel()
+        n = np.asarray(count, dtype=np.int64).ravel()
+        keep = n > 0
+        tok, n = tok[keep], n[keep]
+        if tok.size == 0:
+            return EpochBound(micro_batches=0, steps=0, seconds=0.0)
+        packs = limits.min_micro_batches(tok, n)
+        steps = -(-packs // ranks)
+        w = self.per_sample_time(tok)
+        spread = float((w * n).sum()) / ranks
+        by_cost = np.argsort(-w, kind="stable")
+        at_least = np.cumsum(n[by_cost])  # samples costing w_t or more
+        indivisible = float((w[by_cost] * -(-at_least // ranks)).max())
+        compute = max(steps * self.t_floor, steps * self.c0 + max(spread, indivisible))
+        return EpochBound(micro_batches=packs, steps=steps, seconds=compute + steps * step_s)
+
     def effective_exponent(self, s_lo: float, s_hi: float) -> float:
         """p such that the per-sample cost grows like S^p between s_lo and s_hi."""
         if not 0 < s_lo < s_hi:
             raise ValueError("need 0 < s_lo < s_hi")
         lo, hi = self.per_sample_time(s_lo), self.per_sample_time(s_hi)
         return float(np.log(hi / lo) / np.log(s_hi / s_lo))
+
+
+@dataclass(frozen=True)
+class EpochLimits:
+    """Per-micro-batch limits as sums over its samples: limit d counts ``per_token[d] *
+    S**power[d] + per_sample[d]`` for each sample of S tokens and caps the sum at
+    ``caps[d]`` (the planner's are `planning.packing.PackLimits`: memory, compute S^p <=
+    M_comp, tokens)."""
+
+    per_token: tuple[float, ...]
+    power: tuple[float, ...]
+    per_sample: tuple[float, ...]
+    caps: tuple[float, ...]
+
+    def use(self, tokens: Any) -> np.ndarray:
+        """[len(tokens), limits]: what one sample of each token count counts against each."""
+        s = np.asarray(tokens, dtype=np.float64)[:, None]
+        return np.asarray(self.per_token) * s ** np.asarray(self.power) + np.asarray(
+            self.per_sample
+        )
+
+    def min_micro_batches(self, tokens: Any, count: Any) -> int:
+        """P_min, the volume bound: a sample over a limit on its own runs alone (one
+        micro-batch each), and the others need at least max over limits of their summed use
+        over the cap, rounded up. No plan within the limits has fewer micro-batches."""
+        n = np.asarray(count, dtype=np.float64).ravel()
+        use = self.use(np.asarray(tokens, dtype=np.float64).ravel())
+        caps = np.asarray(self.caps, dtype=np.float64)
+        alone = (use > caps).any(axis=1)
+        volume = (use * n[:, None])[~alone].sum(axis=0) / caps
+        # a relative 1e-12 keeps sums that fill caps exactly from rounding up one more
+        return int(n[alone].sum()) + math.ceil(float(volume.max(initial=0.0)) * (1 - 1e-12))
+
+
+@dataclass(frozen=True)
+class EpochBound:
+    """`CostModel.epoch_lower_bound`: P_min micro-batches, K_min steps and the least epoch
+    seconds (compute plus each step's fixed cost)."""
+
+    micro_batches: int
+    steps: int
+    seconds: float
 
 
 @dataclass

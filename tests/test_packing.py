@@ -257,7 +257,7 @@ def test_windows_keep_the_epochs_mix(steps, per_window):
     from adaptiveload.planning.packing import _spread_over_windows
 
     runs = np.random.default_rng(1).integers(1, 4000, size=12)  # one run per token count
-    window = _spread_over_windows(int(runs.sum()), steps, per_window)
+    window = _spread_over_windows(int(runs.sum()), steps, per_window, phase=0.37)
     n_windows = -(-steps // per_window)
     steps_in = np.minimum(per_window, steps - per_window * np.arange(n_windows))
     bounds = np.concatenate(([0], np.cumsum(runs)))

@@ -33,7 +33,8 @@ SUMMARY_KEYS = (
 SUMMARY_METRICS = (
     "imbalance_rate", "imbalance_rate_mean", "idle_fraction", "max_over_mean", "samples_per_s",
     "tokens_per_s", "samples_per_s_wall", "tokens_per_s_wall", "vram_utilization_mean",
-    "vram_utilization_max", "capacity_bytes", "vs_lower_bound",
+    "vram_utilization_max", "capacity_bytes", "vs_lower_bound", "vs_epoch_lower_bound",
+    "epoch_lower_bound_s", "min_steps_per_epoch",
 )
 RUN_KEYS = ("setup", "variant", "policy", "kernel", "seed")
 

@@ -108,6 +108,7 @@ def paper_table(
             "tokens_per_s": group["tokens_per_s"].mean(),
             "samples_per_s_wall": group["samples_per_s_wall"].mean(),
             "vs_lower_bound": group["vs_lower_bound"].mean(),
+            "vs_epoch_lower_bound": group["vs_epoch_lower_bound"].mean(),
         }
         shown = _stat(stats, key, "imbalance_rate difference")
         row["ci_kind"] = LEVELS[shown.test] if shown is not None else ""
@@ -181,6 +182,8 @@ def _shown(n: pd.DataFrame, baseline: str) -> pd.DataFrame:
         "imbalance rate": n["imbalance_rate"].map(_pct),
         "idle fraction": n["idle_fraction"].map(_pct),
         "vs lower bound": n["vs_lower_bound"].map(lambda x: f"{x:.3f}" if np.isfinite(x) else ""),
+        "vs epoch bound": n["vs_epoch_lower_bound"].map(
+            lambda x: f"{x:.3f}" if np.isfinite(x) else ""),
         "VRAM util. (mean)": [f"{_pct(v)} ({s})" if s else "" for v, s in
                               zip(n["vram_utilization"], n["vram_source"], strict=True)],
         "samples/s": n["samples_per_s"].map(lambda x: f"{x:.4g}"),

@@ -24,7 +24,13 @@ from adaptiveload.data.bucketing import (
 from adaptiveload.errors import UserError
 from adaptiveload.io import read_json, write_json, write_parquet
 from adaptiveload.planning.dealing import DEFAULT_WINDOW_STEPS
-from adaptiveload.planning.plan import build_plan, check_table, plan_warnings
+from adaptiveload.planning.plan import (
+    FREE,
+    STEP_MODES,
+    build_plan,
+    check_table,
+    plan_warnings,
+)
 from adaptiveload.planning.policies import AUTO, POLICIES, Budgets, MissingBudgetError, get_policy
 from adaptiveload.planning.simulate import DEFAULT_ALLREDUCE_GBPS, Simulation, simulate
 
@@ -135,6 +141,10 @@ def plan_cmd(
     window_steps: Annotated[
         int, Opt(help="balanced dealing window in steps (0 = whole epoch)")
     ] = DEFAULT_WINDOW_STEPS,
+    steps_per_epoch: Annotated[
+        str, Opt(help="free (the policy's own step count) | match (equal-token's for these "
+                 "samples and ranks) | an integer: optimizer steps per epoch")
+    ] = FREE,
     model: Annotated[str | None, Opt(help="refuse a calibration made for another model")] = None,
     allreduce_gbps: Annotated[
         float, Opt(help="ring all-reduce bandwidth, Gbit/s (predicted metrics)")
@@ -192,6 +202,7 @@ def plan_cmd(
     plan = build_plan(
         bucketed, pol, budgets, world_size, seed, epoch, cost_model=cal,
         window_steps=window_steps or None, allreduce_gbps=allreduce_gbps,
+        steps_per_epoch=_step_mode(steps_per_epoch),
     )  # fmt: skip
     info = {
         "manifest": str(manifest), "bucketing": bucketing, "grid": grid,
@@ -216,7 +227,22 @@ def plan_cmd(
         line += f", predicted imbalance {s['predicted_imbalance_rate']:.1%} (model)"
     if s.get("predicted_vs_lower_bound"):
         line += f", {s['predicted_vs_lower_bound']:.3f}x the steps' lower bound"
+    if s.get("predicted_vs_epoch_lower_bound"):
+        ratio, k_min = s["predicted_vs_epoch_lower_bound"], s["min_steps_per_epoch"]
+        line += f", {ratio:.3f}x the epoch's lower bound (K_min {k_min} steps)"
     typer.echo(line)
+
+
+def _step_mode(value: str) -> str | int:
+    """--steps-per-epoch as build_plan takes it: free, match or a step count."""
+    if value in STEP_MODES:
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise UserError(
+            f"--steps-per-epoch {value!r}: expected {' | '.join(STEP_MODES)} or an integer >= 1"
+        ) from None
 
 
 @app.command("simulate", epilog=examples(
@@ -233,6 +259,10 @@ def simulate_cmd(
         float | None, Opt(help="gradient bytes", show_default="the calibration's, else 0")
     ] = None,
     warmup_steps: Annotated[int, Opt(help="steps left out of the summary metrics")] = 0,
+    steps_per_epoch: Annotated[
+        str, Opt(help="free (the policy's own step count) | match (equal-token's for these "
+                 "samples and ranks) | an integer: optimizer steps per epoch")
+    ] = FREE,
     model: Annotated[str | None, Opt(help="refuse a calibration made for another model")] = None,
     experiment: Annotated[str | None, Opt(help="experiment name for the run summary")] = None,
     as_json: Annotated[bool, Opt("--json", help="print the summary as JSON")] = False,

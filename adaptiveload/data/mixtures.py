@@ -183,8 +183,31 @@ TINY_CPU = Mixture(
     ),
 )
 
+# 480p and 720p sources of world-model and robotics recordings (16:9 ego and fixed cameras,
+# 4:3 sensors at 800x600, 1080p recordings); weights are our assumption
+WM_480P = ((480, 854, 0.7), (600, 800, 0.3))
+WM_720P = ((720, 1280, 0.8), (1080, 1920, 0.2))
+LONG_CLIPS = Mixture(
+    name="long-clips",
+    components=(
+        Component(0.05, PHOTOS, IMAGE),
+        Component(0.05, SD_VIDEO, Frames(17, 48, seconds=(1.2, 0.4))),
+        Component(0.55, WM_480P, Frames(49, 81, seconds=(2.6, 0.25))),
+        Component(0.35, WM_720P, Frames(49, 81, seconds=(2.6, 0.25))),
+    ),
+    provenance=(
+        "A long-clip-heavy mix as world-model and robotics corpora look: fixed-length episode "
+        "chunks of 2-3.5 s (49-81 frames at 24-30 fps) recorded at 480p and 720p, with few "
+        "images and short clips (5% each). Shares, sizes and durations are our assumption. "
+        "Under the Wan grid most samples take the 49-81-frame rungs at 480p (about 20k-33k "
+        "tokens) and 720p (about 46k-76k): a narrow band of costly samples, so a pack holds "
+        "few of them and whole-step rounding, not the spread of lengths, decides the epoch."
+    ),
+)
+
 MIXTURES: dict[str, Mixture] = {
-    m.name: m for m in (PAPER_MIXED, OPENSORA2_STAGE1, IMAGES_ONLY, VIDEO_ONLY, TINY_CPU)
+    m.name: m
+    for m in (PAPER_MIXED, OPENSORA2_STAGE1, IMAGES_ONLY, VIDEO_ONLY, TINY_CPU, LONG_CLIPS)
 }
 
 

@@ -32,7 +32,9 @@ COLUMNS = (
     ("predicted_samples_per_s", "samples/s", "{:.4g}"),
     ("samples_per_s_vs_first", "vs {first}", "{:+.1%}"),
     ("predicted_vs_lower_bound", "x lower bound", "{:.3f}"),
+    ("predicted_vs_epoch_lower_bound", "x epoch bound", "{:.3f}"),
     ("steps", "steps", "{}"),
+    ("min_steps_per_epoch", "K_min", "{}"),
     ("batches", "batches", "{}"),
     ("num_oversize", "oversize", "{}"),
 )

@@ -56,14 +56,14 @@ seconds. Everything is deterministic from (seed, epoch): every rank builds the s
 from __future__ import annotations
 
 import itertools
-import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from adaptiveload.costmodel import Calibration, CostModel
+from adaptiveload.costmodel import Calibration, CostModel, EpochLimits
 from adaptiveload.errors import UserError
 from adaptiveload.planning.dealing import deal_in_windows, narrow, shuffled_by_code
 from adaptiveload.planning.policies import Budgets
@@ -73,18 +73,18 @@ from adaptiveload.planning.policies import Budgets
 # differ by far less, so no pack is ever found over a cap. Whole-number uses (tokens) add up
 # exactly and fill their cap to the last token.
 FILL_MARGIN = 1e-9
+# the costlier half of a window's samples is placed on loads offset by up to this share of
+# a pack's mean load, drawn per (seed, epoch), so which costly samples share a pack varies
+OFFSET_SHARE = 0.25
 
 
 @dataclass(frozen=True)
-class PackLimits:
-    """The limits one pack is held to: limit d counts ``per_token[d] * S**power[d] +
-    per_sample[d]`` for each of its samples and caps the sum at ``caps[d]``."""
+class PackLimits(EpochLimits):
+    """The limits one pack is held to (`EpochLimits`: limit d counts ``per_token[d] *
+    S**power[d] + per_sample[d]`` for each of its samples and caps the sum at ``caps[d]``),
+    by name. They are the limits every policy's epoch lower bound is taken under."""
 
-    names: tuple[str, ...]
-    per_token: tuple[float, ...]
-    power: tuple[float, ...]
-    per_sample: tuple[float, ...]
-    caps: tuple[float, ...]
+    names: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, budgets: Budgets, cost_model: CostModel | Calibration | None) -> PackLimits:
@@ -111,17 +111,25 @@ class PackLimits:
         if caps:
             rows.append(("tokens", 1.0, 1.0, 0.0, min(caps)))
         names, per_token, power, per_sample, cap = zip(*rows, strict=True)
-        return cls(names, per_token, power, per_sample, cap)
-
-    def use(self, tokens: Any) -> np.ndarray:
-        """[len(tokens), limits]: what one sample of each token count counts against each."""
-        s = np.asarray(tokens, dtype=np.float64)[:, None]
-        return np.asarray(self.per_token) * s ** np.asarray(self.power) + np.asarray(
-            self.per_sample
+        return cls(
+            per_token=per_token, power=power, per_sample=per_sample, caps=cap, names=names
         )
 
     def as_dict(self) -> dict[str, float]:
         return dict(zip(self.names, self.caps, strict=True))
+
+
+def epoch_limits(
+    budgets: Budgets | Mapping[str, Any], cost_model: CostModel | Calibration | None
+) -> PackLimits | None:
+    """The limits every policy's epoch lower bound is taken under: the packed policy's
+    (`PackLimits.of`), from `budgets` or a plan summary holding them; None where M_comp or p
+    is unset (a plan of equal-token alone), since the compute limit then has no cap."""
+    if not isinstance(budgets, Budgets):
+        budgets = Budgets(**{k: budgets.get(k) for k in Budgets.__dataclass_fields__})
+    if budgets.m_comp is None or budgets.p is None:
+        return None
+    return PackLimits.of(budgets, cost_model)
 
 
 @dataclass(frozen=True)
@@ -206,22 +214,29 @@ class _Window:
 def make_packs(
     tokens: np.ndarray, budgets: Budgets, cost_model: CostModel | Calibration | None,
     world_size: int, window_steps: int | None, rng: np.random.Generator,
+    steps: int | None = None,
 ) -> Packs:  # fmt: skip
     """Pack one epoch of samples (`tokens`: each sample's bucket tokens, by position) for
-    `world_size` ranks and deal the packs to steps (module docstring)."""
+    `world_size` ranks in `steps` steps (None: K_min, the fewest the limits allow) and deal
+    the packs to steps (module docstring)."""
     limits = PackLimits.of(budgets, cost_model)
     cost = cost_model.cost if isinstance(cost_model, Calibration) else cost_model
     types = _types(tokens, limits, cost, float(budgets.p))
     order = shuffled_by_code(types.of, types.w.size, rng)  # by type, random inside
     count = np.bincount(types.of, minlength=types.w.size)
-    volume = (types.use * count[:, None])[~types.alone].sum(axis=0) / types.caps
-    packs_needed = int(count[types.alone].sum()) + math.ceil(float(volume.max(initial=0.0)))
-    steps = max(1, -(-packs_needed // world_size))
+    k_min = max(1, -(-limits.min_micro_batches(types.tokens, count) // world_size))
+    if steps is not None and steps < k_min:
+        raise UserError(
+            f"steps_per_epoch={steps}: the packs' limits need at least {k_min} steps for "
+            f"these {tokens.size} samples on {world_size} ranks; give {k_min} or more, or free"
+        )
+    steps = k_min if steps is None else steps
     per_window = steps if window_steps is None else max(1, int(window_steps))
-    members = _window_members(order, _spread_over_windows(order.size, steps, per_window))
+    spread = _spread_over_windows(order.size, steps, per_window, rng.random())
+    offset = rng.random  # each window's LPT starts its packs at random loads (docstring)
     windows = [
-        _pack_window(part, types, min(per_window, steps - w * per_window), world_size)
-        for w, part in enumerate(members)
+        _pack_window(part, types, min(per_window, steps - w * per_window), world_size, offset)
+        for w, part in enumerate(_window_members(order, spread))
     ]
     return _assemble(tokens, windows, types, limits, cost, world_size, rng)
 
@@ -243,13 +258,15 @@ def _types(tokens: np.ndarray, limits: PackLimits, cost: CostModel | None, p: fl
                   of=new_code[code], tokens=values[rank])  # fmt: skip
 
 
-def _spread_over_windows(n: int, steps: int, per_window: int) -> np.ndarray:
+def _spread_over_windows(n: int, steps: int, per_window: int, phase: float) -> np.ndarray:
     """The dealing window of each position of the type-ordered sample list: position i goes
-    to step ``floor(frac(i phi) K)`` (phi the golden ratio's fraction: a low-discrepancy
-    sequence), so any run of consecutive positions, such as one token count's samples,
-    lands on the windows in proportion to their steps, within a few samples."""
+    to step ``floor(frac(i phi + phase) K)`` (phi the golden ratio's fraction: a
+    low-discrepancy sequence; `phase` in [0, 1) drawn per epoch), so any run of consecutive
+    positions, such as one token count's samples, lands on the windows in proportion to
+    their steps, within a few samples."""
     golden = (np.sqrt(5.0) - 1) / 2
-    step = np.floor(np.modf(np.arange(n, dtype=np.float64) * golden)[0] * steps).astype(np.int64)
+    x = np.arange(n, dtype=np.float64) * golden + phase
+    step = np.floor(np.modf(x)[0] * steps).astype(np.int64)
     return np.minimum(step, steps - 1) // per_window
 
 
@@ -261,34 +278,47 @@ def _window_members(order: np.ndarray, windows: np.ndarray) -> list[np.ndarray]:
     return [order[by_window[a:b]] for a, b in itertools.pairwise(bounds)]
 
 
-def _pack_window(members: np.ndarray, types: _Types, steps: int, world_size: int) -> _Window:
-    """LPT of a window's members into steps * N packs, with one more step (then 2, 4, ...)
-    whenever a member finds no pack with room."""
+def _pack_window(
+    members: np.ndarray,
+    types: _Types,
+    steps: int,
+    world_size: int,
+    offset: Callable[[int], np.ndarray],
+) -> _Window:
+    """LPT of a window's members into steps * N packs, with one more step whenever a member
+    finds no pack with room (one at a time: each extra step costs the epoch c0 and an
+    all-reduce, and the epoch's K should stay within a few percent of K_min)."""
     count = np.bincount(types.of[members], minlength=types.w.size)
     most = -(-members.size // world_size)  # as many packs as members: every one fits alone
-    extra = 1
+    cheapest = float(types.w[count > 0].min())
     while True:
-        placed = _lpt(count, types, steps * world_size)
+        n_packs = steps * world_size
+        mean_load = float((count * types.w).sum()) / n_packs
+        offsets = (OFFSET_SHARE * mean_load * offset(n_packs), cheapest * offset(n_packs))
+        placed = _lpt(count, types, n_packs, offsets)
         if placed is not None:
             return _Window(members, *placed, steps=steps)
-        steps, extra = min(steps + extra, most), extra * 2
+        steps = min(steps + 1, most)
 
 
 def _lpt(
-    count: np.ndarray, types: _Types, n_packs: int
+    count: np.ndarray, types: _Types, n_packs: int, offsets: tuple[np.ndarray, np.ndarray]
 ) -> tuple[np.ndarray, np.ndarray, _Fill] | None:
     """`count[t]` samples of each type, in type order, into `n_packs` packs by LPT: each
     sample's pack and place in it, and what each pack holds; None if a sample finds no
-    room."""
+    room. LPT compares the packs' loads plus `offsets[0]` until half the work is placed,
+    then their real loads plus `offsets[1]` (module docstring: seeds that vary)."""
     fill = _Fill(np.zeros(n_packs, dtype=np.int64), np.zeros(n_packs),
                  np.zeros(n_packs, dtype=np.int64), np.zeros(n_packs),
                  np.zeros((types.use.shape[1], n_packs)))  # fmt: skip
-    load, size = fill.load, fill.size
+    size, load = fill.size, offsets[0].copy()
     room = np.repeat(types.caps[:, None], n_packs, axis=1)  # [limits, packs]
     pack_of = np.empty(int(count.sum()), dtype=np.int64)
     place = np.empty_like(pack_of)
-    done = 0
+    done, half, perturbed = 0, 0.5 * float((count * types.w).sum()), True
     for t in np.flatnonzero(count):
+        if perturbed and fill.load.sum() >= half:  # the cheaper half balances the real loads
+            load, perturbed = fill.load + offsets[1], False
         m = int(count[t])
         if types.alone[t]:  # one per empty pack, which it closes
             k = (size == 0) & (np.cumsum(size == 0) <= m)
@@ -303,6 +333,7 @@ def _lpt(
         done += m
         size += k
         load += k * types.w[t]
+        fill.load[:] += k * types.w[t]
         fill.sum_s[:] += k * types.tokens[t]
         fill.sum_sq[:] += k * float(types.tokens[t]) ** 2
         added = types.use[t][:, None] * k

@@ -58,7 +58,7 @@ from adaptiveload.planning.dealing import (
     narrow,
     shuffled_by_code,
 )
-from adaptiveload.planning.packing import Packs, make_packs
+from adaptiveload.planning.packing import Packs, epoch_limits, make_packs
 from adaptiveload.planning.policies import Budgets, Policy, get_policy
 from adaptiveload.planning.simulate import DEFAULT_ALLREDUCE_GBPS, Simulation, simulate
 
@@ -71,11 +71,16 @@ TABLE_COLUMNS = (
 PLAN_INPUTS = (
     "policy", "seed", "epoch", "world_size", "num_samples", "num_excluded",
     "m_tok", "m_mem", "m_comp", "p", "pack_tokens", "window_steps", "deal_cost",
+    "steps_per_epoch",
 )  # fmt: skip
+# plan.steps_per_epoch: the policy's own step count, equal-token's, or an integer
+FREE, MATCH = "free", "match"
+STEP_MODES = (FREE, MATCH)
 # a plan whose padding repeats exceed this share of its real batches is reported
 HEAVY_PADDING = 0.1
 PREDICTED = (
     "imbalance_rate", "idle_fraction", "samples_per_s", "tokens_per_s", "vs_lower_bound",
+    "epoch_lower_bound_s", "vs_epoch_lower_bound",
     "vram_utilization_mean", "vram_utilization_max",  # only with a capacity (a Calibration)
 )  # fmt: skip
 
@@ -114,12 +119,14 @@ def build_plan(
     window_steps: int | None = DEFAULT_WINDOW_STEPS,
     num_excluded: int | None = None,
     allreduce_gbps: float = DEFAULT_ALLREDUCE_GBPS,
+    steps_per_epoch: str | int = FREE,
 ) -> Plan:
     """Plan one epoch of `samples` (a bucketed DataFrame, or a ``Bucketed`` with ``.samples``
     and ``.num_excluded``) for `world_size` ranks.
 
     Balanced policies deal on ``cost_model.step_time`` when given, else on the proxy
-    B * S^p; `window_steps` (None = whole epoch) bounds how far they move a batch.
+    B * S^p; `window_steps` (None = whole epoch) bounds how far they move a batch;
+    `steps_per_epoch`: ``free`` (the policy's own count), ``match`` (equal-token's) or K.
     """
     frame, excluded = _unpack(samples, num_excluded)
     frame, over_capacity = _drop_over_capacity(frame, cost_model)
@@ -134,8 +141,9 @@ def build_plan(
     tokens = frame["tokens"].to_numpy(np.int64)
     buckets = _buckets(frame, tokens)
 
+    target = _target_steps(steps_per_epoch, buckets, budgets, world_size)
     batches, slots, slot_pad, packs = _micro_batches(
-        pol, budgets, buckets, tokens, cost_model, world_size, window_steps, rng
+        pol, budgets, buckets, tokens, cost_model, world_size, window_steps, rng, target
     )
     table, row_sample = _rows(frame, buckets, batches, slots, slot_pad, world_size)
 
@@ -156,6 +164,7 @@ def build_plan(
         "num_padding_batches": int(slot_pad.sum()),
         "duplicates": int((seen > 1).sum()),
         "steps": slots.size // world_size,
+        "min_steps_per_epoch": _min_steps(tokens, budgets, cost_model, world_size),
         "batches": int(batches.size.size),
         "min_sample_tokens": int(tokens.min()),
         "max_tokens_per_batch": int(np.add.reduceat(tokens[batches.order], batches.start).max()),
@@ -163,6 +172,7 @@ def build_plan(
         **budgets.as_dict(),
         "seed": seed,
         "epoch": epoch,
+        "steps_per_epoch": steps_per_epoch,
         "window_steps": window_steps if by_cost else None,
         "deal_cost": _deal_cost(pol, cost),
         **_digests(frame, row_sample, batches.size[slots], slot_pad),
@@ -183,19 +193,21 @@ def build_plan(
 def _micro_batches(
     pol: Policy, budgets: Budgets, buckets: _Buckets, tokens: np.ndarray,
     cost_model: CostModel | Calibration | None, world_size: int, window_steps: int | None,
-    rng: np.random.Generator,
+    rng: np.random.Generator, steps: int | None,
 ) -> tuple[_Batches, np.ndarray, np.ndarray, Packs | None]:  # fmt: skip
-    """Steps 1-5 (the packed policy: its packs): the batches, the slot list (the batch each
-    slot runs) and its padding flags, and the packs if the policy packs."""
+    """Steps 1-5 (the packed policy: its packs) in `steps` steps (None: the policy's own
+    count): the batches, the slot list (the batch each slot runs) and its padding flags, and
+    the packs if the policy packs."""
     if pol.packed:
-        packs = make_packs(tokens, budgets, cost_model, world_size, window_steps, rng)
+        packs = make_packs(tokens, budgets, cost_model, world_size, window_steps, rng, steps)
         batches = _Batches(order=packs.order, start=packs.start, size=packs.size)
         return batches, packs.slots, packs.slot_pad, packs
-    batches = _make_batches(buckets, pol, budgets, rng)
+    cost = cost_model.cost if isinstance(cost_model, Calibration) else cost_model
+    counts = _batch_counts(buckets, pol, budgets, cost, world_size, steps)
+    batches = _make_batches(buckets, pol, budgets, rng, counts)
     slots, slot_pad = _shuffle_and_pad(batches.size.size, world_size, rng)
     if pol.balanced:
         size, tok = batches.size[slots], batches.tokens[slots]
-        cost = cost_model.cost if isinstance(cost_model, Calibration) else cost_model
         slot_cost = (
             cost.step_time(size, tok) if cost is not None else size * tok.astype(float) ** budgets.p
         )
@@ -229,6 +241,18 @@ def _buckets(frame: pd.DataFrame, tokens: np.ndarray) -> _Buckets:
     return _Buckets(of=bucket, shape=bucket_shape, tokens=bucket_tokens)
 
 
+def _min_steps(
+    tokens: np.ndarray, budgets: Budgets, cost_model: CostModel | Calibration | None, n: int
+) -> int | None:
+    """K_min: the fewest steps any plan of these samples within the packed policy's limits
+    takes (`EpochLimits.min_micro_batches` over N); None without M_comp and p."""
+    limits = epoch_limits(budgets, cost_model)
+    if limits is None:
+        return None
+    values, count = np.unique(tokens, return_counts=True)
+    return -(-limits.min_micro_batches(values, count) // n)
+
+
 def _deal_cost(pol: Policy, cost: CostModel | None) -> str | None:
     """What a cost-aware policy dealt on: the cost model, else its proxy."""
     if not (pol.balanced or pol.packed):
@@ -243,19 +267,87 @@ def _violations(pol: Policy, budgets: Budgets, batches: _Batches, packs: Packs |
     return int(((packs.fill > 1).any(axis=1) & (packs.size > 1)).sum())
 
 
+def _target_steps(
+    steps_per_epoch: str | int, buckets: _Buckets, budgets: Budgets, world_size: int
+) -> int | None:
+    """The step count `steps_per_epoch` asks for: None for ``free``; for ``match``
+    equal-token's, ⌈Σ_b ⌈n_b / B_tok(S_b)⌉ / N⌉ over the buckets (it needs M_tok)."""
+    if steps_per_epoch == FREE:
+        return None
+    if steps_per_epoch == MATCH:
+        if budgets.m_tok is None:
+            raise UserError(
+                "steps_per_epoch=match: equal-token's step count needs budget m_tok; give it "
+                "or a calibration"
+            )
+        count = np.bincount(buckets.of, minlength=buckets.tokens.size)
+        b_size = get_policy("equal-token").batch_size(buckets.tokens, budgets)
+        return max(1, -(-int((-(-count // b_size)).sum()) // world_size))
+    if isinstance(steps_per_epoch, bool) or not isinstance(steps_per_epoch, (int, np.integer)):
+        raise UserError(
+            f"steps_per_epoch={steps_per_epoch!r}: expected {FREE}, {MATCH} or an integer >= 1"
+        )
+    _check_ints(steps_per_epoch=(steps_per_epoch, 1))
+    return int(steps_per_epoch)
+
+
+def _batch_counts(
+    buckets: _Buckets, pol: Policy, budgets: Budgets, cost: CostModel | None, world_size: int,
+    steps: int | None,
+) -> np.ndarray:  # fmt: skip
+    """How many batches each bucket is cut into: ⌈n_b / B(S_b)⌉ (the policy's rule), or, for
+    `steps` steps, more where the rule gives fewer than (steps - 1) N + 1 batches: the epoch
+    then gets min(steps N, samples) batches, each new one split off a bucket whose batches
+    are costliest (water-filling on the predicted batch time n_b w_b / k_b, w_b the
+    per-sample cost, or S^p without a cost model), and a bucket's batches are as equal as
+    whole samples allow. Batches only shrink, so no budget is broken."""
+    count = np.bincount(buckets.of, minlength=buckets.tokens.size)
+    k = -(-count // pol.batch_size(buckets.tokens, budgets))
+    if steps is None or -(-int(k.sum()) // world_size) == steps:
+        return k
+    if -(-int(k.sum()) // world_size) > steps:
+        raise UserError(
+            f"steps_per_epoch={steps}: policy {pol.name} needs at least "
+            f"{-(-int(k.sum()) // world_size)} steps for these samples on {world_size} ranks "
+            "under its budgets; give more steps or free"
+        )
+    target = min(steps * world_size, int(count.sum()))
+    if target <= (steps - 1) * world_size:
+        raise UserError(
+            f"steps_per_epoch={steps}: {int(count.sum())} samples fill at most "
+            f"{-(-int(count.sum()) // world_size)} steps on {world_size} ranks; give fewer steps"
+        )
+    tok = buckets.tokens.astype(np.float64)
+    w = cost.per_sample_time(tok) if cost is not None else tok ** (budgets.p or 1.0)
+    work = count * w
+    while k.sum() < target:  # a round splits one more batch off each of the costliest buckets
+        per_batch = np.where(k < count, work / k, -1.0)
+        take = min(target - int(k.sum()), int((per_batch >= 0).sum()))
+        k[np.argsort(-per_batch, kind="stable")[:take]] += 1
+    return k
+
+
 def _make_batches(
-    buckets: _Buckets, pol: Policy, budgets: Budgets, rng: np.random.Generator
-) -> _Batches:
-    """Steps 1-2: shuffle within each bucket shape, cut each bucket into batches of B(S)."""
+    buckets: _Buckets, pol: Policy, budgets: Budgets, rng: np.random.Generator,
+    n_batches: np.ndarray,
+) -> _Batches:  # fmt: skip
+    """Steps 1-2: shuffle within each bucket shape, cut each bucket into its `n_batches`:
+    batches of B(S) (the last one the rest), or, where steps were matched, as equal as
+    whole samples allow."""
     bucket, bucket_tokens = buckets.of, buckets.tokens
     n_buckets = bucket_tokens.size
     order = shuffled_by_code(bucket, n_buckets, rng)  # grouped by bucket, random inside
     count = np.bincount(bucket, minlength=n_buckets)
     b_size = pol.batch_size(bucket_tokens, budgets)
-    n_batches = -(-count // b_size)
+    split = n_batches > -(-count // b_size)  # more batches than the rule: equal sizes
     sorted_bucket = bucket[order]
     pos = np.arange(bucket.size) - _starts(count)[sorted_bucket]
-    batch_of_sorted = _starts(n_batches)[sorted_bucket] + pos // b_size[sorted_bucket]
+    within = np.where(
+        split[sorted_bucket],
+        pos * n_batches[sorted_bucket] // np.maximum(count[sorted_bucket], 1),
+        pos // b_size[sorted_bucket],
+    )
+    batch_of_sorted = _starts(n_batches)[sorted_bucket] + within
     size = np.bincount(batch_of_sorted, minlength=int(n_batches.sum()))
     batch_bucket = np.repeat(np.arange(n_buckets), n_batches)
     return _Batches(order=order, start=_starts(size), size=size, tokens=bucket_tokens[batch_bucket])

@@ -33,6 +33,7 @@ import pandas as pd
 from adaptiveload import metrics
 from adaptiveload.costmodel import Calibration, CostModel
 from adaptiveload.experiment import schema_default
+from adaptiveload.planning.packing import epoch_limits
 from adaptiveload.step_table import STEP_COLUMNS, timed
 
 DEFAULT_ALLREDUCE_GBPS = schema_default("train.allreduce_gbps")  # an experiment's default
@@ -60,7 +61,8 @@ class Simulation:
 
 # the summary fields that describe the simulation itself (the rest are its window's metrics)
 _HEADER = ("launch_mode", "source", "device", "calibration", "world_size", "warmup_steps",
-           "allreduce_gbps", "grad_bytes", "allreduce_s")  # fmt: skip
+           "allreduce_gbps", "grad_bytes", "allreduce_s", "min_steps_per_epoch",
+           "epoch_lower_bound_s", "epoch_s", "vs_epoch_lower_bound")  # fmt: skip
 
 
 def allreduce_seconds(grad_bytes: float, world_size: int, gbps: float) -> float:
@@ -116,6 +118,7 @@ def simulate(
         "allreduce_s": ar_s,
     }
     frame = _step_table(plan_table, cost, n, ar_s)
+    summary.update(_epoch_bound(plan_table, frame, cost_model, n, ar_s))
     summary.update(_metrics(frame, n, capacity_bytes, warmup_steps))
     return Simulation(steps=frame, summary=summary, capacity_bytes=capacity_bytes)
 
@@ -202,6 +205,31 @@ def _step_bounds(table: pd.DataFrame, cost: CostModel, steps: int, n: int) -> np
         starts = np.flatnonzero(np.diff(step, prepend=-1))
         work_max[step[starts]] = np.maximum.reduceat(work, starts)
     return np.where(work_sum > 0, cost.step_lower_bound(work_sum, work_max, n), 0.0)
+
+
+def _epoch_bound(
+    table: pd.DataFrame,
+    frame: pd.DataFrame,
+    cost_model: CostModel | Calibration,
+    n: int,
+    allreduce_s: float,
+) -> dict[str, Any]:
+    """The whole epoch against `CostModel.epoch_lower_bound` of its real samples under the
+    limits of the plan's budgets (its summary in ``table.attrs["plan"]``); nothing for a table
+    without them. The epoch is every step, whatever the timed window."""
+    limits = epoch_limits(table.attrs.get("plan", {}), cost_model)
+    if limits is None or table.empty:
+        return {}
+    real = ~table["is_padding"].to_numpy(bool) if "is_padding" in table else slice(None)
+    tokens, count = np.unique(table["tokens"].to_numpy(np.int64)[real], return_counts=True)
+    bound = _split(cost_model)[0].epoch_lower_bound(tokens, count, limits, n, allreduce_s)
+    epoch_s = float(frame["step_time_s"].to_numpy(np.float64)[::n].sum())
+    return {
+        "min_steps_per_epoch": bound.steps,
+        "epoch_lower_bound_s": bound.seconds,
+        "epoch_s": epoch_s,
+        "vs_epoch_lower_bound": epoch_s / bound.seconds if bound.seconds > 0 else None,
+    }
 
 
 def _split(cost_model: CostModel | Calibration) -> tuple[CostModel, Calibration | None]:
