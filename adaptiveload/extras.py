@@ -24,6 +24,7 @@ EXTRA_OF = {
     "ninja": "kernel",
     "av": "media",
     "PIL": "media",
+    "diffusers": "diffusers",
 }
 
 

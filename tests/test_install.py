@@ -36,7 +36,7 @@ from adaptiveload.extras import EXTRA_OF
 from adaptiveload.ops import kernel_build as kb
 
 ROOT = Path(__file__).resolve().parents[1]
-EXTRAS = {"pipeline", "tracking", "kernel", "media", "all", "dev"}
+EXTRAS = {"pipeline", "tracking", "kernel", "media", "diffusers", "all", "dev"}
 
 
 @pytest.fixture(scope="module")

@@ -7,48 +7,24 @@ so it runs on CPU in about a second.
 
 from __future__ import annotations
 
-import re
-
 import pytest
 import torch
 
 from adaptiveload.model.architectures import WanConfig
 from adaptiveload.model.wan import WanModel
+from adaptiveload.model.weights import rename
 
 diffusers_wan = pytest.importorskip("diffusers.models.transformers.transformer_wan")
 
 CFG = WanConfig("fidelity", dim=256, ffn_dim=512, num_heads=2, num_layers=2, text_len=24)
 
-# diffusers key (regex) -> our key. Note the norm naming trap: diffusers' `norm2` is the
-# cross-attention (affine) norm, Wan's `norm3`; the two modulated norms carry no weights.
-KEY_MAP = [
-    (r"patch_embedding\.(weight|bias)", r"patch_embedding.\1"),
-    (r"condition_embedder\.time_embedder\.linear_1\.", "time_embedding.0."),
-    (r"condition_embedder\.time_embedder\.linear_2\.", "time_embedding.2."),
-    (r"condition_embedder\.time_proj\.", "time_projection.1."),
-    (r"condition_embedder\.text_embedder\.linear_1\.", "text_embedding.0."),
-    (r"condition_embedder\.text_embedder\.linear_2\.", "text_embedding.2."),
-    (r"blocks\.(\d+)\.attn1\.to_(q|k|v)\.", r"blocks.\1.self_attn.\2."),
-    (r"blocks\.(\d+)\.attn1\.to_out\.0\.", r"blocks.\1.self_attn.o."),
-    (r"blocks\.(\d+)\.attn1\.norm_(q|k)\.", r"blocks.\1.self_attn.norm_\2."),
-    (r"blocks\.(\d+)\.attn2\.to_(q|k|v)\.", r"blocks.\1.cross_attn.\2."),
-    (r"blocks\.(\d+)\.attn2\.to_out\.0\.", r"blocks.\1.cross_attn.o."),
-    (r"blocks\.(\d+)\.attn2\.norm_(q|k)\.", r"blocks.\1.cross_attn.norm_\2."),
-    (r"blocks\.(\d+)\.norm2\.", r"blocks.\1.norm3."),
-    (r"blocks\.(\d+)\.ffn\.net\.0\.proj\.", r"blocks.\1.ffn.0."),
-    (r"blocks\.(\d+)\.ffn\.net\.2\.", r"blocks.\1.ffn.2."),
-    (r"blocks\.(\d+)\.scale_shift_table", r"blocks.\1.modulation"),
-    (r"proj_out\.", "head.head."),
-    (r"scale_shift_table", "head.modulation"),
-]
-
 
 def to_ours(key: str) -> str:
-    for pattern, repl in KEY_MAP:
-        new, n = re.subn(f"^{pattern}", repl, key)
-        if n:
-            return new
-    raise KeyError(f"no mapping for diffusers key {key}")
+    """A diffusers key under our name, by the library's one map (`weights.DIFFUSERS_NAMES`)."""
+    new = rename(key, "original")
+    if new is None:
+        raise KeyError(f"no mapping for diffusers key {key}")
+    return new
 
 
 def build_pair(seed: int = 0) -> tuple[torch.nn.Module, WanModel]:

@@ -30,10 +30,11 @@ EXAMPLES = {
 }  # fmt: skip
 
 
-def examples() -> dict[str, tuple[str, str]]:
-    """The complete examples: fenced `python` blocks, by script name -> (launcher, code)."""
+def examples(doc: Path = DOC) -> dict[str, tuple[str, str]]:
+    """The complete examples of `doc`: fenced `python` blocks, by script name -> (launcher,
+    code)."""
     found = {}
-    for code in re.findall(r"^```python\n(.*?)^```$", DOC.read_text(), flags=re.S | re.M):
+    for code in re.findall(r"^```python\n(.*?)^```$", doc.read_text(), flags=re.S | re.M):
         head = HEAD.match(code.splitlines()[0])
         assert head, f"an example without its run line: {code.splitlines()[0]!r}"
         found[head.group(1)] = (head.group(2), code)

@@ -1,4 +1,5 @@
-"""`adaptiveload model info`: a Wan config's shapes, parameter count and FLOPs per sample."""
+"""`adaptiveload model info`: a Wan config's shapes, parameter count and FLOPs per sample;
+`adaptiveload model convert`: a Wan 2.1 T2V checkpoint from one layout to the other."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import typer
 
 from adaptiveload.cli.app import examples, group
 
-model_app = group("model", "Wan 2.1 model configs: shapes, parameters, FLOPs.")
+model_app = group("model", "Wan 2.1 model configs (shapes, parameters, FLOPs) and checkpoints.")
 Opt = typer.Option
 
 
@@ -32,3 +33,24 @@ def info(
         return
     for key, value in record.items():
         typer.echo(f"{key:>24}: {value}")
+
+
+@model_app.command("convert", epilog=examples(
+    "adaptiveload model convert Wan2.1-T2V-1.3B -o Wan2.1-T2V-1.3B-diffusers/transformer",
+    "adaptiveload model convert Wan2.1-T2V-1.3B-Diffusers -o wan-original --to original",
+))
+def convert(
+    src: Annotated[str, typer.Argument(help="weights file, index, or (transformer) folder")],
+    output: Annotated[str, Opt("-o", "--output", help="new folder to write")],
+    to: Annotated[str, Opt(help="layout to write: diffusers | original")] = "diffusers",
+    config: Annotated[
+        str | None, Opt(help="config the weights must match (default: inferred, checked)")
+    ] = None,
+) -> None:
+    """Check every key and shape of a Wan 2.1 T2V checkpoint (original or diffusers layout)
+    and write it in the other layout: tensors as stored (dtype and bytes kept), shards kept,
+    with that layout's config.json (docs/models.md)."""
+    from adaptiveload.model.weights import convert as convert_checkpoint
+
+    cfg = convert_checkpoint(src, output, to, config)
+    typer.echo(f"wrote {output} ({to} layout, config {cfg.name})")

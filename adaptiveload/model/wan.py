@@ -1,8 +1,8 @@
 """Wan 2.1 text-to-video DiT, written to be read top to bottom (after nanoGPT).
 
 Faithful to `wan/modules/model.py` of Wan-Video/Wan2.1: module names, block order, dtypes and
-initialisation follow it, so its state dict keys map 1:1 (diffusers' keys through the mapping
-in tests/test_model_fidelity.py). Differences, all systems-level:
+initialisation follow it, so its state dict keys are the original checkpoints' (diffusers' map
+1:1 onto them: `weights.DIFFUSERS_NAMES`). Differences, all systems-level:
 
 - a micro-batch comes in one of two layouts. Dense: ONE bucket shape, x a dense
   [B, C, T', H', W'] tensor, no padding, no per-sample loops, no `seq_len` argument. Packed:
