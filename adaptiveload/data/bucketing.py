@@ -113,6 +113,8 @@ class Bucketed:
     grid: str
     max_frames: int
     excluded_ids: pd.Series = field(repr=False, default_factory=lambda: pd.Series([], dtype=str))
+    # of num_excluded, those a device cannot hold alone (planning.plan.without_over_capacity)
+    num_over_capacity: int = 0
 
     @property
     def num_samples(self) -> int:
