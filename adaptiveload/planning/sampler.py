@@ -33,7 +33,13 @@ import pandas as pd
 from torch.utils.data import Dataset, Sampler, default_collate
 
 from adaptiveload.costmodel import Calibration, CostModel
-from adaptiveload.data.bucketing import DEFAULT_GRID, DEFAULT_MAX_FRAMES, DEFAULT_MODE, bucketize
+from adaptiveload.data.bucketing import (
+    DEFAULT_GRID,
+    DEFAULT_MAX_FRAMES,
+    DEFAULT_MODE,
+    bucketize,
+    cut_note,
+)
 from adaptiveload.data.manifest import validate_manifest
 from adaptiveload.errors import UserError
 from adaptiveload.planning.dealing import DEFAULT_WINDOW_STEPS
@@ -137,6 +143,8 @@ class PlanBuilder:
 
     def _warn(self, summary: Mapping[str, Any]) -> None:
         found = plan_warnings(dict(summary), list(self.excluded_ids))
+        cut = cut_note(self.samples, SHOW_IDS)
+        found += [cut] if cut else []
         if not found:
             return
         warnings.warn(f"plan ({summary['policy']}): " + "; ".join(found), PlanWarning,
