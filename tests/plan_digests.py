@@ -8,7 +8,9 @@ commit b54dae1: the 360 plans of commit 48e969a (before the refactor that gave e
 layer), identical there, under the digest that names samples by id (`data_digest` inside
 `plan_digest`; those 360 were checked unchanged by the former digest before the file was
 rewritten), and the 129 plans of the packed policy and the N = 256 simulation added since. A
-change meant to keep every plan is checked against it.
+change meant to keep every plan is checked against it. Since the plan digest covers the world
+size (a plan of 2 ranks and one of 4 that deal the same slots are two plans), every digest
+differs from that file's: regenerate it (`-o`) before a refactor and compare against that.
 
 A refactor that must not change any plan is checked by running this before and after it: the
 plan commands come from the pipeline itself (`snakemake -n -p -F` per experiment file, so the

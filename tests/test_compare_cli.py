@@ -189,6 +189,8 @@ def test_cli_names_excluded_ids_and_counts_over_capacity(tmp_path, monkeypatch, 
     """`compare --bucketing exact` warned of samples excluded (over the device's capacity)
     while its header said `0 excluded`; neither command named them."""
     frame = synthesize("paper-mixed", 300, seed=2)
+    frame["height"] = frame["height"].clip(upper=480)  # the rest fits on one device
+    frame["width"] = frame["width"].clip(upper=832)
     frame.loc[[7, 19], ["num_frames", "height", "width"]] = [1201, 2160, 3840]  # 4K, 1200 frames
     frame.loc[7, "sample_id"], frame.loc[19, "sample_id"] = "huge-a", "huge-b"
     write_manifest(tmp_path / "m.csv", frame)
