@@ -126,13 +126,9 @@ def build_plan(
     Balanced policies deal on ``cost_model.step_time`` when given, else on the proxy
     B * S^p; `window_steps` (None = whole epoch) bounds how far they move a batch.
     """
-    frame, excluded = _unpack(samples, num_excluded)
-    over = over_capacity(frame, cost_model)
-    frame = frame[~over].reset_index(drop=True) if over.any() else frame
-    if num_over_capacity is None:
-        num_over_capacity = int(getattr(samples, "num_over_capacity", 0))
-    excluded += int(over.sum())
-    over_capacity_total = num_over_capacity + int(over.sum())
+    frame, excluded, over_capacity_total = _unpack(
+        samples, num_excluded, num_over_capacity, cost_model
+    )
     pol = get_policy(policy)
     pol.check(budgets)
     _check_ints(world_size=(world_size, 1), seed=(seed, 0), epoch=(epoch, 0))
@@ -468,7 +464,14 @@ def _starts(counts: np.ndarray) -> np.ndarray:
     return np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
 
 
-def _unpack(samples: Any, num_excluded: int | None) -> tuple[pd.DataFrame, int]:
+def _unpack(
+    samples: Any,
+    num_excluded: int | None,
+    num_over_capacity: int | None,
+    cost_model: CostModel | Calibration | None,
+) -> tuple[pd.DataFrame, int, int]:
+    """The samples to plan (those over the device's capacity taken out), the excluded count
+    and, of it, the over-capacity count."""
     frame = getattr(samples, "samples", samples)
     if not isinstance(frame, pd.DataFrame):
         raise TypeError("samples must be a bucketed DataFrame or a Bucketed")
@@ -482,7 +485,13 @@ def _unpack(samples: Any, num_excluded: int | None) -> tuple[pd.DataFrame, int]:
         raise UserError("bucketed samples: no samples to plan (all excluded or empty manifest)")
     if num_excluded is None:
         num_excluded = int(getattr(samples, "num_excluded", 0))
-    return frame, num_excluded
+    if num_over_capacity is None:
+        num_over_capacity = int(getattr(samples, "num_over_capacity", 0))
+    over = over_capacity(frame, cost_model)
+    if over.any():
+        frame = frame[~over].reset_index(drop=True)
+    dropped = int(over.sum())
+    return frame, num_excluded + dropped, num_over_capacity + dropped
 
 
 def over_capacity(frame: pd.DataFrame, cost_model: CostModel | Calibration | None) -> np.ndarray:
