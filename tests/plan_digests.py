@@ -7,10 +7,10 @@ tests/data/plan_digests.json holds the digests of the 489 plans of every experim
 commit b54dae1: the 360 plans of commit 48e969a (before the refactor that gave each module its
 layer), identical there, under the digest that names samples by id (`data_digest` inside
 `plan_digest`; those 360 were checked unchanged by the former digest before the file was
-rewritten), and the 129 plans of the packed policy and the N = 256 simulation added since; the 117 plans of the packed policy
-were rewritten when its seeds and epochs began to vary pack compositions (random LPT load
-offsets and window phase per (seed, epoch)), every other plan kept. A change meant to keep
-every plan is checked against it.
+rewritten), and the 129 plans of the packed policy and the N = 256 simulation added since. A
+change meant to keep every plan is checked against it. The file was regenerated when the
+packed policy's seeds and epochs began to vary pack compositions and the plan digest began to
+cover the world size (a plan of 2 ranks and one of 4 that deal the same slots are two plans).
 
 A refactor that must not change any plan is checked by running this before and after it: the
 plan commands come from the pipeline itself (`snakemake -n -p -F` per experiment file, so the

@@ -59,7 +59,7 @@ def test_compare_prints_and_writes_every_policy(data, tmp_path, monkeypatch, cap
     assert report["calibration"]["capacity_gb"] == pytest.approx(141, rel=0.01)
     for name in names:
         assert any(line.startswith(name + " ") for line in stdout.splitlines()), stdout
-    assert "budgets for this data: p=" in stdout and "all predicted (model" in stdout
+    assert "budgets: p=" in stdout and "all predicted (model" in stdout
     # the balanced dealing is what cuts imbalance on this mix, and the table says so
     by = {s["policy"]: s for s in report["policies"]}
     assert by["adaptiveload-balanced"]["predicted_imbalance_rate"] < 0.5 * (
@@ -126,7 +126,7 @@ def test_budget_below_every_sample_warns_or_refuses(data, tmp_path, monkeypatch,
     code, _, err = run(monkeypatch, capsys, *args, "-o", str(plan), "--summary",
                        str(tmp_path / "s.json"))  # fmt: skip
     assert code == 0 and plan.exists()
-    (line,) = err.strip().splitlines()
+    (line,) = [w for w in err.strip().splitlines() if not w.startswith("note: ")]
     assert line.startswith("warning: plan (equal-token): every sample exceeds")
     assert "m_tok=10" in line and "(the smallest has " in line
     strict = tmp_path / "strict.parquet"
@@ -152,3 +152,57 @@ def test_unknown_calibration_name_lists_the_shipped(tmp_path, monkeypatch, capsy
     code, _, err = run(monkeypatch, capsys, "compare", "--mixture", "tiny-cpu", "--world-size",
                        "2", "--calibration", "h100-nope")  # fmt: skip
     assert code == 2 and "h200-wan2.1-t2v-1.3b-measured" in err and "\n" not in err.strip()
+
+
+def test_plan_and_compare_use_one_budget_rule(data, tmp_path, monkeypatch, capsys):
+    """`plan --calibration X` planned with X's own p where `compare --calibration X` derived
+    another for the data: the same flag planned differently. Now both take the calibration's
+    own budgets, and both take the ones derived for the data from `--budgets FILE`."""
+    manifest = str(data / "tiny.csv")
+    common = ("--manifest", manifest, "--world-size", "4", "--grid", "tiny")
+    code, stdout, _ = run(monkeypatch, capsys, "budgets", "--calibration",
+                          "h200-wan2.1-t2v-1.3b", "--manifest", manifest, "--grid", "tiny")
+    assert code == 0
+    derived = tmp_path / "budgets.json"
+    derived.write_text(stdout)
+    for extra in ((), ("--budgets", str(derived))):
+        summary, report = tmp_path / "plan.json", tmp_path / "compare.json"
+        code, _, err = run(monkeypatch, capsys, "plan", *common, "--policy", "adaptiveload",
+                           "--seed", "0", "--calibration", "h200-wan2.1-t2v-1.3b", *extra,
+                           "--summary", str(summary))
+        assert code == 0, err
+        code, _, err = run(monkeypatch, capsys, "compare", *common, "--calibration",
+                           "h200-wan2.1-t2v-1.3b", "--policies", "adaptiveload", *extra,
+                           "-o", str(report))
+        assert code == 0, err
+        planned, compared = json.loads(summary.read_text()), json.loads(report.read_text())
+        for key in ("p", "m_mem", "m_comp", "m_tok"):
+            assert compared["budgets"][key] == pytest.approx(planned[key]), (extra, key)
+        assert compared["policies"][0]["plan_digest"] == planned["plan_digest"]
+    assert json.loads(derived.read_text())["p"] == pytest.approx(planned["p"])  # the last
+    code, _, err = run(monkeypatch, capsys, "compare", *common, "--calibration",
+                       "h200-wan2.1-t2v-1.3b", "--capacity-gb", "40")
+    assert code == 2 and "--budgets budgets.json" in err and "\n" not in err.strip()
+
+
+def test_cli_names_excluded_ids_and_counts_over_capacity(tmp_path, monkeypatch, capsys):
+    """`compare --bucketing exact` warned of samples excluded (over the device's capacity)
+    while its header said `0 excluded`; neither command named them."""
+    frame = synthesize("paper-mixed", 300, seed=2)
+    frame["height"] = frame["height"].clip(upper=480)  # the rest fits on one device
+    frame["width"] = frame["width"].clip(upper=832)
+    frame.loc[[7, 19], ["num_frames", "height", "width"]] = [1201, 2160, 3840]  # 4K, 1200 frames
+    frame.loc[7, "sample_id"], frame.loc[19, "sample_id"] = "huge-a", "huge-b"
+    write_manifest(tmp_path / "m.csv", frame)
+    common = ("--manifest", str(tmp_path / "m.csv"), "--world-size", "4", "--bucketing",
+              "exact", "--calibration", "h200-wan2.1-t2v-1.3b")
+    code, stdout, err = run(monkeypatch, capsys, "compare", *common, "--policies", "adaptiveload")
+    assert code == 0, err
+    assert "300 samples (2 excluded)" in stdout.splitlines()[0]
+    warning = [line for line in err.splitlines() if line.startswith("warning:")]
+    assert len(warning) == 1 and "2 of 300 samples excluded" in warning[0]
+    assert "'huge-a', 'huge-b'" in warning[0] and "over the device's capacity" in warning[0]
+    code, _, err = run(monkeypatch, capsys, "plan", *common, "--policy", "adaptiveload",
+                       "--seed", "0", "--summary", str(tmp_path / "p.json"))
+    assert code == 0 and "'huge-a', 'huge-b'" in err
+    assert json.loads((tmp_path / "p.json").read_text())["num_over_capacity"] == 2

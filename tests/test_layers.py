@@ -21,6 +21,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("data", ("adaptiveload.data",)),
     ("costmodel", ("adaptiveload.costmodel",)),
     ("planning", ("adaptiveload.planning",)),
+    ("integrations", ("adaptiveload.integrations",)),
     ("calibration", ("adaptiveload.calibration",)),
     ("training", ("adaptiveload.training",)),
     ("tracking", ("adaptiveload.tracking",)),

@@ -1,7 +1,9 @@
 """docs/sampler.md's examples run as written, each by the command on its first line: plain
 PyTorch (workers, exact resume), gradient accumulation (the accumulated gradient checked),
-torchrun DDP with gloo, HF Accelerate and Lightning with 2 processes on CPU (each process must
-get exactly its rank's batches of each epoch's plan), and diffusers' WanTransformer3DModel."""
+torchrun DDP with gloo, HF Accelerate and Lightning under torchrun with 2 processes on CPU
+(each process must get exactly its rank's batches of each epoch's plan, and a run stopped
+mid-epoch and resumed must run the uninterrupted run's batches, with its global step), and
+diffusers' WanTransformer3DModel."""
 
 from __future__ import annotations
 
@@ -23,9 +25,11 @@ EXAMPLES = {
     "plain.py": (["resumed after step 3: the remaining"], None, False),
     "accumulate.py": (["optimizer steps"], None, False),
     "ddp.py": (["rank 0/2:", "rank 1/2:"], None, True),
-    "accelerate_example.py": (["process 0/2:", "process 1/2:"], "accelerate", True),
-    "lightning_example.py": (["process 0: epochs [0, 1] ran its rank's plan",
-                              "process 1: epochs [0, 1] ran its rank's plan"], "lightning", True),
+    "accelerate_example.py": (["process 0/2:", "process 1/2:", "resumed after epoch 1 step 3"],
+                              "accelerate", True),
+    "lightning_example.py": (["process 0: epochs [0, 1] ran its rank's plan; resumed after step 5",
+                              "process 1: epochs [0, 1] ran its rank's plan; resumed after step 5"],
+                             "lightning", True),
     "diffusers_wan.py": (["diffusers WanTransformer3DModel: 3 steps"], "diffusers", False),
 }  # fmt: skip
 
@@ -45,7 +49,9 @@ def test_doc_has_every_example():
     assert list(examples()) == list(EXAMPLES)
     text = DOC.read_text()
     assert "use_distributed_sampler=False" in examples()["lightning_example.py"][1]
+    assert "PlanDataLoader(" in examples()["lightning_example.py"][1]
     assert "rank=None" in examples()["accelerate_example.py"][1]
+    assert "prepare(accelerator, " in examples()["accelerate_example.py"][1]
     assert "```python fragment" not in text  # every example runs
 
 

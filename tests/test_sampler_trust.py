@@ -346,3 +346,163 @@ def test_digests_of_ids_read_in_chunks(manifest):
     a = build_plan(samples, "adaptiveload", BUDGETS, WORLD, 0).summary
     b = build_plan(chunked, "adaptiveload", BUDGETS, WORLD, 0).summary
     assert (a["data_digest"], a["plan_digest"]) == (b["data_digest"], b["plan_digest"])
+
+
+# --- round 2: the sampler inside frameworks, and what it says -------------------------------
+
+
+def test_set_epoch_never_drops_a_pending_epoch(manifest):
+    """`set_epoch(other epoch)` after `load_state_dict` discarded the resume without a word
+    (Accelerate's prepared loader does it on every pass: it replayed epoch 0's whole plan)."""
+    saved = make(manifest)
+    saved.set_epoch(1)
+    state = saved.state_dict(consumed_steps=4)
+    resumed = make(manifest)
+    resumed.load_state_dict(state)
+    with pytest.raises(ValueError, match=r"set_epoch\(0\): epoch 1 was set to start at step 4"):
+        resumed.set_epoch(0)
+    assert len(resumed) == resumed.num_steps - 4  # still pending, untouched
+    resumed.set_epoch(1)  # the same epoch keeps it
+    assert [list(b) for b in resumed] == [list(b) for b in _epoch(make(manifest), 1)][4:]
+    resumed.set_epoch(2)  # once run, any epoch may follow
+    fresh = make(manifest)
+    fresh.set_epoch(3)
+    with pytest.raises(ValueError, match="has not run yet"):
+        fresh.set_epoch(0)  # a framework's own count would replace the epoch set
+    fresh.set_epoch(0, step=0)  # explicit: start epoch 0 afresh
+    assert fresh.epoch == 0 and len(fresh) == fresh.num_steps
+
+
+def test_accelerate_prepare_counts_passes_from_the_samplers_epoch(manifest):
+    """A loader prepared after a resume of epoch 1, or afresh each epoch, set epoch 0 on its
+    first pass: `integrations.accelerate.prepare` starts its count at the sampler's epoch."""
+    accelerate = pytest.importorskip("accelerate")
+    from adaptiveload.integrations.accelerate import prepare
+
+    accelerator = accelerate.Accelerator(cpu=True)
+    whole = {e: [list(b) for b in _epoch(make(manifest, rank=None), e)] for e in (1, 2)}
+
+    def loader(sampler):
+        return DataLoader(Rows(sampler.samples), batch_sampler=sampler,
+                          collate_fn=lambda items: items)  # fmt: skip
+
+    saved = make(manifest, rank=None)
+    saved.set_epoch(1)
+    resumed = make(manifest, rank=None)
+    resumed.load_state_dict(saved.state_dict(consumed_steps=3))
+    with pytest.raises(ValueError, match="has not run yet"):  # accelerator.prepare alone
+        list(accelerator.prepare(loader(resumed)))
+    prepared = prepare(accelerator, loader(resumed))
+    ids = _ids(resumed)
+    assert [ids(b) for b in prepared] == whole[1][3 * WORLD :]  # epoch 1's rest, not epoch 0
+    assert [ids(b) for b in prepared] == whole[2]  # the next pass: the next epoch
+    fresh = make(manifest, rank=None)
+    fresh.set_epoch(2)  # a fresh prepared loader per epoch
+    assert [ids(b) for b in prepare(accelerator, loader(fresh))] == whole[2]
+    with pytest.raises(ValueError, match="rank=None"):
+        prepare(accelerator, loader(make(manifest, rank=0)))
+
+
+def test_lightning_loader_length_and_state_of_any_rank(manifest):
+    """Lightning ends an epoch when its own count reaches len(loader), taken once per fit:
+    the resumed length ended the epoch early and every later one too. PlanDataLoader's length
+    is the whole epoch, and its state (saved by rank 0 only) resumes every rank."""
+    pytest.importorskip("lightning")
+    from adaptiveload.integrations.lightning import PlanDataLoader
+
+    zero = PlanDataLoader(Rows(make(manifest, rank=0).samples), make(manifest, rank=0))
+    for count, _ in enumerate(zero):
+        if count == 6:
+            break
+    state = zero.state_dict()
+    assert "rank" not in state and (state["epoch"], state["step"]) == (0, 7)
+    one = make(manifest, rank=1)
+    loader = PlanDataLoader(Rows(one.samples), one)
+    loader.load_state_dict(state)  # rank 0's state, on rank 1
+    assert len(loader) == one.num_steps  # the whole epoch, as Lightning counts
+    steps = [info.step for _, info in loader]
+    assert steps == list(range(7, one.num_steps))
+    assert loader.state_dict()["step"] == one.num_steps
+
+
+def test_plan_digest_covers_the_world_size():
+    """Plans of 2 and of 4 ranks that deal the same slots had one digest: a rank that believed
+    it was one of 4 passed check_ranks beside ranks of 2 (128 against 64 batches)."""
+    from adaptiveload.data.bucketing import bucketize
+    from adaptiveload.planning.plan import build_plan, plan_difference
+
+    samples = bucketize(synthesize("tiny-cpu", 40, seed=0), grid="tiny").samples
+    two, four = (build_plan(samples, "equal-token", BUDGETS, n, 0).summary for n in (2, 4))
+    assert two["steps"] == 2 * four["steps"]  # the same 24 slots, one padding repeat in each
+    assert two["plan_digest"] != four["plan_digest"]
+    assert plan_difference(four, two)[:3] == ("world_size", 4, 2)
+
+
+def test_over_capacity_samples_are_excluded_and_named(manifest):
+    """They stayed in sampler.samples, never yielded, and excluded_ids named only the rows
+    bucketing dropped (92 excluded, excluded_ids == ['1'])."""
+    cal = Calibration.load("h200-wan2.1-t2v-1.3b")
+    rows = synthesize("paper-mixed", 200, seed=1)
+    rows["height"], rows["width"] = rows["height"].clip(upper=480), rows["width"].clip(upper=832)
+    rows.loc[[5, 50], ["num_frames", "height", "width"]] = [81, 2160, 3840]
+    rows.loc[9, ["height", "width"]] = 8  # fits no bucket
+    with pytest.warns(PlanWarning) as caught:
+        sampler = PlanBatchSampler.from_manifest(
+            rows, "adaptiveload", Budgets.resolve(calibration=cal), WORLD, 0, seed=0,
+            bucketing="exact", cost_model=cal,
+        )  # fmt: skip
+    ids = rows["sample_id"]
+    summary = sampler.summary
+    assert summary["num_over_capacity"] == 2 and summary["num_excluded"] == 3
+    assert set(summary["excluded_ids"]) == set(ids[[5, 9, 50]])
+    assert not set(ids[[5, 50]]) & set(sampler.samples["sample_id"])
+    assert len(sampler.samples) == 197
+    assert "3 of 200 samples excluded (never trained, 2 of them over" in str(caught[0].message)
+
+
+def test_len_after_a_broken_off_resumed_pass(manifest):
+    """It said the resumed rest (78) while the next pass yielded the whole epoch (128)."""
+    sampler = make(manifest)
+    sampler.load_state_dict(make(manifest).state_dict(consumed_steps=5))
+    assert len(sampler) == sampler.num_steps - 5
+    for count, _ in enumerate(DataLoader(Rows(sampler.samples), batch_sampler=sampler,
+                                         collate_fn=lambda items: items, num_workers=1)):
+        assert len(sampler) == sampler.num_steps - 5  # the pass in progress
+        if count == 2:
+            break
+    assert len(sampler) == sampler.num_steps == len(list(sampler))
+
+
+def test_clips_cut_to_their_bucket_are_said():
+    """A 1,200-frame 4K clip became an 81-frame 720p bucket without a message."""
+    rows = synthesize("video-only", 40, seed=0)
+    rows.loc[3, ["num_frames", "height", "width"]] = [1200, 2160, 3840]
+    rows.loc[3, "sample_id"] = "long-4k"
+    with pytest.warns(PlanWarning, match=r"'long-4k' \(1200 -> 81 frames\)") as caught:
+        sampler = PlanBatchSampler.from_manifest(rows, "adaptiveload", BUDGETS, 1, 0, seed=0)
+    assert len(caught) == 1 and "cut to fewer than half their frames" in str(caught[0].message)
+    row = sampler.samples[sampler.samples["sample_id"] == "long-4k"].iloc[0]
+    assert (row.bucket_frames, row.bucket_height, row.bucket_width) == (81, 720, 1280)
+
+
+def test_messages_that_name_the_fix(manifest, tmp_path):
+    """ids read as NaN by pd.read_csv were refused as '(empty)' without a hint; a `tokens`
+    column was overwritten silently; True passed as a frame count; Budgets(m_tok="6144")
+    raised a bare TypeError."""
+    csv = tmp_path / "m.csv"
+    rows = manifest.head(20)[["sample_id", "num_frames", "height", "width"]].copy()
+    rows.loc[4, "sample_id"] = "null"
+    rows.to_csv(csv, index=False)
+    with pytest.raises(UserError, match=r"keep_default_na=False") as err:
+        make(pd.read_csv(csv))
+    assert "load_manifest" in str(err.value) and "\n" not in str(err.value)
+    assert make(pd.read_csv(csv, dtype={"sample_id": str}, keep_default_na=False))
+    own = manifest.head(20).assign(tokens=7)
+    with pytest.raises(UserError, match=r"column 'tokens' is the manifest's own"):
+        make(own)
+    flags = manifest.head(20).astype({"num_frames": object})
+    flags.loc[2, "num_frames"] = True
+    with pytest.raises(UserError, match=r"num_frames.*position 2 \(True\)"):
+        make(flags)
+    with pytest.raises(UserError, match=r"budget m_tok='6144': must be a number, not str"):
+        Budgets(m_tok="6144")

@@ -43,6 +43,13 @@ def report_warnings(what: str, found: list[str], strict: bool) -> None:
     typer.echo(f"warning: {line}", err=True)
 
 
+def report_note(note: str | None) -> None:
+    """Say something true of every plan of this data that the user should know once (clips cut
+    to their bucket), in one `note:` line on stderr; never refused by --strict."""
+    if note:
+        typer.echo(f"note: {note}", err=True)
+
+
 app = typer.Typer(
     name="adaptiveload",
     help="Compute-aware data loading for video DiT training: one subcommand per pipeline stage.",

@@ -7,8 +7,15 @@ from typing import Annotated, Any
 
 import typer
 
-from adaptiveload.cli.app import app, examples, report_warnings
-from adaptiveload.data.bucketing import DEFAULT_GRID, DEFAULT_MAX_FRAMES, DEFAULT_MODE, GRIDS, MODES
+from adaptiveload.cli.app import app, examples, report_note, report_warnings
+from adaptiveload.data.bucketing import (
+    DEFAULT_GRID,
+    DEFAULT_MAX_FRAMES,
+    DEFAULT_MODE,
+    GRIDS,
+    MODES,
+    cut_note,
+)
 from adaptiveload.errors import UserError
 from adaptiveload.planning.dealing import DEFAULT_WINDOW_STEPS
 
@@ -42,6 +49,11 @@ def compare_cmd(
     headroom: Annotated[
         float | None, Opt(help="fraction of capacity kept free", show_default="the calibration's")
     ] = None,
+    budgets_file: Annotated[
+        Path | None,
+        Opt("--budgets", help="budgets JSON of `adaptiveload budgets` (p and budgets derived for "
+            "your data), as `plan --budgets` reads it"),
+    ] = None,
     policies: Annotated[
         str | None, Opt(help="comma-separated policies", show_default="every registered one")
     ] = None,
@@ -55,24 +67,29 @@ def compare_cmd(
     ] = False,
 ) -> None:
     """Predict every policy's imbalance, idle fraction, VRAM utilization and samples/s on your
-    data (all `model`, through one calibration), with the budgets derived for it.
+    data (all `model`, through one cost model), with the budgets `adaptiveload plan` would use.
 
-    The budgets are derived for this manifest's tokens (p over its range, the reference batch
-    among its buckets) at the calibration's capacity or --capacity-gb, as `adaptiveload
-    budgets` derives them; every policy is then planned with them and simulated.
+    Budgets follow `plan`'s rule: --calibration plans with the calibration's own p and budgets
+    (those of the mix it was made for); --budgets FILE with those `adaptiveload budgets`
+    derived for your data (its p, budgets and capacity). A --prior has no budgets of its own:
+    they are derived for this data, at --capacity-gb.
     """
     from adaptiveload.io import write_json
     from adaptiveload.planning.compare import compare_policies, comparison_rows
-    from adaptiveload.planning.plan import plan_warnings
+    from adaptiveload.planning.plan import plan_warnings, without_over_capacity
 
     bucketed, origin = _bucketed(manifest, mixture, num_samples, bucketing, grid, max_frames)
     tokens = bucketed.samples["tokens"].to_numpy()
     cal = _cost_model(calibration, prior, model, tokens, origin)
-    cal = cal.for_tokens(tokens, None if capacity_gb is None else capacity_gb * 1e9, headroom)
+    cal, source = _budgets(cal, budgets_file, prior, capacity_gb, headroom, tokens)
+    bucketed = without_over_capacity(bucketed, cal)  # the header counts what the plans leave out
     names = [p.strip() for p in policies.split(",") if p.strip()] if policies else None
     summaries = compare_policies(bucketed, cal, world_size, seed, names, DEFAULT_WINDOW_STEPS)
     for s in summaries:
-        report_warnings(f"plan ({s['policy']})", plan_warnings(s), strict)
+        found = plan_warnings(s, bucketed.excluded_ids.tolist())
+        report_warnings(f"plan ({s['policy']})", found, strict)
+    report_note(cut_note(bucketed.samples))
+    derivation = cal.extra.get("budgets") or {}
     report = {
         "data": {"origin": origin, "num_samples": bucketed.num_samples,
                  "num_excluded": bucketed.num_excluded, "bucketing": bucketing, "grid": grid},
@@ -81,14 +98,38 @@ def compare_cmd(
         "calibration": {"file": str(calibration) if calibration else None, "prior": prior,
                         "model": cal.model, "label": cal.label,
                         "capacity_gb": cal.capacity_bytes / 1e9,
-                        "headroom": cal.extra["headroom"]},
+                        "headroom": cal.extra.get("headroom", cal.headroom)},
         "budgets": {"p": cal.p, "m_tok": cal.m_tok, "m_mem": cal.m_mem, "m_comp": cal.m_comp,
-                    **{k: cal.extra["budgets"][k] for k in ("ref_tokens", "ref_batch")}},
+                    "source": source,
+                    **{k: derivation.get(k) for k in ("ref_tokens", "ref_batch")}},
         "policies": summaries,
     }  # fmt: skip
     if output is not None:
         write_json(output, report)
     typer.echo(_text(report, comparison_rows(summaries)))
+
+
+def _budgets(
+    cal: Any, budgets_file: Path | None, prior: str | None, capacity_gb: float | None,
+    headroom: float | None, tokens: Any,
+) -> tuple[Any, str]:  # fmt: skip
+    """The cost model with the budgets `plan` would use (the rule in compare_cmd's help), and
+    where they come from."""
+    from adaptiveload.cli.plan import read_budgets
+
+    rederive = capacity_gb is not None or headroom is not None
+    if budgets_file is not None or prior is None:
+        if rederive:
+            raise UserError(
+                "compare: --capacity-gb/--headroom derive budgets, which `plan` reads from a "
+                "budgets file: write it with `adaptiveload budgets --calibration CAL --manifest "
+                "M --capacity-gb G > budgets.json` and pass --budgets budgets.json"
+            )
+        if budgets_file is not None:
+            return read_budgets(budgets_file, cal), f"derived for your data ({budgets_file})"
+        return cal, "the calibration's own (--budgets FILE: derived for your data)"
+    capacity = None if capacity_gb is None else capacity_gb * 1e9
+    return cal.for_tokens(tokens, capacity, headroom), "derived for this data (a prior's)"
 
 
 def _bucketed(
@@ -144,9 +185,8 @@ def _text(report: dict[str, Any], rows: list[list[str]]) -> str:
         f"{report['world_size']} ranks, seed {report['seed']}",
         f"cost model: {cal['model']}, {cal['label']}, capacity {cal['capacity_gb']:.4g} GB, "
         f"headroom {cal['headroom']:.0%}",
-        f"budgets for this data: p={b['p']:.3f}  M_tok={b['m_tok']:,.0f}  M_mem={b['m_mem']:,.0f}"
-        f"  M_comp={b['m_comp']:.4g}  (reference batch {b['ref_batch']} x {b['ref_tokens']:,.0f}"
-        " tokens)",
+        f"budgets: p={b['p']:.3f}  M_tok={b['m_tok']:,.0f}  M_mem={b['m_mem']:,.0f}"
+        f"  M_comp={b['m_comp']:.4g}  ({b['source']})",
         "",
         *table,
         "",

@@ -11,7 +11,7 @@ from typing import Annotated
 import pandas as pd
 import typer
 
-from adaptiveload.cli.app import app, examples, report_warnings
+from adaptiveload.cli.app import app, examples, report_note, report_warnings
 from adaptiveload.costmodel import Calibration, shipped_calibrations
 from adaptiveload.data.bucketing import (
     DEFAULT_GRID,
@@ -20,6 +20,7 @@ from adaptiveload.data.bucketing import (
     GRIDS,
     MODES,
     bucketize,
+    cut_note,
 )
 from adaptiveload.errors import UserError
 from adaptiveload.io import read_json, write_json, write_parquet
@@ -30,6 +31,7 @@ from adaptiveload.planning.plan import (
     build_plan,
     check_table,
     plan_warnings,
+    without_over_capacity,
 )
 from adaptiveload.planning.policies import AUTO, POLICIES, Budgets, MissingBudgetError, get_policy
 from adaptiveload.planning.simulate import DEFAULT_ALLREDUCE_GBPS, Simulation, simulate
@@ -199,6 +201,7 @@ def plan_cmd(
                         "model the plan is simulated through)")  # fmt: skip
     _check_warmup(warmup_steps)
     bucketed = bucketize(load_manifest(manifest), mode=bucketing, grid=grid, max_frames=max_frames)
+    bucketed = without_over_capacity(bucketed, cal)  # excluded, and named, like the rest
     plan = build_plan(
         bucketed, pol, budgets, world_size, seed, epoch, cost_model=cal,
         window_steps=window_steps or None, allreduce_gbps=allreduce_gbps,
@@ -211,7 +214,9 @@ def plan_cmd(
         "calibration_label": cal.label if cal else None,
     }  # fmt: skip
     plan.table.attrs["plan"].update(info)
-    report_warnings(f"plan ({plan.summary['policy']})", plan_warnings(plan.summary), strict)
+    found = plan_warnings(plan.summary, bucketed.excluded_ids.tolist())
+    report_warnings(f"plan ({plan.summary['policy']})", found, strict)
+    report_note(cut_note(bucketed.samples))
     if output is not None:
         write_parquet(output, plan.table)
     if summary is not None:

@@ -113,6 +113,8 @@ class Bucketed:
     grid: str
     max_frames: int
     excluded_ids: pd.Series = field(repr=False, default_factory=lambda: pd.Series([], dtype=str))
+    # of num_excluded, those a device cannot hold alone (planning.plan.without_over_capacity)
+    num_over_capacity: int = 0
 
     @property
     def num_samples(self) -> int:
@@ -189,6 +191,7 @@ def bucketize(
     else:
         bf, bh, bw, keep = _aspect(frames, height, width, the_grid, int(max_frames))
 
+    _check_own_columns(manifest_df, bf, bh, bw, keep)
     samples = manifest_df.loc[keep].reset_index(drop=True)
     bf, bh, bw = bf[keep], bh[keep], bw[keep]
     samples["bucket_frames"] = bf
@@ -203,6 +206,43 @@ def bucketize(
         grid=the_grid.name if mode == "aspect" else "exact",
         max_frames=int(max_frames),
         excluded_ids=excluded,
+    )
+
+
+def _check_own_columns(
+    frame: pd.DataFrame, bf: np.ndarray, bh: np.ndarray, bw: np.ndarray, keep: np.ndarray
+) -> None:
+    """UserError if the manifest has a column of its own under a name bucketing writes
+    (BUCKET_COLUMNS) with other values: it would be overwritten without a word. The same
+    values (a bucketed manifest read back) are fine."""
+    made = dict(zip(BUCKET_COLUMNS, (bf, bh, bw, token_count(bf, bh, bw)), strict=True))
+    for name, values in made.items():
+        if name not in frame.columns:
+            continue
+        own = pd.to_numeric(frame[name], errors="coerce").to_numpy(np.float64)
+        if not np.array_equal(own[keep], values[keep].astype(np.float64)):
+            raise UserError(
+                f"manifest: column {name!r} is the manifest's own, and bucketing writes its "
+                f"own {name!r} (the bucket's); rename or drop that column"
+            )
+
+
+def cut_note(samples: pd.DataFrame, show: int = 5) -> str | None:
+    """One clause on the bucketed samples whose bucket keeps fewer than half of their frames
+    (a clip trains as its bucket's frame count and size, cut and resized to it), naming the
+    first `show`; None when there are none (or the frame has no ``num_frames``)."""
+    if "num_frames" not in samples.columns or len(samples) == 0:
+        return None
+    frames = samples["num_frames"].to_numpy()
+    cut = np.flatnonzero(samples["bucket_frames"].to_numpy() * 2 < frames)
+    if cut.size == 0:
+        return None
+    ids, kept = samples["sample_id"].to_numpy(), samples["bucket_frames"].to_numpy()
+    named = ", ".join(f"{ids[i]!r} ({frames[i]} -> {kept[i]} frames)" for i in cut[:show])
+    more = " ..." if cut.size > show else ""
+    return (
+        f"{cut.size} of {len(samples)} samples are cut to fewer than half their frames by "
+        f"their bucket (what trains is the bucket's shape), e.g. {named}{more}"
     )
 
 

@@ -180,11 +180,20 @@ def _quote(value: object) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
+# what an empty id most often is: text that pandas' CSV reader turned into a missing value
+_NA_TEXT_HINT = (
+    "; pandas.read_csv reads ids such as 'NaN', 'null' or 'NA' as empty: read the file with "
+    "adaptiveload.data.manifest.load_manifest(path), or pd.read_csv(path, "
+    "dtype={'sample_id': str}, keep_default_na=False)"
+)
+
+
 def _sample_ids(col: pd.Series, where: _Problems) -> pd.Series:
     missing = col.isna().to_numpy()
     ids = col.astype("str")
     empty = missing | (ids.str.strip() == "").to_numpy()
-    if where.fail(empty, "sample_id", col, "a non-empty string"):
+    hint = _NA_TEXT_HINT if missing.any() else ""
+    if where.fail(empty, "sample_id", col, "a non-empty string" + hint):
         return ids
     if pd.Index(ids).is_unique:  # the common case, twice as fast as duplicated() on 1M ids
         return ids
@@ -213,7 +222,9 @@ def _numeric(col: pd.Series) -> tuple[np.ndarray, np.ndarray]:
         return col.to_numpy(dtype=np.float64, na_value=np.nan), np.zeros(len(col), dtype=bool)
     num = pd.to_numeric(col, errors="coerce")
     values = num.to_numpy(dtype=np.float64, na_value=np.nan)
-    return values, np.isnan(values) & col.notna().to_numpy()
+    # to_numeric reads True as 1: a flag in a size column is a mistake, not one frame
+    flags = col.map(lambda v: isinstance(v, (bool, np.bool_))).to_numpy(dtype=bool)
+    return values, (np.isnan(values) & col.notna().to_numpy()) | flags
 
 
 def _sizes(col: pd.Series, name: str, where: _Problems) -> np.ndarray:

@@ -43,14 +43,15 @@ step's samples can do better), for every policy.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from adaptiveload.costmodel import Calibration, CostModel
+from adaptiveload.data.bucketing import Bucketed
 from adaptiveload.errors import UserError
 from adaptiveload.planning.dealing import (
     DEFAULT_WINDOW_STEPS,
@@ -78,6 +79,7 @@ FREE, MATCH = "free", "match"
 STEP_MODES = (FREE, MATCH)
 # a plan whose padding repeats exceed this share of its real batches is reported
 HEAVY_PADDING = 0.1
+SHOW_IDS = 5  # sample ids a message quotes (excluded, repeated)
 PREDICTED = (
     "imbalance_rate", "idle_fraction", "samples_per_s", "tokens_per_s", "vs_lower_bound",
     "epoch_lower_bound_s", "vs_epoch_lower_bound",
@@ -120,17 +122,16 @@ def build_plan(
     num_excluded: int | None = None,
     allreduce_gbps: float = DEFAULT_ALLREDUCE_GBPS,
     steps_per_epoch: str | int = FREE,
+    num_over_capacity: int | None = None,
 ) -> Plan:
     """Plan one epoch of `samples` (a bucketed DataFrame, or a ``Bucketed`` with ``.samples``
-    and ``.num_excluded``) for `world_size` ranks.
-
-    Balanced policies deal on ``cost_model.step_time`` when given, else on the proxy
-    B * S^p; `window_steps` (None = whole epoch) bounds how far they move a batch;
-    `steps_per_epoch`: ``free`` (the policy's own count), ``match`` (equal-token's) or K.
-    """
-    frame, excluded = _unpack(samples, num_excluded)
-    frame, over_capacity = _drop_over_capacity(frame, cost_model)
-    excluded += over_capacity
+    and ``.num_excluded``) for `world_size` ranks. `num_over_capacity`: of `num_excluded`,
+    the samples already taken out as over the device's capacity (``without_over_capacity``);
+    any left in `samples` are taken out here. Balanced policies deal on
+    ``cost_model.step_time`` when given, else on the proxy B * S^p; `window_steps` (None =
+    whole epoch) bounds how far they move a batch; `steps_per_epoch`: ``free`` (the policy's
+    own count), ``match`` (equal-token's) or K."""
+    frame, excluded, over_capacity = _unpack(samples, num_excluded, num_over_capacity, cost_model)
     pol = get_policy(policy)
     pol.check(budgets)
     _check_ints(world_size=(world_size, 1), seed=(seed, 0), epoch=(epoch, 0))
@@ -175,7 +176,7 @@ def build_plan(
         "steps_per_epoch": steps_per_epoch,
         "window_steps": window_steps if by_cost else None,
         "deal_cost": _deal_cost(pol, cost),
-        **_digests(frame, row_sample, batches.size[slots], slot_pad),
+        **_digests(frame, row_sample, batches.size[slots], slot_pad, world_size),
     }
     if packs is not None:
         summary["pack_limits"] = packs.limits.as_dict()
@@ -465,11 +466,17 @@ def plan_difference(a: Mapping[str, Any], b: Mapping[str, Any]) -> tuple[str, An
 
 
 def _digests(
-    frame: pd.DataFrame, row_sample: np.ndarray, slot_size: np.ndarray, slot_pad: np.ndarray
+    frame: pd.DataFrame,
+    row_sample: np.ndarray,
+    slot_size: np.ndarray,
+    slot_pad: np.ndarray,
+    world_size: int,
 ) -> dict[str, str]:
     """The plan's identity: `data_digest` (the samples planned: ids, bucket shapes and tokens,
     in row order) and `plan_digest` (which samples run where and when: the row positions,
-    batch sizes and padding flags, with the data digest that says what a position means).
+    batch sizes and padding flags in slot order, the world size that turns a slot into its step
+    and rank, with the data digest that says what a position means). Without the world size,
+    plans of 2 and 4 ranks that deal the same slots had one digest.
     Resumes (`PlanBatchSampler.load_state_dict`) and ranks (`PlanBatchSampler.check_ranks`)
     compare them; 1M samples digest in tens of milliseconds."""
     data = hashlib.sha256()
@@ -477,7 +484,8 @@ def _digests(
     for col in REQUIRED_COLUMNS[1:]:
         data.update(np.ascontiguousarray(frame[col].to_numpy(np.int64)))
     data_digest = data.hexdigest()[:16]
-    plan = _digest(np.frombuffer(data_digest.encode(), np.uint8), row_sample, slot_size, slot_pad)
+    data_bytes = np.frombuffer(data_digest.encode(), np.uint8)
+    plan = _digest(data_bytes, np.int64([world_size]), row_sample, slot_size, slot_pad)
     return {"data_digest": data_digest, "plan_digest": plan}
 
 
@@ -500,18 +508,21 @@ def _hash_strings(h: Any, values: pd.Series) -> None:
         h.update(memoryview(body)[offsets[0] : offsets[-1]])
 
 
-def plan_warnings(summary: dict[str, Any]) -> list[str]:
+def plan_warnings(summary: dict[str, Any], excluded_ids: Sequence[str] = ()) -> list[str]:
     """What about a plan is unusual enough to tell the user, one clause each: samples never
-    trained (excluded: no bucket, over the device's capacity), samples over a budget on their
-    own (they run alone, B = 1; all of them means a budget below every sample), heavy
-    padding. The sampler joins them into one warning line; the CLI prints them, or refuses
-    them with --strict."""
+    trained (excluded: no bucket, over the device's capacity; the first SHOW_IDS of
+    `excluded_ids` named), samples over a budget on their own (they run alone, B = 1; all of
+    them means a budget below every sample), heavy padding. The sampler joins them into one
+    warning line; the CLI prints them, or refuses them with --strict."""
     found = []
     excluded, total = summary["num_excluded"], summary["num_samples"]
     if excluded:
         over = summary.get("num_over_capacity", 0)
         why = f", {over} of them over the device's capacity" if over else ""
-        found.append(f"{excluded} of {total} samples excluded (never trained{why})")
+        ids = list(excluded_ids[:SHOW_IDS])
+        more = " ..." if len(excluded_ids) > SHOW_IDS else ""
+        named = f", e.g. {', '.join(map(repr, ids))}{more}" if ids else ""
+        found.append(f"{excluded} of {total} samples excluded (never trained{why}){named}")
     oversize, planned = summary["num_oversize"], total - excluded
     if oversize:
         pol = get_policy(summary["policy"])
@@ -541,7 +552,14 @@ def _starts(counts: np.ndarray) -> np.ndarray:
     return np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
 
 
-def _unpack(samples: Any, num_excluded: int | None) -> tuple[pd.DataFrame, int]:
+def _unpack(
+    samples: Any,
+    num_excluded: int | None,
+    num_over_capacity: int | None,
+    cost_model: CostModel | Calibration | None,
+) -> tuple[pd.DataFrame, int, int]:
+    """The samples to plan (those over the device's capacity taken out), the excluded count
+    and, of it, the over-capacity count."""
     frame = getattr(samples, "samples", samples)
     if not isinstance(frame, pd.DataFrame):
         raise TypeError("samples must be a bucketed DataFrame or a Bucketed")
@@ -555,27 +573,48 @@ def _unpack(samples: Any, num_excluded: int | None) -> tuple[pd.DataFrame, int]:
         raise UserError("bucketed samples: no samples to plan (all excluded or empty manifest)")
     if num_excluded is None:
         num_excluded = int(getattr(samples, "num_excluded", 0))
-    return frame, num_excluded
+    if num_over_capacity is None:
+        num_over_capacity = int(getattr(samples, "num_over_capacity", 0))
+    over = over_capacity(frame, cost_model)
+    if over.any():
+        frame = frame[~over].reset_index(drop=True)
+    dropped = int(over.sum())
+    return frame, num_excluded + dropped, num_over_capacity + dropped
 
 
-def _drop_over_capacity(
-    frame: pd.DataFrame, cost_model: CostModel | Calibration | None
-) -> tuple[pd.DataFrame, int]:
-    """The samples one device can hold alone (a Calibration's m(1, S) <= capacity), and how
-    many it cannot; without a capacity every sample is kept."""
+def over_capacity(frame: pd.DataFrame, cost_model: CostModel | Calibration | None) -> np.ndarray:
+    """Which samples one device cannot hold alone (a Calibration's m(1, S) above its capacity):
+    never planned. All False without a capacity; UserError when no sample fits."""
     if not isinstance(cost_model, Calibration) or not cost_model.capacity_bytes:
-        return frame, 0
+        return np.zeros(len(frame), dtype=bool)
     tokens = frame["tokens"].to_numpy(np.float64)
     fits = cost_model.cost.memory(1, tokens) <= cost_model.capacity_bytes
-    if fits.all():
-        return frame, 0
-    if not fits.any():
+    if len(frame) and not fits.any():
         raise UserError(
             f"no sample fits on one device: the smallest ({tokens.min():.0f} tokens) needs "
             f"{cost_model.cost.memory(1, tokens.min()) / 1e9:.1f} GB > the calibration's "
             f"capacity {cost_model.capacity_bytes / 1e9:.1f} GB"
         )
-    return frame[fits].reset_index(drop=True), int((~fits).sum())
+    return ~fits
+
+
+def without_over_capacity(
+    bucketed: Bucketed, cost_model: CostModel | Calibration | None
+) -> Bucketed:
+    """`bucketed` without the samples one device cannot hold alone (``over_capacity``): they
+    join its excluded samples, counted (also in ``num_over_capacity``) and named in
+    ``excluded_ids``, so what a command reports as excluded is what its plan leaves out."""
+    over = over_capacity(bucketed.samples, cost_model)
+    if not over.any():
+        return bucketed
+    ids = bucketed.samples.loc[over, "sample_id"]
+    return replace(
+        bucketed,
+        samples=bucketed.samples[~over].reset_index(drop=True),
+        num_excluded=bucketed.num_excluded + int(over.sum()),
+        num_over_capacity=bucketed.num_over_capacity + int(over.sum()),
+        excluded_ids=pd.concat([bucketed.excluded_ids, ids], ignore_index=True),
+    )
 
 
 def _check_ints(**values: tuple[int, int]) -> None:

@@ -49,6 +49,16 @@ class Budgets:
     pack_tokens: float | None = None
 
     def __post_init__(self) -> None:
+        for name in ("p", "m_mem", "m_comp", "m_tok", "pack_tokens"):
+            value = getattr(self, name)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, (int, float, np.number))
+            ):
+                example = 1.2 if name == "p" else 6144
+                raise UserError(
+                    f"budget {name}={value!r}: must be a number, not {type(value).__name__} "
+                    f"(e.g. Budgets({name}={example}))"
+                )
         _check_exponent(self.p)
         # m_tok may be m_mem's value: name m_mem
         for name in ("m_mem", "m_comp", "m_tok", "pack_tokens"):

@@ -33,21 +33,27 @@ import pandas as pd
 from torch.utils.data import Dataset, Sampler, default_collate
 
 from adaptiveload.costmodel import Calibration, CostModel
-from adaptiveload.data.bucketing import DEFAULT_GRID, DEFAULT_MAX_FRAMES, DEFAULT_MODE, bucketize
+from adaptiveload.data.bucketing import (
+    DEFAULT_GRID,
+    DEFAULT_MAX_FRAMES,
+    DEFAULT_MODE,
+    bucketize,
+    cut_note,
+)
 from adaptiveload.data.manifest import validate_manifest
 from adaptiveload.errors import UserError
 from adaptiveload.planning.dealing import DEFAULT_WINDOW_STEPS
 from adaptiveload.planning.plan import (
     PLAN_INPUTS,
+    SHOW_IDS,
     Plan,
     build_plan,
+    over_capacity,
     plan_difference,
     plan_warnings,
     table_digest,
 )
 from adaptiveload.planning.policies import Budgets, Policy
-
-_SHOW_IDS = 5  # excluded sample ids quoted in the warning line
 
 
 class PlanWarning(UserWarning):
@@ -93,6 +99,10 @@ class PlanBuilder:
     The first plan it builds reports, in one PlanWarning line, what about it is unusual
     (`plan.plan_warnings`: excluded samples, named by `excluded_ids` when given; samples over a
     budget on their own; heavy padding).
+
+    Samples one device cannot hold alone (`plan.over_capacity`, with a Calibration's capacity)
+    are taken out of `samples` when it is made, and join `num_excluded` and `excluded_ids`:
+    `samples` is then exactly what the plans can yield, the rows to build a dataset over.
     """
 
     samples: pd.DataFrame  # bucketed; its row order is the dataset order
@@ -104,16 +114,26 @@ class PlanBuilder:
     window_steps: int | None = DEFAULT_WINDOW_STEPS
     num_excluded: int = 0
     excluded_ids: Sequence[str] = ()  # of the manifest rows bucketing dropped
+    num_over_capacity: int = 0  # of num_excluded, those taken out for the device's capacity
     # the latest epoch's plan ({"epoch": e, "plan": plan}), shared by the samplers of all ranks
     # one process emulates; and whether the first plan's warning was given
     _cache: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        over = over_capacity(self.samples, self.cost_model)
+        if over.any():  # a frozen dataclass: set the fields it is made with once, here
+            dropped = self.samples.loc[over, "sample_id"].tolist()
+            object.__setattr__(self, "samples", self.samples[~over].reset_index(drop=True))
+            object.__setattr__(self, "excluded_ids", [*self.excluded_ids, *dropped])
+            object.__setattr__(self, "num_excluded", self.num_excluded + len(dropped))
+            object.__setattr__(self, "num_over_capacity", self.num_over_capacity + len(dropped))
 
     def __call__(self, epoch: int) -> Plan:
         if self._cache.get("epoch") != epoch:
             plan = build_plan(
                 self.samples, self.policy, self.budgets, self.world_size, self.seed, epoch,
                 cost_model=self.cost_model, window_steps=self.window_steps,
-                num_excluded=self.num_excluded,
+                num_excluded=self.num_excluded, num_over_capacity=self.num_over_capacity,
             )  # fmt: skip
             self._cache.update(epoch=epoch, plan=plan)
             if not self._cache.get("warned"):
@@ -122,13 +142,11 @@ class PlanBuilder:
         return self._cache["plan"]
 
     def _warn(self, summary: Mapping[str, Any]) -> None:
-        found = plan_warnings(dict(summary))
+        found = plan_warnings(dict(summary), list(self.excluded_ids))
+        cut = cut_note(self.samples, SHOW_IDS)
+        found += [cut] if cut else []
         if not found:
             return
-        ids = list(self.excluded_ids[:_SHOW_IDS])
-        if ids:
-            more = " ..." if len(self.excluded_ids) > _SHOW_IDS else ""
-            found[0] += f", e.g. {', '.join(map(repr, ids))}{more}"
         warnings.warn(f"plan ({summary['policy']}): " + "; ".join(found), PlanWarning,
                       stacklevel=_outside_the_package())  # fmt: skip
 
@@ -229,22 +247,34 @@ class PlanBatchSampler(Sampler[list[int]]):
         return self.world_size if self.rank is None else 1
 
     def set_epoch(self, epoch: int, step: int | None = None) -> None:
-        """Switch to `epoch`'s plan (rebuilt deterministically).
+        """Switch to `epoch`'s plan (rebuilt deterministically); the next pass starts at `step`.
 
-        The next pass starts at `step`; None: at step 0, unless a resume
-        (``load_state_dict``) of this same epoch is pending, whose offset it keeps, so the
-        usual ``set_epoch(epoch)`` at the top of an epoch loop does not replay the steps done.
+        `step` None: at step 0, unless an epoch set before (by ``set_epoch`` or
+        ``load_state_dict``) has not begun its pass yet. Then the same epoch keeps that start,
+        so the usual ``set_epoch(epoch)`` at the top of an epoch loop does not replay the steps
+        a resume skips, and another epoch is refused (ValueError): a framework that sets its
+        own count as the epoch (HF Accelerate's prepared loader sets the number of passes it
+        has made) would otherwise drop the resume, or replay another epoch's plan, without a
+        word. ``set_epoch(epoch, step=0)`` starts `epoch` afresh whatever was pending.
         """
         if self._builder is None and epoch != self.epoch:
             raise ValueError(
                 "a fixed plan table covers one epoch; pass a PlanBuilder to plan each epoch"
             )
-        pending = self._resume if epoch == self.epoch else None
+        pending = self._resume
+        if step is None and pending is not None:
+            if epoch == self.epoch:
+                return  # the epoch set before, with its start
+            if pending < self._total:
+                at = pending // self.batches_per_step
+                raise ValueError(
+                    f"set_epoch({epoch}): epoch {self.epoch} was set to start at step {at} and "
+                    "has not run yet; a second set_epoch would drop it silently (under HF "
+                    "Accelerate, prepare the loader with adaptiveload.integrations.accelerate."
+                    f"prepare); call set_epoch({epoch}, step=0) to start epoch {epoch} afresh"
+                )
         self._load(epoch)
-        if step is not None:
-            self._start_at(step)
-        elif pending:
-            self._resume = self._pos = pending
+        self._start_at(0 if step is None else step)
 
     def _start_at(self, step: int) -> None:
         """Make the next pass begin at `step` of the current epoch."""
@@ -255,23 +285,29 @@ class PlanBatchSampler(Sampler[list[int]]):
         self._resume = self._pos = int(step) * self.batches_per_step
 
     def __len__(self) -> int:
-        """Batches the next pass yields (or the pass in progress): after a resume, the rest."""
-        return self._total - (self._resume or self._pass_start)
+        """Batches the pass in progress yields from its start, else the next pass: after a
+        resume, the rest of the epoch; after a pass broken off, the whole epoch again."""
+        start = self._pass_start if self._active is not None else self._resume or 0
+        return self._total - start
 
     def __iter__(self) -> Iterator[PlanBatch]:
         self._pos = self._resume or 0
         return self._batches()
 
     def _batches(self) -> Iterator[PlanBatch]:
-        # The resume offset is taken when the pass yields its first batch, not in __iter__: a
+        # The start is taken when the pass yields its first batch, not in __iter__: a
         # DataLoader with workers calls iter() twice and discards the first iterator unstarted.
         start, self._resume = self._resume or 0, None  # a later pass replays from step 0
+        token = self._active = object()  # this pass, until it ends or is broken off (closed)
         self._pass_start = start
-        for slot in range(start, self._total):
-            self._pos = slot + 1
-            yield PlanBatch(self._flat[self._bounds[slot] : self._bounds[slot + 1]].tolist(),
-                            self._info(slot))  # fmt: skip
-        self._pass_start = 0
+        try:
+            for slot in range(start, self._total):
+                self._pos = slot + 1
+                yield PlanBatch(self._flat[self._bounds[slot] : self._bounds[slot + 1]].tolist(),
+                                self._info(slot))  # fmt: skip
+        finally:
+            if self._active is token:
+                self._active = None
 
     def _info(self, slot: int) -> BatchInfo:
         step, at_rank = divmod(slot, self.batches_per_step)
@@ -388,7 +424,10 @@ class PlanBatchSampler(Sampler[list[int]]):
             who = self.rank if self.rank is not None else at_rank
             raise ValueError(f"rank {who} has no batch at step {at_step}; pad the plan")
         self._slot_pad = table["is_padding"].to_numpy(bool)[rows[self._bounds[:-1]]]
-        self._resume: int | None = None  # slot the next pass starts at, after a resume
+        # slot the next pass starts at, set by set_epoch or load_state_dict until that pass
+        # begins (None: step 0, and no epoch is pending)
+        self._resume: int | None = None
+        self._active: object | None = None  # the pass in progress (a token), if any
         self._pass_start = 0  # slot the pass in progress started at
         self._pos = 0
 
@@ -475,7 +514,7 @@ def _as_index(sample_index: SampleIndex) -> tuple[pd.Index, np.ndarray]:
         index = pd.Index(sample_index)
         positions = np.arange(len(index), dtype=np.int64)
     if not index.is_unique:
-        dup = index[index.duplicated()].unique()[:_SHOW_IDS].tolist()
+        dup = index[index.duplicated()].unique()[:SHOW_IDS].tolist()
         raise UserError(
             f"sample index: sample_ids must be unique; repeated: {', '.join(map(repr, dup))}"
         )

@@ -57,7 +57,7 @@ def prepare_data(
         check_plan(plan, epoch0.summary)
     mcfg = get_config(cfg.model)
     dataset = LatentDataset(
-        samples,
+        builder.samples,  # without the samples over the device's capacity
         latent_channels=mcfg.in_dim,
         text_len=mcfg.text_len,
         text_dim=mcfg.text_dim,
