@@ -282,7 +282,8 @@ def report(
     instances = ptxas_report(sm)
     limits, launches = dispatch_table()
     problems = check(instances, limits, launches)
-    lines = [f"# ptxas -v, sm_{sm}: every compiled instance", "instance registers static_smem "
+    lines = [f"# ptxas -v, sm_{sm}: every compiled instance of {SOURCE_DIR} (sources_digest "
+             f"{sources_digest()})", "instance registers static_smem "
              "stack_frame spill_stores spill_loads"]  # fmt: skip
     lines += [f"{i.name} {i.registers} {i.static_smem} {i.stack_frame} {i.spill_stores} "
               f"{i.spill_loads}" for i in instances]  # fmt: skip

@@ -8,8 +8,9 @@ installed package builds the library as a checkout does. The folder is the first
    pyproject.toml and a kernels/ folder one level above the package);
 2. else `kernels/` inside the installed package.
 
-Torch-free and import-free (standard library only): the Snakefile reads the source list
-without importing torch, and setup.py loads this file by path to know what to copy where.
+Standard library only: the Snakefile reads the source list without importing torch, and
+setup.py loads this file by path (a build imports neither the package nor torch) to know what
+to copy where.
 """
 
 from __future__ import annotations
