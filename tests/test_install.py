@@ -34,6 +34,8 @@ from packaging.utils import canonicalize_name
 from adaptiveload.experiment import load as load_config
 from adaptiveload.extras import EXTRA_OF
 from adaptiveload.ops import kernel_build as kb
+from adaptiveload.ops import kernel_sources as ks
+from adaptiveload.ops.kernel_sources import KERNELS_DIR
 
 ROOT = Path(__file__).resolve().parents[1]
 EXTRAS = {"pipeline", "tracking", "kernel", "media", "diffusers", "all", "dev"}
@@ -43,10 +45,10 @@ EXTRAS = {"pipeline", "tracking", "kernel", "media", "diffusers", "all", "dev"}
 def wheel(tmp_path_factory) -> Path:
     """Build the wheel from a copy of the sources (the build writes build/ and egg-info)."""
     src = tmp_path_factory.mktemp("src")
-    for name in ("pyproject.toml", "README.md", "LICENSE"):
+    for name in ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "LICENSE"):
         shutil.copy(ROOT / name, src / name)
-    shutil.copytree(ROOT / "adaptiveload", src / "adaptiveload",
-                    ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
+    for name in ("adaptiveload", KERNELS_DIR):
+        shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
     out = tmp_path_factory.mktemp("wheel")
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
@@ -83,12 +85,27 @@ def test_wheel_metadata_core_vs_extras(wheel):
         names = zf.namelist()
     # experiment files validate when installed
     assert "adaptiveload/experiment.schema.yaml" in names
-    kernel_sources = {p.relative_to(ROOT).as_posix() for p in kb.SOURCE_DIR.iterdir()}
-    assert kernel_sources and kernel_sources <= set(names)  # `kernel build` compiles installed
     assert any(n.endswith("licenses/LICENSE") for n in names)
     shipped = {f"adaptiveload/calibration/shipped/{p.name}"
                for p in (ROOT / "experiments" / "calibration").glob("*.json")}  # fmt: skip
     assert shipped and shipped <= set(names)  # `--calibration h200-...` works when installed
+
+
+@pytest.mark.slow
+def test_wheel_carries_the_kernel_sources(wheel):
+    """The wheel holds kernels/ of the checkout, byte for byte, inside the package (where an
+    installed package's kernel_sources looks), and no other copy of the sources."""
+    assert ks.SOURCE_DIR == ROOT / KERNELS_DIR  # this checkout's own folder
+    shipped = [*ks.source_files(), ks.SOURCE_DIR / "README.md"]
+    assert {p.suffix for p in shipped} == {".h", ".cuh", ".cu", ".cpp", ".md"}
+    with zipfile.ZipFile(wheel) as zf:
+        names = zf.namelist()
+        packaged = sorted(n for n in names if n.startswith(f"adaptiveload/{KERNELS_DIR}/"))
+        assert packaged == sorted(f"adaptiveload/{KERNELS_DIR}/{p.name}" for p in shipped)
+        for p in shipped:
+            assert zf.read(f"adaptiveload/{KERNELS_DIR}/{p.name}") == p.read_bytes(), p.name
+    sources = sorted(n for n in names if n.endswith(ks.SOURCE_SUFFIXES))
+    assert sources == [n for n in packaged if not n.endswith(".md")]  # no second copy
 
 
 def _extra_closure(reqs: list[Requirement], extra: str) -> set[str]:
@@ -391,6 +408,7 @@ def test_installed_package_builds_and_loads_the_kernel_from_the_user_cache(full_
     build_dir = cache / "adaptiveload" / "kernels"
     record = json.loads((build_dir / kb.RECORD_NAME).read_text())
     assert record["status"] == "built" and "kernel build built" in log, record
+    assert record["sources_digest"] == ks.sources_digest()  # the wheel's copy of kernels/
     code = "from adaptiveload.ops import ln_modulate as lm\nprint(lm._LOAD.loaded, lm._LOAD.path)"
     probe = subprocess.run(["python", "-c", code], cwd=tmp_path, env=env, capture_output=True,
                            text=True, check=True)  # fmt: skip

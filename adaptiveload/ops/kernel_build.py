@@ -6,9 +6,10 @@ tens of seconds per architecture on a small machine. Without nvcc, ninja or a CU
 torch the build is *skipped* (status "skipped" with the reason) rather than failed, so the
 pipeline and CPU-only installs carry on with the reference implementation.
 
-The CUDA sources ship inside the package (`adaptiveload/ops/csrc/`), so an installed
-package builds as a checkout does; the library goes to the build folder of kernel_lib
-(`--build-dir`, else $ADAPTIVELOAD_BUILD_DIR, the checkout's build/kernels or the user cache).
+The CUDA sources are `kernels/` at the top of the checkout, and a copy inside the package of
+a built wheel (kernel_sources), so an installed package builds as a checkout does; the
+library goes to the build folder of kernel_lib (`--build-dir`, else $ADAPTIVELOAD_BUILD_DIR,
+the checkout's build/kernels or the user cache).
 
 Runnable without the CLI's dependencies (the GPU check script uses this):
     python -m adaptiveload.ops.kernel_build --build-dir DIR --arch "9.0;8.0"
@@ -28,14 +29,8 @@ from typing import Any
 import torch
 
 from adaptiveload.io import write_json
-from adaptiveload.ops.kernel_lib import (
-    LIB_NAME,
-    RECORD_NAME,
-    SOURCE_DIR,
-    default_build_dir,
-    library_path,
-    sources_digest,
-)
+from adaptiveload.ops.kernel_lib import LIB_NAME, RECORD_NAME, default_build_dir, library_path
+from adaptiveload.ops.kernel_sources import SOURCE_DIR, sources_digest
 
 SOURCES = ("ln_modulate_fwd.cu", "ln_modulate_bwd.cu", "ln_modulate_binding.cpp")
 DEFAULT_ARCH = "9.0"

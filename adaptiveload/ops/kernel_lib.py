@@ -22,7 +22,6 @@ implementation without retrying (or re-raising) on every call.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import dataclass
@@ -30,20 +29,11 @@ from pathlib import Path
 
 import torch
 
+from adaptiveload.ops.kernel_sources import PACKAGE_DIR, SOURCE_DIR, sources_digest
+
 BUILD_DIR_ENV = "ADAPTIVELOAD_BUILD_DIR"
 LIB_NAME = "adaptiveload_kernels"
 RECORD_NAME = "build.json"  # written beside the library by the build
-PACKAGE_DIR = Path(__file__).resolve().parents[1]
-SOURCE_DIR = Path(__file__).resolve().parent / "csrc"  # package data (pyproject.toml)
-
-
-def sources_digest(source_dir: Path = SOURCE_DIR) -> str:
-    """sha256 over the names and bytes of every file of the CUDA sources, in name order: what
-    a build record stores and the loader compares."""
-    h = hashlib.sha256()
-    for path in sorted(p for p in source_dir.iterdir() if p.is_file()):
-        h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-    return h.hexdigest()[:16]
 
 
 def _checkout_root() -> Path | None:

@@ -5,7 +5,7 @@ Two inputs, both produced here on the CPU:
 - `ptxas_report`: each `.cu` file compiled for one architecture (default sm_90) with
   `nvcc -Xptxas -v` and the device flags of the library build; per kernel instance the
   registers per thread, static shared memory and spill bytes ptxas reports.
-- `dispatch_table`: `csrc/ln_modulate_dispatch_table.cpp` (beside this module) built with
+- `dispatch_table`: `kernels/ln_modulate_dispatch_table.cpp` (kernel_sources) built with
   the host compiler and run; it prints, from the same header the kernels dispatch with, every
   launch the library can make (kernel instance, threads per CTA, dynamic shared memory,
   opt-in) for every D.
@@ -37,7 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from adaptiveload.ops.kernel_build import NVCC_FLAGS, SOURCES, nvcc_path, nvcc_version
-from adaptiveload.ops.kernel_lib import SOURCE_DIR, default_build_dir, sources_digest
+from adaptiveload.ops.kernel_lib import default_build_dir
+from adaptiveload.ops.kernel_sources import SOURCE_DIR, sources_digest
 
 TABLE_SOURCE = SOURCE_DIR / "ln_modulate_dispatch_table.cpp"
 DEFAULT_SM = "90"
@@ -281,7 +282,8 @@ def report(
     instances = ptxas_report(sm)
     limits, launches = dispatch_table()
     problems = check(instances, limits, launches)
-    lines = [f"# ptxas -v, sm_{sm}: every compiled instance", "instance registers static_smem "
+    lines = [f"# ptxas -v, sm_{sm}: every compiled instance of {SOURCE_DIR} (sources_digest "
+             f"{sources_digest()})", "instance registers static_smem "
              "stack_frame spill_stores spill_loads"]  # fmt: skip
     lines += [f"{i.name} {i.registers} {i.static_smem} {i.stack_frame} {i.spill_stores} "
               f"{i.spill_loads}" for i in instances]  # fmt: skip

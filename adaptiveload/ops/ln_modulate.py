@@ -6,7 +6,7 @@ Three implementations of one op, in two layouts:
 - `reference` / `reference_segments`: fp32 math in plain PyTorch ops, the tests' oracle;
 - `ln_modulate` / `ln_modulate_segments`: the custom ops `adaptiveload::ln_modulate_fwd` and
   `adaptiveload::ln_modulate_seg_fwd` with their own backward ops, autograd and fake kernels,
-  so they work under torch.compile. On CUDA they run the fused kernels (`csrc/`, built by
+  so they work under torch.compile. On CUDA they run the fused kernels (`kernels/`, built by
   `adaptiveload kernel build`); on CPU, or when the library is not built, the same ops run
   fp32 reference math.
 
@@ -56,7 +56,7 @@ FWD_OP = "adaptiveload::ln_modulate_fwd"
 BWD_OP = "adaptiveload::ln_modulate_bwd"
 SEG_FWD_OP = "adaptiveload::ln_modulate_seg_fwd"
 SEG_BWD_OP = "adaptiveload::ln_modulate_seg_bwd"
-# The kernels' limits (csrc/ln_modulate_dispatch.h: kPack, kMaxD; the resource check test
+# The kernels' limits (kernels/ln_modulate_dispatch.h: kPack, kMaxD; the resource check test
 # asserts they agree): D a multiple of PACK in [PACK, MAX_D].
 PACK = 8
 MAX_D = 8192

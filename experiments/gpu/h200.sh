@@ -160,6 +160,8 @@ fi
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.memory \
     --format=csv 2>&1 | head -n 3
   "$CUDA_HOME/bin/nvcc" --version 2>&1 | tail -n 1
+  # what the kernel builds compile: kernels/ of this tree (kernel_sources)
+  "$PY" -c 'from adaptiveload.ops.kernel_sources import SOURCE_DIR, sources_digest as d; print(f"kernel sources: {SOURCE_DIR} (sources_digest {d()})")' 2>&1
 } > "$OUTDIR/env.txt"
 run_part preflight 60 "$OUTDIR/preflight.log" "$PY" experiments/gpu/preflight.py \
   "$OUTDIR/env.json" "$DEVICE" || cat "$OUTDIR/preflight.log"

@@ -9,8 +9,10 @@
 # Uses pytest when importable, else runs the CUDA test module as a script.
 # Every part runs under its own `timeout`, and OUTDIR is packed into $PACK after each part, so a
 # cut window still leaves an archive of everything finished.
-# Outputs: env.txt, build.json, build.log, resources.txt (ptxas -v per instance vs the dispatch
-# table: registers x threads, smem, spills; the CPU resource check), cuda_tests.log (+ .xml),
+# The sources are kernels/ at the top of the repo.
+# Outputs: env.txt (versions, the kernel sources' folder and digest), build.json, build.log,
+# resources.txt (ptxas -v per instance vs the dispatch table: registers x threads, smem,
+# spills; the CPU resource check), cuda_tests.log (+ .xml),
 # cuda_segment_tests.log (+ .xml; the segment layout of packed micro-batches), cpu_op_tests.log,
 # bench.csv/.log (D 1536 and 5120 at the target lengths), bench_segments.csv/.log (packed
 # streams of G = 1, 8, 64 segments at both widths: fused vs the eager gather vs the dense
@@ -79,6 +81,8 @@ step() {  # step NAME TIMEOUT_S LOGFILE CMD...: run with a time limit, record st
   "$PY" -c 'import pytest; print("pytest", pytest.__version__)' 2>&1 | tail -n 1
   "$CUDA_HOME/bin/nvcc" --version 2>&1 | tail -n 2
   echo "ninja $(ninja --version 2>&1)"
+  # what the build and the resource check compile: kernels/ of this tree (kernel_sources)
+  "$PY" -c 'from adaptiveload.ops.kernel_sources import SOURCE_DIR, sources_digest as d; print(f"kernel sources: {SOURCE_DIR} (sources_digest {d()})")' 2>&1
 } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 

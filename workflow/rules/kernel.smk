@@ -4,7 +4,7 @@
 # shared by all experiments: every job of this workflow builds into and loads from
 # build/kernels of the working directory, named to them by $ADAPTIVELOAD_BUILD_DIR (the
 # installed package would otherwise use its own default, docs/kernel.md).
-from importlib import resources
+from adaptiveload.ops.kernel_sources import source_files
 
 os.environ["ADAPTIVELOAD_BUILD_DIR"] = os.path.abspath(os.path.dirname(KERNEL_BUILD))
 
@@ -13,9 +13,10 @@ envvars:
     "ADAPTIVELOAD_BUILD_DIR",
 
 
-# the CUDA sources the package ships (without importing torch): an edit rebuilds the library,
-# whose loader refuses a build of other sources (build.json's sources_digest)
-KERNEL_SOURCES = sorted(str(p) for p in (resources.files("adaptiveload.ops") / "csrc").iterdir())
+# the CUDA sources (kernels/ of the checkout, else the installed package's copy; read without
+# importing torch): an edit rebuilds the library, whose loader refuses a build of other sources
+# (build.json's sources_digest)
+KERNEL_SOURCES = [str(p) for p in source_files()]
 
 
 rule kernel_build:

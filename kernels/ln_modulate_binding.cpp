@@ -37,12 +37,9 @@ DType dtype_of(const at::Tensor& t, const char* name) {
   return DType::kF32;  // unreachable
 }
 
-// Row strides of a [B, S, D] tensor; a size-1 dimension gets stride 0 (never stepped over).
-struct Rows {
-  const void* ptr;
-  int64_t sb, ss;
-};
+using adaptiveload::Rows;
 
+// The rows of a [B, S, D] tensor (a size-1 dimension gets stride 0).
 Rows rows_of(const at::Tensor& t) {
   return {t.data_ptr(), t.size(0) == 1 ? 0 : t.stride(0), t.size(1) == 1 ? 0 : t.stride(1)};
 }
@@ -138,30 +135,28 @@ void check_stats(const at::Tensor& x, const at::Tensor& dy, const at::Tensor& me
 void check_launch(const char* err) { TORCH_CHECK(err == nullptr, err); }
 
 // The kernel arguments of [B, S, D] views (the segment layout passes x as [1, L, D] and
-// scale/shift as [G, 1, D]); outputs are fresh contiguous tensors.
-adaptiveload::LnModFwdArgs fwd_args(const at::Tensor& x, const at::Tensor& scale,
-                                    const at::Tensor& shift, at::Tensor& y, at::Tensor& mean,
-                                    at::Tensor& rstd, double eps) {
-  const Rows xr = rows_of(x), sc = rows_of(scale), sh = rows_of(shift);
-  adaptiveload::LnModFwdArgs a{};
-  a.x = xr.ptr;
-  a.x_sb = xr.sb;
-  a.x_ss = xr.ss;
-  a.scale = sc.ptr;
-  a.scale_sb = sc.sb;
-  a.scale_ss = sc.ss;
-  a.shift = sh.ptr;
-  a.shift_sb = sh.sb;
-  a.shift_ss = sh.ss;
-  a.y = y.data_ptr();
-  a.mean = mean.data_ptr<float>();
-  a.rstd = rstd.data_ptr<float>();
+// scale/shift as [G, 1, D]); outputs are fresh contiguous tensors. Both directions fill the
+// shared part (LnModArgs) here, then their own.
+void fill_shared(adaptiveload::LnModArgs& a, const at::Tensor& x, const at::Tensor& scale) {
+  a.x = rows_of(x);
+  a.scale = rows_of(scale);
   a.B = x.size(0);
   a.S = x.size(1);
   a.D = x.size(2);
-  a.eps = static_cast<float>(eps);
   a.x_dtype = dtype_of(x, "x");
   a.mod_dtype = dtype_of(scale, "scale");
+}
+
+adaptiveload::LnModFwdArgs fwd_args(const at::Tensor& x, const at::Tensor& scale,
+                                    const at::Tensor& shift, at::Tensor& y, at::Tensor& mean,
+                                    at::Tensor& rstd, double eps) {
+  adaptiveload::LnModFwdArgs a{};
+  fill_shared(a, x, scale);
+  a.shift = rows_of(shift);
+  a.y = y.data_ptr();
+  a.mean = mean.data_ptr<float>();
+  a.rstd = rstd.data_ptr<float>();
+  a.eps = static_cast<float>(eps);
   return a;
 }
 
@@ -169,28 +164,15 @@ adaptiveload::LnModBwdArgs bwd_args(const at::Tensor& dy, const at::Tensor& x,
                                     const at::Tensor& scale, const at::Tensor& mean,
                                     const at::Tensor& rstd, at::Tensor& dx, at::Tensor& dscale,
                                     at::Tensor& dshift, int layout) {
-  const Rows dr = rows_of(dy), xr = rows_of(x), sc = rows_of(scale);
   adaptiveload::LnModBwdArgs a{};
-  a.dy = dr.ptr;
-  a.dy_sb = dr.sb;
-  a.dy_ss = dr.ss;
-  a.x = xr.ptr;
-  a.x_sb = xr.sb;
-  a.x_ss = xr.ss;
-  a.scale = sc.ptr;
-  a.scale_sb = sc.sb;
-  a.scale_ss = sc.ss;
+  fill_shared(a, x, scale);
+  a.dy = rows_of(dy);
   a.mean = mean.data_ptr<float>();
   a.rstd = rstd.data_ptr<float>();
   a.dx = dx.data_ptr();
   a.dscale = dscale.data_ptr();
   a.dshift = dshift.data_ptr();
-  a.B = x.size(0);
-  a.S = x.size(1);
-  a.D = x.size(2);
   a.layout = layout;
-  a.x_dtype = dtype_of(x, "x");
-  a.mod_dtype = dtype_of(scale, "scale");
   return a;
 }
 
@@ -247,7 +229,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cuda(const at::Tensor& dy_in,
 }
 
 // Segment layout: x [L, D] as [1, L, D], scale/shift [G, D] as [G, 1, D] (rows_of gives the
-// segment row stride as scale_sb and 0 as scale_ss), the offsets as they are (contiguous).
+// segment row stride as scale.sb and 0 as scale.ss), the offsets as they are (contiguous).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> seg_fwd_cuda(const at::Tensor& x_in,
                                                             const at::Tensor& scale_in,
                                                             const at::Tensor& shift_in,

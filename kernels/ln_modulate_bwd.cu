@@ -37,26 +37,11 @@ namespace {
 
 using namespace detail;
 
-struct BwdParams {
-  const void* dy;
-  int64_t dy_sb, dy_ss;
-  const void* x;
-  int64_t x_sb, x_ss;
-  const void* scale;
-  int64_t scale_sb, scale_ss;
-  const float* mean;
-  const float* rstd;
-  void* dx;
-  void* dscale;
-  void* dshift;
-  float* workspace;
-  int64_t B, S;
-  int64_t parts;  // CTAs per sample (P); segments: CTAs of the stream
-  int64_t span;   // rows of one sample per CTA; segments: rows per chunk (T)
+// The backward's kernel parameters: its arguments (ln_modulate.h) plus the launch plan.
+struct BwdParams : LnModBwdArgs {
+  int64_t parts;   // CTAs per sample (P); segments: CTAs of the stream
+  int64_t span;    // rows of one sample per CTA; segments: rows per chunk (T)
   int64_t chunks;  // segments: the bound V on the chunks, one per thread-row
-  const int32_t* cu;  // segments: offsets [G + 1]
-  int64_t G;
-  int D;
 };
 
 // Chunk v, the k-th chunk of segment g: g, its rows [begin, end) and whether k = 0, found by the 32 lanes of a
@@ -121,8 +106,9 @@ __device__ __forceinline__ void bwd_body(const BwdParams& p) {
   const int ty = threadIdx.y;
   const int tpr = blockDim.x;
   const int rows = blockDim.y;
-  const int nc = p.D / kPack;
-  const float inv_d = 1.f / static_cast<float>(p.D);
+  const int D = static_cast<int>(p.D);  // <= kMaxD (check_shape)
+  const int nc = D / kPack;
+  const float inv_d = 1.f / static_cast<float>(D);
 
   // The rows this thread-row visits: first, first + step, ... below s1, in `trips`
   // iterations that are the same for the whole CTA (row_allreduce holds barriers). Per
@@ -135,13 +121,13 @@ __device__ __forceinline__ void bwd_body(const BwdParams& p) {
   int64_t s1 = s0 + p.span < p.S ? s0 + p.span : p.S;
   int64_t mod_b = b;  // the modulation row: the sample's, or the chunk's segment's
   if constexpr (SEGMENTS) {
-    const Chunk chunk = find_chunk(p.cu, p.G, p.S, p.span, q);
+    const Chunk chunk = find_chunk(p.cu_seqlens, p.G, p.S, p.span, q);
     mod_b = chunk.seg;
     s0 = chunk.begin;
     s1 = chunk.end;
     if (chunk.first && tx == 0) {  // where the finalize finds this segment's chunks
       int32_t* first_chunk =
-          reinterpret_cast<int32_t*>(p.workspace + first_chunks_offset(p.chunks, p.D));
+          reinterpret_cast<int32_t*>(p.workspace + first_chunks_offset(p.chunks, D));
       first_chunk[chunk.seg] = static_cast<int32_t>(q);
     }
   }
@@ -173,8 +159,8 @@ __device__ __forceinline__ void bwd_body(const BwdParams& p) {
   const int tid = ty * tpr + tx;
   auto issue = [&](int stage, int64_t s) {  // start loading row s into `stage`; always commits
     if (s < s1) {
-      const T* xr = static_cast<const T*>(p.x) + b * p.x_sb + s * p.x_ss;
-      const T* dr = static_cast<const T*>(p.dy) + b * p.dy_sb + s * p.dy_ss;
+      const T* xr = row_of<T>(p.x, b, s);
+      const T* dr = row_of<T>(p.dy, b, s);
 #pragma unroll
       for (int c = 0; c < CPT; ++c) {
         const int ch = c * tpr + tx;
@@ -219,11 +205,11 @@ __device__ __forceinline__ void bwd_body(const BwdParams& p) {
       cp_async_wait<STAGES - 1>();
     }
     Pack<T> xv[CPT], dv[CPT];
-    float gam[CPT][kPack];  // 1 + scale; a broadcast row (scale_ss = 0) is an L1 hit
+    float gam[CPT][kPack];  // 1 + scale; a broadcast row (scale.ss = 0) is an L1 hit
     if (valid) {
-      const T* xr = static_cast<const T*>(p.x) + b * p.x_sb + s * p.x_ss;
-      const T* dr = static_cast<const T*>(p.dy) + b * p.dy_sb + s * p.dy_ss;
-      const M* sc = static_cast<const M*>(p.scale) + mod_b * p.scale_sb + s * p.scale_ss;
+      const T* xr = row_of<T>(p.x, b, s);
+      const T* dr = row_of<T>(p.dy, b, s);
+      const M* sc = row_of<M>(p.scale, mod_b, s);
       const int stage = static_cast<int>(it % NS);
 #pragma unroll
       for (int c = 0; c < CPT; ++c) {
@@ -270,7 +256,7 @@ __device__ __forceinline__ void bwd_body(const BwdParams& p) {
     const float c2 = red[1] * inv_d;
 
     if (valid) {
-      T* dxr = static_cast<T*>(p.dx) + row * p.D;
+      T* dxr = static_cast<T*>(p.dx) + row * D;
 #pragma unroll
       for (int c = 0; c < CPT; ++c) {
         const int ch = c * tpr + tx;
@@ -288,8 +274,8 @@ __device__ __forceinline__ void bwd_body(const BwdParams& p) {
             float ds[kPack];
 #pragma unroll
             for (int i = 0; i < kPack; ++i) ds[i] = df[i] * ((xf[i] - mean) * rstd);
-            store_pack<M>(static_cast<M*>(p.dscale) + row * p.D + ch * kPack, pack<M>(ds));
-            store_pack<M>(static_cast<M*>(p.dshift) + row * p.D + ch * kPack, pack<M>(df));
+            store_pack<M>(static_cast<M*>(p.dscale) + row * D + ch * kPack, pack<M>(ds));
+            store_pack<M>(static_cast<M*>(p.dshift) + row * D + ch * kPack, pack<M>(df));
           }
         }
       }
@@ -301,8 +287,8 @@ __device__ __forceinline__ void bwd_body(const BwdParams& p) {
   if constexpr (!PER_TOKEN) {  // this thread-row's partial: workspace [2, B, P * rows, D] or
     // [2, V, D] (segments: B = 1, P * rows >= V); a thread-row past the last chunk has zeros
     const int64_t q_total = SEGMENTS ? p.chunks : p.parts * rows;
-    float* wds = p.workspace + ((0 * p.B + b) * q_total + q) * p.D;
-    float* wdsh = p.workspace + ((1 * p.B + b) * q_total + q) * p.D;
+    float* wds = p.workspace + ((0 * p.B + b) * q_total + q) * D;
+    float* wdsh = p.workspace + ((1 * p.B + b) * q_total + q) * D;
 #pragma unroll
     for (int c = 0; c < CPT; ++c) {
       const int ch = c * tpr + tx;
@@ -514,10 +500,7 @@ template <typename T, typename M, int CPT, int LAYOUT, int STAGES>
 const char* run(const LnModBwdArgs& a, const Plan& plan, cudaStream_t stream) {
   if (LAYOUT == dispatch::kPerSample && a.B > dispatch::kMaxGridY)
     return "ln_modulate_bwd: at most 65535 samples per call";
-  const BwdParams p{a.dy,       a.dy_sb,    a.dy_ss,    a.x,         a.x_sb,    a.x_ss,
-                    a.scale,    a.scale_sb, a.scale_ss, a.mean,      a.rstd,    a.dx,
-                    a.dscale,   a.dshift,   a.workspace, a.B,        a.S,       plan.parts,
-                    plan.span,  plan.chunks, a.cu_seqlens, a.G,      static_cast<int>(a.D)};
+  const BwdParams p{a, plan.parts, plan.span, plan.chunks};
   const int64_t blocks = a.B * plan.parts;
   if (blocks > 0x7fffffffLL) return "ln_modulate_bwd: too many CTAs for one launch";
   const dim3 block(plan.cfg.tpr, plan.cfg.rows);

@@ -159,6 +159,12 @@ __device__ __forceinline__ void cp_async_wait() {
 #endif
 }
 
+// Row (b, s) of a [B, S, D] operand, as T.
+template <typename T>
+__device__ __forceinline__ const T* row_of(const Rows& r, int64_t b, int64_t s) {
+  return static_cast<const T*>(r.ptr) + b * r.sb + s * r.ss;
+}
+
 template <typename T>
 __device__ __forceinline__ void load_floats(const T* p, float (&f)[kPack]) {
   unpack(load_pack<T>(p), f);

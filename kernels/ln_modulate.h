@@ -12,8 +12,8 @@
 //   dscale, dshift contiguous, scale's dtype: [B, 1, D] (broadcast) or [B, S, D] (per token)
 //
 // Segment layout (cu_seqlens set): x, dy, y, dx are the [L, D] token stream of G segments,
-// passed as B = 1, S = L (x_sb unused, x_ss the row stride); scale/shift are [G, D] with row
-// stride scale_sb (scale_ss = 0); cu_seqlens holds G + 1 int32 offsets, 0 = cu[0] <= ... <=
+// passed as B = 1, S = L (x.sb unused, x.ss the row stride); scale/shift are [G, D] with row
+// stride scale.sb (scale.ss = 0); cu_seqlens holds G + 1 int32 offsets, 0 = cu[0] <= ... <=
 // cu[G] = L, on the device; mean, rstd are [L]; dscale, dshift [G, D] contiguous (per-segment
 // sums). The kernels check the offsets on the device (a device-side assert if they break the
 // rules) and never read or write out of bounds whatever their values.
@@ -32,43 +32,46 @@ enum class DType : int { kF32 = 0, kF16 = 1, kBF16 = 2 };
 // D must be a multiple of 8 (one 16-byte vector of bf16/fp16) within [8, kMaxD].
 using dispatch::kMaxD;
 
-struct LnModFwdArgs {
-  const void* x;
-  int64_t x_sb, x_ss;
-  const void* scale;
-  int64_t scale_sb, scale_ss;
-  const void* shift;
-  int64_t shift_sb, shift_ss;
-  void* y;
-  float* mean;
-  float* rstd;
+// One [B, S, D] operand read by rows: row (b, s) starts at ptr + b * sb + s * ss (elements);
+// a size-1 dimension has stride 0 (it is never stepped over).
+struct Rows {
+  const void* ptr;
+  int64_t sb, ss;
+};
+
+// The arguments the forward and the backward share, which each direction's struct extends
+// (as flash-attention's Flash_fwd_params and Flash_bwd_params extend Qkv_params): the input
+// x, the scale modulation, the shape, the dtypes and the segment offsets. The kernels take
+// these structs as their parameters; the backward's adds its launch plan.
+struct LnModArgs {
+  Rows x;
+  Rows scale;
   int64_t B, S, D;
-  float eps;
   DType x_dtype;
-  DType mod_dtype;  // scale and shift: kF32 or x_dtype
+  DType mod_dtype;            // scale (and shift): kF32 or x_dtype
   const int32_t* cu_seqlens;  // segment layout only (else nullptr)
   int64_t G;                  // segments
 };
 
-struct LnModBwdArgs {
-  const void* dy;
-  int64_t dy_sb, dy_ss;
-  const void* x;
-  int64_t x_sb, x_ss;
-  const void* scale;
-  int64_t scale_sb, scale_ss;
+// Forward: adds the shift modulation, the outputs and eps.
+struct LnModFwdArgs : LnModArgs {
+  Rows shift;
+  void* y;
+  float* mean;
+  float* rstd;
+  float eps;
+};
+
+// Backward: adds dy, the forward's statistics, the gradients and the layout.
+struct LnModBwdArgs : LnModArgs {
+  Rows dy;
   const float* mean;
   const float* rstd;
   void* dx;
   void* dscale;
   void* dshift;
   float* workspace;  // per sample or segment: ln_modulate_bwd_workspace() floats
-  int64_t B, S, D;
-  int layout;  // dispatch::kPerSample, kPerToken or kPerSegment
-  DType x_dtype;
-  DType mod_dtype;
-  const int32_t* cu_seqlens;  // kPerSegment only
-  int64_t G;
+  int layout;        // dispatch::kPerSample, kPerToken or kPerSegment (segments: cu_seqlens set)
 };
 
 // All functions return nullptr on success, else a static message (validation or CUDA error).

@@ -14,23 +14,6 @@ namespace {
 
 using namespace detail;
 
-struct FwdParams {
-  const void* x;
-  int64_t x_sb, x_ss;
-  const void* scale;
-  int64_t scale_sb, scale_ss;
-  const void* shift;
-  int64_t shift_sb, shift_ss;
-  void* y;
-  float* mean;
-  float* rstd;
-  int64_t rows, S;
-  int D;
-  float eps;
-  const int32_t* cu;  // SEGMENTS: offsets [G + 1]
-  int64_t G;
-};
-
 using dispatch::kCheckThreads;
 
 __global__ void __launch_bounds__(kCheckThreads)
@@ -38,19 +21,21 @@ __global__ void __launch_bounds__(kCheckThreads)
   check_offsets(cu, G, L);
 }
 
+// The forward's parameters are its arguments (ln_modulate.h): it needs nothing else.
 // (kMaxThreads, 1): up to 128 registers, as the bound alone allows; without the explicit
 // minimum ptxas held the segment instance at 5 chunks to 64 registers and spilled
 template <typename T, typename M, int CPT, bool SEGMENTS>
-__global__ void __launch_bounds__(kMaxThreads, 1) ln_mod_fwd_kernel(const FwdParams p) {
+__global__ void __launch_bounds__(kMaxThreads, 1) ln_mod_fwd_kernel(const LnModFwdArgs p) {
   const int tx = threadIdx.x;
   const int tpr = blockDim.x;
-  const int nc = p.D / kPack;
+  const int D = static_cast<int>(p.D);  // <= kMaxD (check_shape)
+  const int nc = D / kPack;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
-  const bool valid = row < p.rows;
+  const bool valid = row < p.B * p.S;
   // dense: sample b, position s; segments: the stream is B = 1, S = L, so b = 0 and s = row
   const int64_t b = SEGMENTS || !valid ? 0 : row / p.S;
   const int64_t s = !valid ? 0 : (SEGMENTS ? row : row % p.S);
-  const T* xr = static_cast<const T*>(p.x) + b * p.x_sb + s * p.x_ss;
+  const T* xr = row_of<T>(p.x, b, s);
 
   Pack<T> xv[CPT];
 #pragma unroll
@@ -60,7 +45,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) ln_mod_fwd_kernel(const FwdPar
   }
   // the modulation row: the sample's (position s for per-token) or, searched while the row's
   // loads are in flight, the row's segment's (warp-uniform: a warp never straddles rows)
-  const int64_t mod_b = SEGMENTS ? (valid ? find_segment(p.cu, p.G, row) : 0) : b;
+  const int64_t mod_b = SEGMENTS ? (valid ? find_segment(p.cu_seqlens, p.G, row) : 0) : b;
   const int64_t mod_s = SEGMENTS ? 0 : s;
   float acc[1] = {0.f};
 #pragma unroll
@@ -74,7 +59,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) ln_mod_fwd_kernel(const FwdPar
     }
   }
   row_allreduce<1>(acc);
-  const float inv_d = 1.f / static_cast<float>(p.D);
+  const float inv_d = 1.f / static_cast<float>(D);
   const float mean = acc[0] * inv_d;
 
   acc[0] = 0.f;
@@ -99,9 +84,9 @@ __global__ void __launch_bounds__(kMaxThreads, 1) ln_mod_fwd_kernel(const FwdPar
     p.rstd[row] = rstd;
   }
 
-  const M* sc = static_cast<const M*>(p.scale) + mod_b * p.scale_sb + mod_s * p.scale_ss;
-  const M* sh = static_cast<const M*>(p.shift) + mod_b * p.shift_sb + mod_s * p.shift_ss;
-  T* yr = static_cast<T*>(p.y) + row * p.D;
+  const M* sc = row_of<M>(p.scale, mod_b, mod_s);
+  const M* sh = row_of<M>(p.shift, mod_b, mod_s);
+  T* yr = static_cast<T*>(p.y) + row * D;
 #pragma unroll
   for (int c = 0; c < CPT; ++c) {
     const int ch = c * tpr + tx;
@@ -118,12 +103,12 @@ __global__ void __launch_bounds__(kMaxThreads, 1) ln_mod_fwd_kernel(const FwdPar
 }
 
 template <typename T, typename M, int CPT, bool SEGMENTS>
-const char* launch(const FwdParams& p, RowConfig cfg, cudaStream_t stream) {
+const char* launch(const LnModFwdArgs& p, RowConfig cfg, cudaStream_t stream) {
   const dim3 block(cfg.tpr, cfg.rows);
-  const int64_t blocks = (p.rows + cfg.rows - 1) / cfg.rows;
+  const int64_t blocks = (p.B * p.S + cfg.rows - 1) / cfg.rows;
   if (blocks > 0x7fffffffLL) return "ln_modulate_fwd: too many rows for one launch";
   if (SEGMENTS) {
-    ln_mod_check_offsets<<<1, kCheckThreads, 0, stream>>>(p.cu, p.G, p.rows);
+    ln_mod_check_offsets<<<1, kCheckThreads, 0, stream>>>(p.cu_seqlens, p.G, p.S);
     if (const char* err = last_error()) return err;
   }
   ln_mod_fwd_kernel<T, M, CPT, SEGMENTS><<<static_cast<unsigned>(blocks), block, 0, stream>>>(p);
@@ -131,7 +116,7 @@ const char* launch(const FwdParams& p, RowConfig cfg, cudaStream_t stream) {
 }
 
 template <typename T, typename M, bool SEGMENTS>
-const char* dispatch_cpt(const FwdParams& p, RowConfig cfg, cudaStream_t stream) {
+const char* dispatch_cpt(const LnModFwdArgs& p, RowConfig cfg, cudaStream_t stream) {
   switch (cfg.cpt) {
     case 4: return launch<T, M, 4, SEGMENTS>(p, cfg, stream);
     case 5: return launch<T, M, 5, SEGMENTS>(p, cfg, stream);
@@ -141,16 +126,15 @@ const char* dispatch_cpt(const FwdParams& p, RowConfig cfg, cudaStream_t stream)
 }
 
 template <typename T, typename M>
-const char* dispatch_layout(const FwdParams& p, RowConfig cfg, cudaStream_t stream) {
-  return p.cu != nullptr ? dispatch_cpt<T, M, true>(p, cfg, stream)
+const char* dispatch_layout(const LnModFwdArgs& p, RowConfig cfg, cudaStream_t stream) {
+  return p.cu_seqlens != nullptr ? dispatch_cpt<T, M, true>(p, cfg, stream)
                          : dispatch_cpt<T, M, false>(p, cfg, stream);
 }
 
 template <typename T>
-const char* dispatch_mod(const FwdParams& p, RowConfig cfg, DType x_dtype, DType mod_dtype,
-                         cudaStream_t stream) {
-  if (mod_dtype == DType::kF32) return dispatch_layout<T, float>(p, cfg, stream);
-  if (mod_dtype == x_dtype) return dispatch_layout<T, T>(p, cfg, stream);
+const char* dispatch_mod(const LnModFwdArgs& p, RowConfig cfg, cudaStream_t stream) {
+  if (p.mod_dtype == DType::kF32) return dispatch_layout<T, float>(p, cfg, stream);
+  if (p.mod_dtype == p.x_dtype) return dispatch_layout<T, T>(p, cfg, stream);
   return "ln_modulate_fwd: scale/shift dtype must be float32 or x's dtype";
 }
 
@@ -162,15 +146,11 @@ const char* ln_modulate_fwd(const LnModFwdArgs& a, cudaStream_t stream) {
     if (const char* err = detail::check_segments(a.cu_seqlens, a.B, a.S, a.G)) return err;
   }
   if (a.B == 0 || a.S == 0) return nullptr;
-  const FwdParams p{a.x,     a.x_sb,    a.x_ss, a.scale, a.scale_sb,         a.scale_ss,
-                    a.shift, a.shift_sb, a.shift_ss, a.y, a.mean, a.rstd, a.B * a.S, a.S,
-                    static_cast<int>(a.D), a.eps, a.cu_seqlens, a.G};
   const RowConfig cfg = dispatch::fwd_config(a.D);
   switch (a.x_dtype) {
-    case DType::kF32: return dispatch_mod<float>(p, cfg, a.x_dtype, a.mod_dtype, stream);
-    case DType::kF16: return dispatch_mod<__half>(p, cfg, a.x_dtype, a.mod_dtype, stream);
-    case DType::kBF16:
-      return dispatch_mod<__nv_bfloat16>(p, cfg, a.x_dtype, a.mod_dtype, stream);
+    case DType::kF32: return dispatch_mod<float>(a, cfg, stream);
+    case DType::kF16: return dispatch_mod<__half>(a, cfg, stream);
+    case DType::kBF16: return dispatch_mod<__nv_bfloat16>(a, cfg, stream);
   }
   return "ln_modulate_fwd: x dtype must be float32, float16 or bfloat16";
 }

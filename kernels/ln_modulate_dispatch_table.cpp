@@ -3,7 +3,7 @@
 // Built with the host compiler only (no CUDA) by adaptiveload/ops/kernel_resources.py, whose
 // resource check looks every printed `kernel` up among the instances ptxas compiled.
 //
-//   cd adaptiveload/ops/csrc && g++ -std=c++17 -O1 ln_modulate_dispatch_table.cpp -o t && ./t
+//   g++ -std=c++17 -O1 kernels/ln_modulate_dispatch_table.cpp -o /tmp/dt && /tmp/dt
 //
 // Kernel names are spelled as c++filt demangles the instances (template arguments included).
 #include <cstdio>
