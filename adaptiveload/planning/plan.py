@@ -50,6 +50,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from adaptiveload import metrics
 from adaptiveload.costmodel import Calibration, CostModel
 from adaptiveload.errors import UserError
 from adaptiveload.planning.dealing import (
@@ -60,7 +61,12 @@ from adaptiveload.planning.dealing import (
 )
 from adaptiveload.planning.packing import Packs, make_packs
 from adaptiveload.planning.policies import Budgets, Policy, get_policy
-from adaptiveload.planning.simulate import DEFAULT_ALLREDUCE_GBPS, Simulation, simulate
+from adaptiveload.planning.simulate import (
+    DEFAULT_ALLREDUCE_GBPS,
+    MEMORY_FIELDS,
+    Simulation,
+    simulate,
+)
 
 REQUIRED_COLUMNS = ("sample_id", "bucket_frames", "bucket_height", "bucket_width", "tokens")
 TABLE_COLUMNS = (
@@ -76,6 +82,7 @@ PLAN_INPUTS = (
 HEAVY_PADDING = 0.1
 PREDICTED = (
     "imbalance_rate", "idle_fraction", "samples_per_s", "tokens_per_s", "vs_lower_bound",
+    "padding_samples", "padding_fraction",
     "vram_utilization_mean", "vram_utilization_max",  # only with a capacity (a Calibration)
 )  # fmt: skip
 
@@ -167,6 +174,7 @@ def build_plan(
         "deal_cost": _deal_cost(pol, cost),
         **_digests(frame, row_sample, batches.size[slots], slot_pad),
     }
+    summary.update(_batch_spread(table))
     if packs is not None:
         summary["pack_limits"] = packs.limits.as_dict()
         fill = zip(packs.limits.names, packs.fill.mean(axis=0), strict=True)
@@ -177,6 +185,7 @@ def build_plan(
         sim = simulate(table, cost_model, allreduce_gbps=allreduce_gbps, world_size=world_size)
         summary.update({f"predicted_{k}": sim.summary[k] for k in PREDICTED if k in sim.summary})
         summary["predicted_source"] = "model"
+        summary.update({k: sim.summary[k] for k in MEMORY_FIELDS})
     return Plan(table=table, summary=summary, simulation=sim)
 
 
@@ -227,6 +236,18 @@ def _buckets(frame: pd.DataFrame, tokens: np.ndarray) -> _Buckets:
     keys = np.asarray(keys, dtype=np.int64)
     bucket_shape = np.stack([keys >> 40, (keys >> 20) & MAX_TOKENS, keys & MAX_TOKENS], axis=1)
     return _Buckets(of=bucket, shape=bucket_shape, tokens=bucket_tokens)
+
+
+def _batch_spread(table: pd.DataFrame) -> dict[str, float]:
+    """`metrics.batch_spread` of the epoch's optimizer steps: the real samples and tokens
+    each step trains on, all ranks together (padding repeats left out)."""
+    steps = int(table["step"].iat[-1]) + 1  # the table is ordered by step
+    real = ~table["is_padding"].to_numpy()
+    step = table["step"].to_numpy()[real]
+    tokens = table["tokens"].to_numpy(np.float64)[real]
+    return metrics.batch_spread(
+        np.bincount(step, minlength=steps), np.bincount(step, weights=tokens, minlength=steps)
+    )
 
 
 def _deal_cost(pol: Policy, cost: CostModel | None) -> str | None:
@@ -412,8 +433,8 @@ def plan_warnings(summary: dict[str, Any]) -> list[str]:
     """What about a plan is unusual enough to tell the user, one clause each: samples never
     trained (excluded: no bucket, over the device's capacity), samples over a budget on their
     own (they run alone, B = 1; all of them means a budget below every sample), heavy
-    padding. The sampler joins them into one warning line; the CLI prints them, or refuses
-    them with --strict."""
+    padding, micro-batches beyond the calibration's measured memory. The sampler joins them
+    into one warning line; the CLI prints them, or refuses them with --strict."""
     found = []
     excluded, total = summary["num_excluded"], summary["num_samples"]
     if excluded:
@@ -440,6 +461,14 @@ def plan_warnings(summary: dict[str, Any]) -> list[str]:
         found.append(
             f"{pad} padding batches for {batches} real ones ({summary['world_size']} ranks): "
             "each repeats a batch of the epoch; fewer ranks or more data pad less"
+        )
+    beyond = summary.get("micro_batches_beyond_measured_memory")
+    if beyond:
+        found.append(
+            f"{beyond} micro-batches hold more tokens than the calibration measured memory at "
+            f"({summary['max_micro_batch_tokens']} > {summary['memory_measured_tokens']}): "
+            "their memory is the fit's extrapolation; calibrate up to the budgets "
+            "(`adaptiveload calibrate measure` measures memory up to them on a GPU)"
         )
     return found
 
