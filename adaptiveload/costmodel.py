@@ -242,6 +242,29 @@ class Calibration:
         return f"{self.source} ({self.device})"
 
     @property
+    def measured_memory_tokens(self) -> int | None:
+        """The most tokens of one micro-batch whose peak memory this file measured: B x S of
+        its grid points (`points`, `memory_points`) and Σ S of its timed packs
+        (`additivity.packs`) that ran with a measured `peak_bytes`. Beyond it the memory
+        model is the fit's extrapolation. None when no memory was measured (`memory_source`
+        other than "measured": an analytic or CPU calibration, whose memory is the model
+        throughout)."""
+        if self.extra.get("memory_source") != "measured":
+            return None
+        points = [*(self.extra.get("points") or []), *(self.extra.get("memory_points") or [])]
+        sizes = [
+            int(p["batch"]) * int(p["tokens"])
+            for p in points
+            if p.get("peak_bytes") and p.get("status", "ok") == "ok"
+        ]
+        sizes += [
+            int(p["sum_tokens"])
+            for p in (self.extra.get("additivity") or {}).get("packs") or []
+            if p.get("peak_bytes") and p.get("status") == "ok"
+        ]
+        return max(sizes) if sizes else None
+
+    @property
     def headroom(self) -> float:
         """The fraction of the capacity its budgets left free."""
         return float(self.extra.get("headroom", DEFAULT_HEADROOM))

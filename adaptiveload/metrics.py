@@ -38,9 +38,33 @@ def step_idle(tmax: Values, tmean: Values) -> Values:
 
 
 def throughput(samples: Values, tokens: Values, seconds: Values) -> tuple[Values, Values]:
-    """(samples/s, tokens/s) of steps that processed `samples` and `tokens` in `seconds` (the
-    sum of their step times: the run's timer, or the wall clock beside it)."""
+    """(samples/s, tokens/s) of steps that trained on `samples` real samples holding `tokens`
+    tokens in `seconds` (the sum of their step times: the run's timer, or the wall clock
+    beside it). Real: each sample of the data once, padding repeats left out
+    (`step_table.real_counts`); they are reported beside it (`padding_fraction`)."""
     return samples / seconds, tokens / seconds
+
+
+def padding_fraction(padding_samples: float, real_samples: float) -> float:
+    """Share of the samples the ranks processed that were padding repeats:
+    padding / (real + padding); 0 for a window that processed nothing."""
+    total = padding_samples + real_samples
+    return float(padding_samples / total) if total > 0 else 0.0
+
+
+def batch_spread(samples_per_step: np.ndarray, tokens_per_step: np.ndarray) -> dict[str, float]:
+    """The global batch of the window's optimizer steps: mean, population std (ddof 0), min
+    and max over steps of the real samples and real tokens each step trained on (all ranks
+    together). Two policies with different batches change the training recipe, not only its
+    speed: these say by how much."""
+    out = {}
+    for name, values in (("samples", samples_per_step), ("tokens", tokens_per_step)):
+        v = np.asarray(values, dtype=np.float64)
+        out[f"{name}_per_step_mean"] = float(v.mean())
+        out[f"{name}_per_step_std"] = float(v.std())
+        out[f"{name}_per_step_min"] = float(v.min())
+        out[f"{name}_per_step_max"] = float(v.max())
+    return out
 
 
 def imbalance_rate(t: np.ndarray) -> float:
@@ -95,7 +119,8 @@ def vram_utilization(peak_bytes: np.ndarray, capacity_bytes: float) -> tuple[flo
 
 @dataclass(frozen=True)
 class StepMetrics:
-    """The summary of a timed window of steps; keys are the stable names logged everywhere."""
+    """The summary of a timed window of steps; keys are the stable names logged everywhere.
+    Throughput counts real samples; `padding_samples` the repeats beside them."""
 
     imbalance_rate: float
     imbalance_rate_mean: float
@@ -103,6 +128,8 @@ class StepMetrics:
     max_over_mean: float
     samples_per_s: float
     tokens_per_s: float
+    padding_samples: int
+    padding_fraction: float
     steps: int
 
     def as_dict(self) -> dict[str, float]:
@@ -110,9 +137,14 @@ class StepMetrics:
 
 
 def summarize(
-    compute_s: np.ndarray, samples: float, tokens: float, wall_s: float
+    compute_s: np.ndarray,
+    samples: float,
+    tokens: float,
+    wall_s: float,
+    padding_samples: float = 0,
 ) -> StepMetrics:
-    """All balance metrics of `compute_s` [steps, ranks] plus throughput over `wall_s`."""
+    """All balance metrics of `compute_s` [steps, ranks] plus throughput over `wall_s` of the
+    `samples` real samples (`tokens` real tokens), beside the `padding_samples` repeats."""
     if wall_s <= 0:
         raise ValueError("wall_s must be positive")
     arr = _as_steps_by_ranks(compute_s)
@@ -124,21 +156,40 @@ def summarize(
         max_over_mean=max_over_mean(arr),
         samples_per_s=samples_per_s,
         tokens_per_s=tokens_per_s,
+        padding_samples=int(padding_samples),
+        padding_fraction=padding_fraction(padding_samples, samples),
         steps=arr.shape[0],
     )
 
 
+@dataclass(frozen=True)
+class StepCounts:
+    """What each optimizer step of a window trained on, all ranks together [steps]: its real
+    samples and real tokens, and its padding repeats."""
+
+    samples: np.ndarray
+    tokens: np.ndarray
+    padding_samples: np.ndarray
+
+
 def window_metrics(
     compute_s: np.ndarray,
-    samples: float,
-    tokens: float,
+    counts: StepCounts,
     seconds: float,
     peak_bytes: np.ndarray | None = None,
     capacity_bytes: float | None = None,
 ) -> dict[str, float]:
     """A timed window's run-summary metrics, as measured runs and simulations report them:
-    `summarize` plus VRAM utilization where peaks [steps, ranks] and a capacity are known."""
-    out = summarize(compute_s, samples=samples, tokens=tokens, wall_s=seconds).as_dict()
+    `summarize` of the real samples, their per-step spread (`batch_spread`), plus VRAM
+    utilization where peaks [steps, ranks] and a capacity are known."""
+    out: dict[str, float] = summarize(
+        compute_s,
+        samples=float(counts.samples.sum()),
+        tokens=float(counts.tokens.sum()),
+        wall_s=seconds,
+        padding_samples=float(counts.padding_samples.sum()),
+    ).as_dict()
+    out.update(batch_spread(counts.samples, counts.tokens))
     if capacity_bytes and peak_bytes is not None:
         out["vram_utilization_mean"], out["vram_utilization_max"] = vram_utilization(
             peak_bytes, capacity_bytes

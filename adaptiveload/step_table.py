@@ -23,14 +23,26 @@ from adaptiveload.errors import UserError
 # samples, tokens, tokens_sq: n, sum S and sum S^2 of the rank's micro-batch (what its cost
 # depends on); frames, height, width: the bucket shape of its largest sample (of all of them
 # unless the micro-batch is a pack of several shapes); lower_bound_s: the step's compute lower
-# bound (`CostModel.step_lower_bound` of its samples; a simulation's, empty in a measured run)
+# bound (`CostModel.step_lower_bound` of its samples; a simulation's, empty in a measured run);
+# padding_samples, padding_tokens: how many of the micro-batch's samples (and their tokens) are
+# padding repeats (plan.py, step 4), so that throughput counts each real sample once
+# (`real_counts`): samples - padding_samples are the real ones
 STEP_COLUMNS = (
     "step", "rank", "compute_s", "compute_wall_s", "wait_s", "samples", "tokens", "tokens_sq",
     "frames", "height", "width", "peak_bytes", "peak_bytes_model", "loss", "step_time_s",
-    "step_wall_s", "lower_bound_s",
+    "step_wall_s", "lower_bound_s", "padding_samples", "padding_tokens",
 )  # fmt: skip
 # the columns a table must have to be analysed; a producer may leave the others out
-REQUIRED_STEP_COLUMNS = ("step", "rank", "compute_s", "samples", "tokens", "step_time_s")
+REQUIRED_STEP_COLUMNS = (
+    "step",
+    "rank",
+    "compute_s",
+    "samples",
+    "tokens",
+    "step_time_s",
+    "padding_samples",
+    "padding_tokens",
+)
 
 # `train.steps: epoch`: after the warm-up, time exactly one whole epoch
 WHOLE_EPOCH = "epoch"
@@ -59,3 +71,13 @@ def window_kind(steps: int | str) -> str:
 def timed(step: pd.Series | np.ndarray, warmup_steps: int) -> pd.Series | np.ndarray:
     """Which rows (or step indices) lie in the timed window: the steps from `warmup_steps` on."""
     return step >= warmup_steps
+
+
+def real_counts(table: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
+    """(real samples, real tokens) of each row of a per-step table: what its micro-batch held
+    less its padding repeats. Throughput counts these (docs/definitions.md): a repeat is work
+    the ranks do, not data they train on."""
+    return (
+        table["samples"] - table["padding_samples"],
+        table["tokens"] - table["padding_tokens"],
+    )

@@ -52,7 +52,7 @@ def write_run(
              wait_s=step_time[s] - compute[s, r], samples=int(samples[s, r]),
              tokens=int(tokens[s, r]), frames=5, height=64, width=64, peak_bytes=None,
              peak_bytes_model=1e8 * samples[s, r], loss=0.5, step_time_s=step_time[s],
-             step_wall_s=step_time[s] * wall[s])
+             step_wall_s=step_time[s] * wall[s], padding_samples=0, padding_tokens=0)
         for s in range(steps) for r in range(ranks)
     ]  # fmt: skip
     out = root / setup.replace("/", "_") / variant / policy / f"seed{seed}"

@@ -102,7 +102,8 @@ def test_kernel_table_and_figure_from_a_benchmark_csv(tmp_path):
 def _empty_steps():
     cols = ["setup", "variant", "policy", "kernel", "seed", "source", "label", "timed_window",
             "step", "rank", "compute_s", "samples", "tokens", "step_time_s", "step_wall_s",
-            "peak_bytes", "peak_bytes_model", "capacity_bytes", "timed"]
+            "peak_bytes", "peak_bytes_model", "capacity_bytes", "timed", "padding_samples",
+            "padding_tokens"]
     return pd.DataFrame(columns=cols).astype({"timed": bool})
 
 

@@ -15,13 +15,22 @@ import pytest
 import torch
 import yaml
 
-from adaptiveload.calibration.grid import MAX_AXIS, bucket_shape, build_grid, latent_grid
+from adaptiveload.calibration.files import fit_points
+from adaptiveload.calibration.grid import (
+    MAX_AXIS,
+    bucket_shape,
+    build_grid,
+    latent_grid,
+    memory_points,
+)
 from adaptiveload.calibration.measure import calibrate
-from adaptiveload.calibration.mix import mixture_token_mix
+from adaptiveload.calibration.mix import grid_token_mix, mixture_token_mix
 from adaptiveload.calibration.prior import prior
 from adaptiveload.calibration.settings import BudgetRules, CalibrationConfig, Grid
-from adaptiveload.costmodel import Calibration, derive_budgets
+from adaptiveload.costmodel import Calibration, CostModel, derive_budgets
 from adaptiveload.errors import UserError
+from adaptiveload.model.analytic import TrainingSetup
+from adaptiveload.model.architectures import get_config
 from adaptiveload.planning.policies import POLICIES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -88,6 +97,14 @@ def test_tiny_cpu_calibration_follows_the_grid_rules_and_writes_a_valid_file(tmp
     assert fit["num_points"] == 12 and fit["form"] in ("floored", "three-term")
     assert cal.cost.a > 0 and cal.cost.b > 0 and 1.0 < cal.p < 2.0
     assert "R^2" in proc.stderr and "leave-one-out" in proc.stderr
+    # memory up to the derived budgets: listed (a CPU measures no memory), by the grid's rule
+    grid = cal.extra["grid"]
+    assert grid["memory_targets"]["m_mem"] == pytest.approx(cal.m_mem)
+    assert grid["memory_targets"]["largest_pack"] > 0
+    reached = max(b * s for b, s in shapes)
+    want = memory_points(list(grid["memory_targets"].values()), grid["tokens"], reached, cal.cost)
+    assert grid["memory_points_not_measured"] == [list(bs) for bs in want] != []
+    assert cal.measured_memory_tokens is None and "memory_points" not in cal.extra
 
 
 @pytest.mark.slow  # a real measurement on the CPU
@@ -295,6 +312,13 @@ def test_cuda_calibration_measures_memory():
     assert cal.extra["memory_source"] == "measured" and cal.source == "measured"
     assert all(p["peak_bytes"] > 0 for p in cal.extra["points"])
     assert cal.cost.m_tok > 0 and cal.extra["fit"]["mem_r2"] is not None
+    # memory measured up to the budgets it derived (or recorded out of memory)
+    targets = cal.extra["grid"]["memory_targets"]
+    measured = [p for p in cal.extra.get("memory_points", []) if p["status"] == "ok"]
+    assert cal.measured_memory_tokens >= min(max(targets.values()), 8192 * 2) or any(
+        p["status"] == "oom" for p in cal.extra.get("memory_points", [])
+    )
+    assert all(p["peak_bytes"] > 0 for p in measured)
 
 
 def test_grid_rules():
@@ -307,3 +331,44 @@ def test_grid_rules():
     # a cap below a B = 1 point never drops it
     grid, dropped = build_grid([2], [16, 256], 256, max_batch_tokens=10)
     assert grid == [(1, 16), (1, 256)] and dropped == [(2, 16), (2, 256)]
+
+
+def test_memory_points_reach_every_budget_beyond_the_grid():
+    # M_mem 2,500 and a pack of 3,100 tokens over a grid that measured 1,024 tokens
+    linear = CostModel(c0=0.1, a=1e-3, b=0.0)  # no attention: every shape costs the same
+    quadratic = CostModel(c0=0.1, a=1e-3, b=1e-4)  # long samples cost more per token
+    assert memory_points([2_500, 3_100], [100, 1_000], 1_024, quadratic) == [
+        (25, 100),
+        (31, 100),
+    ]
+    per_sample = CostModel(c0=0.1, a=1e-3, b=0.0, c_seq=1.0)  # a large per-sample constant
+    assert memory_points([2_500], [100, 1_000], 1_024, per_sample) == [(3, 1_000)]
+    for b, s in memory_points([2_500, 3_100], [100, 1_000], 1_024, linear):
+        assert b * s >= 2_500
+    assert memory_points([900], [100, 1_000], 1_024, quadratic) == []  # measured already
+
+
+def test_memory_points_join_the_memory_fit_and_an_oom_one_is_kept_out():
+    """Memory points (one pass each) refit memory, not time; one out of memory stays in the
+    file with its status and enters no fit; the file's measured range then covers them."""
+    cost = {"m_static": 1e9, "m_tok": 2e4, "m_seq": 1e6}
+
+    def point(b, s, t, status="ok"):
+        peak = cost["m_static"] + b * (cost["m_tok"] * s + cost["m_seq"])
+        peak = peak if status == "ok" else None
+        return {"batch": b, "tokens": s, "time_s": t, "status": status, "peak_bytes": peak}
+
+    sizes = [(b, s) for b in (1, 2) for s in (256, 1024, 4096, 8192)]
+    grid = [point(b, s, 0.01 + b * (1e-5 * s + 1e-9 * s * s)) for b, s in sizes]
+    extra = [point(4, 8192, 99.0), point(8, 8192, None, status="oom")]
+    cfg = get_config("wan2.1-micro")
+
+    mix = grid_token_mix([256, 8192])
+    cal = fit_points(
+        cfg, "cuda:test", grid, mix, 80e9, BudgetRules(0.1), TrainingSetup(), 1_000,
+        memory_measured=True, max_loo=10, memory_points=extra,
+    )
+    assert cal.measured_memory_tokens == 4 * 8192  # the oom point is no measurement
+    assert [p["status"] for p in cal.extra["memory_points"]] == ["ok", "oom"]
+    assert cal.cost.m_tok == pytest.approx(cost["m_tok"], rel=1e-6)
+    assert cal.extra["fit"]["num_points"] == len(grid)  # the time fit: the grid alone

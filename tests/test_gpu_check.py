@@ -87,7 +87,21 @@ def test_the_device_check_times_mixed_packs_within_the_h200_and_its_part_limit()
     grid_s = sum(_device_seconds(float(cal.cost.step_time(b, s)), grid)
                  for b, s in points)  # fmt: skip
     limit = int(re.search(r"CALIBRATE_S:-(\d+)", (GPU / "h200.sh").read_text()).group(1))
-    assert packs_s < 25 and grid_s + packs_s < limit - 50, (grid_s, packs_s, limit)
+    # then memory up to the budgets: M_mem and the largest pack of the 16-rank packed plan
+    from adaptiveload.calibration.grid import memory_points
+    from adaptiveload.calibration.measure import _memory_targets
+    from adaptiveload.calibration.mix import mixture_token_mix
+
+    mix = mixture_token_mix("paper-mixed", 20_000)
+    targets = _memory_targets(cal, mix, cfg.validation.world_size, cfg.seed)
+    assert targets["largest_pack"] > targets["m_mem"] > 3.5 * cal.measured_memory_tokens
+    reached = max(b * s for b, s in points)
+    memory = memory_points(list(targets.values()), grid.tokens, reached, cal.cost)
+    assert all(b * s >= t for (b, s), t in zip(memory, sorted(targets.values()), strict=True))
+    assert all(cal.cost.memory(b, s) < usable for b, s in memory)  # measurable on the H200
+    memory_s = sum(float(cal.cost.step_time(b, s)) for b, s in memory)  # one pass each
+    assert packs_s < 25 and memory_s < 30
+    assert grid_s + packs_s + memory_s < limit - 50, (grid_s, packs_s, memory_s, limit)
     dry = _script_calibration("CAL_FLAGS_DRY", "--model", "wan2.1-micro")
     assert [p.name for p in dry.grid.packs] == ["short", "mixed"]
 

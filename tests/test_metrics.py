@@ -89,12 +89,30 @@ def test_per_step_formulas_work_on_table_columns():
 
 def test_window_metrics_add_vram_only_where_known():
     peak = np.array([[10.0, 20.0, 30.0], [40.0, 50.0, 60.0]])
-    full = metrics.window_metrics(T, 14, 1400, 7.0, peak_bytes=peak, capacity_bytes=100.0)
+    counts = metrics.StepCounts(np.array([6.0, 8.0]), np.array([600.0, 800.0]), np.zeros(2))
+    full = metrics.window_metrics(T, counts, 7.0, peak_bytes=peak, capacity_bytes=100.0)
     assert full == {
         **metrics.summarize(T, samples=14, tokens=1400, wall_s=7.0).as_dict(),
+        **metrics.batch_spread(counts.samples, counts.tokens),
         "vram_utilization_mean": pytest.approx(0.35),
         "vram_utilization_max": pytest.approx(0.6),
     }
     for peak_bytes, capacity in ((None, 100.0), (peak, None)):
-        out = metrics.window_metrics(T, 14, 1400, 7.0, peak_bytes, capacity)
+        out = metrics.window_metrics(T, counts, 7.0, peak_bytes, capacity)
         assert "vram_utilization_mean" not in out and out["samples_per_s"] == 2.0
+
+
+def test_padding_is_reported_beside_throughput_never_in_it():
+    # 14 real samples and 6 padding repeats in 7 s: 2 samples/s, 30% of the processed ones padding
+    counts = metrics.StepCounts(np.array([6.0, 8.0]), np.array([600.0, 800.0]), np.array([0, 6]))
+    out = metrics.window_metrics(T, counts, 7.0)
+    assert out["samples_per_s"] == 2.0 and out["tokens_per_s"] == 200.0
+    assert out["padding_samples"] == 6 and out["padding_fraction"] == pytest.approx(0.3)
+
+
+def test_batch_spread_is_population_std_and_range_over_steps():
+    out = metrics.batch_spread(np.array([2.0, 4.0, 6.0]), np.array([10.0, 10.0, 40.0]))
+    assert out["samples_per_step_mean"] == 4.0
+    assert out["samples_per_step_std"] == pytest.approx(np.sqrt(8 / 3))
+    assert (out["samples_per_step_min"], out["samples_per_step_max"]) == (2.0, 6.0)
+    assert out["tokens_per_step_mean"] == 20.0 and out["tokens_per_step_max"] == 40.0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -15,6 +16,7 @@ from adaptiveload.planning.policies import Budgets
 from adaptiveload.planning.simulate import allreduce_seconds, grad_bytes_of, simulate
 from adaptiveload.step_table import STEP_COLUMNS
 
+CALIBRATIONS = Path(__file__).resolve().parent.parent / "experiments" / "calibration"
 COST = CostModel(c0=1.0, a=0.01, b=1e-4, m_static=10.0, m_tok=1.0, m_seq=0.0)
 
 
@@ -132,3 +134,69 @@ def test_another_timed_window_needs_no_second_simulation():
     assert whole.timed(3).summary["steps"] == whole.summary["steps"] - 3
     assert whole.timed(0).summary == whole.summary
     pd.testing.assert_frame_equal(whole.timed(3).steps, again.steps)
+
+
+def test_padding_repeats_cost_time_but_are_not_throughput():
+    """A heavily padded plan: the repeats are priced (the ranks run them) but samples/s and
+    tokens/s count each real sample once; the repeats are reported beside them."""
+    t = hand_table()
+    t.loc[t["step"] == 1, "is_padding"] = True  # step 1 repeats 4 samples of 450 tokens
+    sim = simulate(t, COST, allreduce_gbps=8.0, grad_bytes=1e9)
+    st, s = sim.steps, sim.summary
+    np.testing.assert_allclose(st["compute_s"], [5, 7, 13, 3.25])  # priced as before
+    assert st["padding_samples"].tolist() == [0, 0, 1, 3]
+    assert st["padding_tokens"].tolist() == [0, 0, 300, 150]
+    assert s["samples_per_s"] == pytest.approx(3 / 22)
+    assert s["tokens_per_s"] == pytest.approx(400 / 22)
+    assert s["padding_samples"] == 4 and s["padding_fraction"] == pytest.approx(4 / 7)
+    assert s["steps_per_epoch"] == 2
+    assert (s["samples_per_step_mean"], s["samples_per_step_std"]) == (1.5, 1.5)
+    assert (s["tokens_per_step_min"], s["tokens_per_step_max"]) == (0, 400)
+
+
+def test_554_samples_on_1000_ranks_count_554_real_samples_per_policy():
+    """Few samples on many ranks: every policy trains on the same 554 samples, however many
+    repeats fill its one step, so samples/s compares the step times alone. Counting the
+    repeats (equal-token's thousands against packed's hundreds) once made the packed plan,
+    whose step is the shortest, look ~65% slower."""
+    from adaptiveload.data.bucketing import bucketize
+    from adaptiveload.data.mixtures import synthesize
+    from adaptiveload.planning.compare import compare_policies
+
+    cal = Calibration.load(CALIBRATIONS / "h200-wan2.1-t2v-1.3b.json")
+    rows = compare_policies(bucketize(synthesize("paper-mixed", 554, seed=0)), cal, 1000)
+    by = {r["policy"]: r for r in rows}
+    for r in rows:
+        wall = 554 / r["predicted_samples_per_s"]
+        assert r["num_planned"] == 554 and r["steps"] == 1
+        assert r["predicted_padding_samples"] == r["num_padding"] > 0
+        assert r["predicted_padding_fraction"] == pytest.approx(
+            r["num_padding"] / (554 + r["num_padding"])
+        )
+        assert r["samples_per_step_mean"] == 554 and r["samples_per_step_std"] == 0
+        assert wall > 0
+    packed, equal = by["adaptiveload-packed"], by["equal-token"]
+    assert equal["num_padding"] > 5 * packed["num_padding"]  # what the old count rewarded
+    assert packed["samples_per_s_vs_first"] > 0  # its step is shorter for the same samples
+
+
+def test_memory_beyond_the_measured_points_is_counted_and_warned():
+    """A plan through the measured H200 calibration (memory measured up to 65,520 tokens per
+    micro-batch): the summary names its largest micro-batch and counts those beyond."""
+    from adaptiveload.planning.plan import plan_warnings
+
+    cal = Calibration.load(CALIBRATIONS / "h200-wan2.1-t2v-1.3b-measured.json")
+    assert cal.measured_memory_tokens == 65_520
+    bud = Budgets.resolve(calibration=cal)
+    plan = build_plan(bucketed(600, seed=5), "adaptiveload", bud, 8, 0, cost_model=cal)
+    s, cells = plan.summary, plan.simulation.steps
+    assert s["max_micro_batch_tokens"] == cells["tokens"].max() > 65_520
+    assert s["max_micro_batch_bytes_model"] == pytest.approx(cells["peak_bytes_model"].max())
+    assert s["memory_measured_tokens"] == 65_520
+    assert s["micro_batches_beyond_measured_memory"] == int((cells["tokens"] > 65_520).sum()) > 0
+    warned = [w for w in plan_warnings(s) if "measured memory" in w]
+    assert len(warned) == 1 and str(s["micro_batches_beyond_measured_memory"]) in warned[0]
+    prior = Calibration.load(CALIBRATIONS / "h200-wan2.1-t2v-1.3b.json")
+    unmeasured = build_plan(bucketed(600, seed=5), "adaptiveload", bud, 8, 0, cost_model=prior)
+    assert unmeasured.summary["micro_batches_beyond_measured_memory"] is None
+    assert not [w for w in plan_warnings(unmeasured.summary) if "measured memory" in w]

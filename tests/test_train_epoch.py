@@ -36,6 +36,11 @@ def test_whole_epoch_is_timed_after_a_replayed_warmup(tmp_path):
     timed = steps[steps["step"] >= WARMUP]
     # the timed window is epoch 0 whole: every planned sample (and the plan's padding) once
     assert timed["samples"].sum() == plan["num_planned"] + plan["num_padding"]
+    # throughput counts each real sample once; the plan's padding repeats stand beside it
+    assert timed["padding_samples"].sum() == summary["padding_samples"] == plan["num_padding"]
+    assert summary["samples_per_s"] * summary["timed_s"] == pytest.approx(plan["num_planned"])
+    assert summary["steps_per_epoch"] == plan["steps"]
+    assert summary["samples_per_step_mean"] == pytest.approx(plan["num_planned"] / plan["steps"])
     # the warm-up ran the epoch's first batches, which the timed window runs again
     warm = steps[steps["step"] < WARMUP].reset_index(drop=True)
     again = timed[timed["step"] < 2 * WARMUP].reset_index(drop=True)

@@ -22,7 +22,7 @@ from adaptiveload.costmodel import Calibration
 from adaptiveload.errors import UserError
 from adaptiveload.io import read_json, read_table
 from adaptiveload.pipeline import BASE_VARIANT, parse_variant
-from adaptiveload.step_table import REQUIRED_STEP_COLUMNS, STEP_COLUMNS, timed
+from adaptiveload.step_table import REQUIRED_STEP_COLUMNS, STEP_COLUMNS, real_counts, timed
 
 # fields every run summary must carry (the trainer's and the simulator's; docs/tracking.md)
 SUMMARY_KEYS = (
@@ -35,6 +35,12 @@ SUMMARY_METRICS = (
     "tokens_per_s", "samples_per_s_wall", "tokens_per_s_wall", "vram_utilization_mean",
     "vram_utilization_max", "capacity_bytes", "vs_lower_bound", "vs_epoch_lower_bound",
     "epoch_lower_bound_s", "min_steps_per_epoch",
+    "padding_samples", "padding_fraction", "steps_per_epoch",
+    "samples_per_step_mean", "samples_per_step_std", "samples_per_step_min",
+    "samples_per_step_max", "tokens_per_step_mean", "tokens_per_step_std",
+    "tokens_per_step_min", "tokens_per_step_max",
+    "max_micro_batch_tokens", "max_micro_batch_bytes_model", "memory_measured_tokens",
+    "micro_batches_beyond_measured_memory",
 )
 RUN_KEYS = ("setup", "variant", "policy", "kernel", "seed")
 
@@ -193,11 +199,19 @@ def _float(value: object) -> float:
 def per_step(steps: pd.DataFrame, timed_only: bool = True) -> pd.DataFrame:
     """One row per (run, step): the step's balance and throughput, docs/definitions.md's definitions
     applied to one step (the run-level numbers are their means / ratios of sums). Times are by
-    the run's timer; `samples_per_s_wall` by the wall clock (NaN where there is none)."""
+    the run's timer; `samples_per_s_wall` by the wall clock (NaN where there is none).
+    `samples` and `tokens` are the step's real ones (`step_table.real_counts`), what
+    throughput counts; `padding_samples` the repeats beside them."""
     frame = steps[steps["timed"]] if timed_only else steps
     util_measured = frame["peak_bytes"] / frame["capacity_bytes"]
     util_model = frame["peak_bytes_model"] / frame["capacity_bytes"]
-    frame = frame.assign(util_measured=util_measured, util_model=util_model)
+    real_samples, real_tokens = real_counts(frame)
+    frame = frame.assign(
+        util_measured=util_measured,
+        util_model=util_model,
+        samples=real_samples,
+        tokens=real_tokens,
+    )
     keys = [*RUN_KEYS, "source", "label", "timed_window", "step"]
     grouped = frame.groupby(keys, sort=True)
     out = grouped.agg(
@@ -207,6 +221,7 @@ def per_step(steps: pd.DataFrame, timed_only: bool = True) -> pd.DataFrame:
         ranks=("rank", "nunique"),
         samples=("samples", "sum"),
         tokens=("tokens", "sum"),
+        padding_samples=("padding_samples", "sum"),
         step_time_s=("step_time_s", "max"),
         step_wall_s=("step_wall_s", "max"),
         vram_util_measured=("util_measured", "mean"),

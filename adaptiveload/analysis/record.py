@@ -38,8 +38,8 @@ from adaptiveload.tracking.store import (
 KIND_TAG = "adaptiveload.kind"
 # paper-table columns logged as metrics: means over seeds, changes vs the baseline (fractions)
 HEADLINE = (
-    "imbalance_rate", "idle_fraction", "vram_utilization", "samples_per_s",
-    "throughput_change", "imbalance_change",
+    "imbalance_rate", "idle_fraction", "vram_utilization", "samples_per_s", "padding_fraction",
+    "samples_per_step_mean", "throughput_change", "imbalance_change",
 )  # fmt: skip
 
 

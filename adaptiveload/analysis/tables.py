@@ -64,6 +64,26 @@ def _vram_per_run(runs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+# the per-run summary fields of a row's global batch and padding, each a mean over its seeds
+BATCH_COLUMNS = (
+    "padding_fraction",
+    "samples_per_step_mean",
+    "samples_per_step_std",
+    "tokens_per_step_mean",
+    "tokens_per_step_std",
+    "micro_batches_beyond_measured_memory",
+)
+
+
+def _batch_columns(group: pd.DataFrame) -> dict[str, float]:
+    """A row's steps per epoch (least and most over its seeds) and BATCH_COLUMNS (means over
+    its seeds): how large a global batch each policy trains with, and how much padding."""
+    out = {c: group[c].mean() for c in BATCH_COLUMNS}
+    out["steps_per_epoch_min"] = group["steps_per_epoch"].min()
+    out["steps_per_epoch_max"] = group["steps_per_epoch"].max()
+    return out
+
+
 def _stat(stats: pd.DataFrame, key: tuple, metric: str) -> pd.Series | None:
     if stats.empty:
         return None
@@ -109,6 +129,7 @@ def paper_table(
             "samples_per_s_wall": group["samples_per_s_wall"].mean(),
             "vs_lower_bound": group["vs_lower_bound"].mean(),
             "vs_epoch_lower_bound": group["vs_epoch_lower_bound"].mean(),
+            **_batch_columns(group),
         }
         shown = _stat(stats, key, "imbalance_rate difference")
         row["ci_kind"] = LEVELS[shown.test] if shown is not None else ""
@@ -166,6 +187,13 @@ def _steps_range(lo: float, hi: float) -> str:
     return f"{lo:.0f}" if lo == hi else f"{lo:.0f}-{hi:.0f}"
 
 
+def _mean_std(n: pd.DataFrame, prefix: str) -> list[str]:
+    """'12.5 ± 3.2' per row from `prefix`_mean and `prefix`_std (population std over the
+    run's optimizer steps, averaged over seeds); empty where a row has none."""
+    pairs = zip(n[f"{prefix}_mean"], n[f"{prefix}_std"], strict=True)
+    return [f"{m:.4g} ± {sd:.3g}" if np.isfinite(m) else "" for m, sd in pairs]
+
+
 def _shown(n: pd.DataFrame, baseline: str) -> pd.DataFrame:
     is_base = n["policy"] == baseline
     return pd.DataFrame({
@@ -181,11 +209,18 @@ def _shown(n: pd.DataFrame, baseline: str) -> pd.DataFrame:
         ],
         "imbalance rate": n["imbalance_rate"].map(_pct),
         "idle fraction": n["idle_fraction"].map(_pct),
+        "steps/epoch": [_steps_range(lo, hi) for lo, hi in
+                        zip(n["steps_per_epoch_min"], n["steps_per_epoch_max"], strict=True)],
+        "samples/step (mean ± std)": _mean_std(n, "samples_per_step"),
+        "tokens/step (mean ± std)": _mean_std(n, "tokens_per_step"),
+        "padding": n["padding_fraction"].map(_pct),
         "vs lower bound": n["vs_lower_bound"].map(lambda x: f"{x:.3f}" if np.isfinite(x) else ""),
         "vs epoch bound": n["vs_epoch_lower_bound"].map(
             lambda x: f"{x:.3f}" if np.isfinite(x) else ""),
         "VRAM util. (mean)": [f"{_pct(v)} ({s})" if s else "" for v, s in
                               zip(n["vram_utilization"], n["vram_source"], strict=True)],
+        "micro-batches beyond measured memory": n["micro_batches_beyond_measured_memory"].map(
+            lambda x: f"{x:.0f}" if np.isfinite(x) else ""),
         "samples/s": n["samples_per_s"].map(lambda x: f"{x:.4g}"),
         "tokens/s": n["tokens_per_s"].map(lambda x: f"{x:.4g}"),
         "samples/s (wall clock)": n["samples_per_s_wall"].map(
@@ -209,8 +244,16 @@ PAPER_NOTE = (
     "measured, with which clock and on which device, or come from the cost model. Imbalance, "
     "idle fraction and samples/s use that clock: on a CPU the thread CPU time of the one "
     "thread that computes each emulated rank (other processes on the machine do not enter "
-    "it), samples/s = samples / summed step critical path (slowest rank's load + compute, plus "
+    "it), samples/s = real samples (each sample of the data once; `padding` is the share of "
+    "processed samples that were padding repeats, never counted as throughput) / summed step "
+    "critical path (slowest rank's load + compute, plus "
     "the optimizer step); `samples/s (wall clock)` is the same over wall-clock step times. "
+    "`steps/epoch` (least-most over seeds) and `samples/step`, `tokens/step` (mean ± population "
+    "std over the timed optimizer steps of the real samples and tokens each trained on, all "
+    "ranks together) give each policy's global batch: a policy with fewer steps per epoch "
+    "trains with larger batches, which a Δ samples/s does not show. `micro-batches beyond "
+    "measured memory` (plans through a calibration that measured memory): micro-batches with "
+    "more tokens than its largest measured one, whose memory is the fit's extrapolation. "
     "Δ = policy vs the equal-token baseline (first row) of the same setup and kernel: "
     "throughput as relative change of samples/s, imbalance as difference in percentage "
     "points, each with a 95% CI and a two-sided p-value from the same bootstrap, named in "

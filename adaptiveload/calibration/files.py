@@ -15,7 +15,12 @@ from typing import Any
 import numpy as np
 
 from adaptiveload.calibration.additivity import held_out
-from adaptiveload.calibration.fit import DEFAULT_MAX_LOO, fit_measured, required_terms
+from adaptiveload.calibration.fit import (
+    DEFAULT_MAX_LOO,
+    fit_measured,
+    fit_memory,
+    required_terms,
+)
 from adaptiveload.calibration.mix import TokenMix
 from adaptiveload.calibration.settings import BudgetRules
 from adaptiveload.calibration.timing import pass_spread
@@ -30,9 +35,14 @@ def fit_points(
     cfg: WanConfig, device: str, points: list[dict[str, Any]], mix: TokenMix, capacity: float,
     rules: BudgetRules, setup: analytic.TrainingSetup, num_params: int, memory_measured: bool,
     max_loo: float | None = None, extra: dict[str, Any] | None = None,
+    memory_points: list[dict[str, Any]] | None = None,
 ) -> Calibration:  # fmt: skip
     """Fit measured points (`time_s`, and `peak_bytes` if `memory_measured`), derive budgets
     at `capacity` bytes by `rules` (headroom, reference batch).
+
+    `memory_points` (measured memory up to the budgets, `grid.memory_points`) join the memory
+    fit only: timed in one pass, they stay out of the time fit. They are kept in the file as
+    `memory_points`, those out of memory with status "oom".
 
     The fit is `fit.fit_measured` (floored form, leave-one-out checked, refused when
     degenerate); a derived p at a clamp bound is refused too. Without measured memory the
@@ -53,6 +63,15 @@ def fit_points(
     mem = np.array([p["peak_bytes"] for p in ok]) if memory_measured else None
     required = required_terms(cfg, float(S.max()))
     cost, stats = fit_measured(B, S, T, mem, required=required, max_loo=max_loo)
+    more = [p for p in memory_points or [] if p["status"] == "ok" and p.get("peak_bytes")]
+    if memory_measured and more:
+        both = [*ok, *more]
+        terms, mem_r2, mem_worst = fit_memory(
+            *(np.array([p[k] for p in both], dtype=np.float64) for k in ("batch", "tokens")),
+            [p["peak_bytes"] for p in both],
+        )
+        cost = replace(cost, **terms)
+        stats = replace(stats, mem_r2=mem_r2, mem_max_rel_err=mem_worst)
     if not memory_measured:
         m_static, m_tok, m_seq = analytic.memory_terms(cfg, num_params, setup)
         cost = replace(cost, m_static=m_static, m_tok=m_tok, m_seq=m_seq)
@@ -76,6 +95,7 @@ def fit_points(
             "memory_source": "measured" if memory_measured else "model",
             "fit": {**stats.to_dict(), "required_terms": list(required), "max_loo": max_loo},
             "points": points,
+            **({"memory_points": memory_points} if memory_points else {}),
             **(extra or {}),
         },
     )  # fmt: skip

@@ -82,12 +82,12 @@ def fit(
     c0, a, b, *rest = _nnls_relative(np.stack(columns, axis=1), t)
     c_seq = rest[0] if per_sample else 0.0
     r2, worst = _r2_and_worst(c0 + B * (c_seq + a * S + b * S * S), t)
-    mem_fit, mem_r2, mem_worst = _fit_memory(B, S, mem)
+    mem_fit, mem_r2, mem_worst = fit_memory(B, S, mem)
     cost = CostModel(c0=float(c0), a=float(a), b=float(b), c_seq=float(c_seq), **mem_fit)
     return cost, FitStats(r2, worst, int(B.size), mem_r2, mem_worst)
 
 
-def _fit_memory(
+def fit_memory(
     B: np.ndarray, S: np.ndarray, mem: Any | None
 ) -> tuple[dict[str, float], float | None, float | None]:
     """m(B,S) = m_static + B(m_tok*S + m_seq) by relative NNLS (zeros without `mem`)."""
@@ -257,7 +257,7 @@ def fit_measured(
         lines = "; ".join(f"{c['form']}: {' / '.join(c['problems'])}" for c in checks)
         raise UserError(f"calibration fit is degenerate, refusing it ({lines})")
     r2, worst = _r2_and_worst(cost.step_time(B, S), t)
-    mem_fit, mem_r2, mem_worst = _fit_memory(B, S, mem)
+    mem_fit, mem_r2, mem_worst = fit_memory(B, S, mem)
     cost = replace(cost, **mem_fit)
     return cost, FitStats(
         r2, worst, int(B.size), mem_r2, mem_worst, form=form,

@@ -1,10 +1,14 @@
 """The (B, S) grid a calibration times: which points (`build_grid`, rules in
-docs/calibration.md) and the bucket shape that gives a point its S tokens (`latent_grid`)."""
+docs/calibration.md), the micro-batches that measure memory up to the derived budgets
+(`memory_points`), and the bucket shape that gives a point its S tokens (`latent_grid`)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
+from adaptiveload.costmodel import CostModel
 from adaptiveload.errors import UserError
 from adaptiveload.experiment import schema_default
 from adaptiveload.tokens import FRAME_STEP, PIXEL_STEP
@@ -74,3 +78,25 @@ def validate_grid(
         raise UserError(f"warmup {warmup}: expected >= 0 steps per point")
     for s in tokens:
         latent_grid(int(s))
+
+
+def memory_points(
+    targets: Sequence[float], tokens: Sequence[int], measured_tokens: int, cost: CostModel
+) -> list[tuple[int, int]]:
+    """The (B, S) micro-batches that measure peak memory up to each of `targets` (tokens per
+    micro-batch: the derived M_mem and the largest pack the plans form) beyond the
+    `measured_tokens` the grid reached. Each holds at least its target's tokens, B = ceil(T / S),
+    at the grid token size S that `cost` (the first fit) predicts the fastest: memory depends on
+    B·S and B alone, so a cheap shape measures it as well as a slow one, and many small
+    samples are the case M_mem is derived for (their per-sample memory binds). Without these
+    points M_mem and the largest packs rest on a linear fit of memory extrapolated past every
+    point it was fitted to (docs/calibration.md). Smallest first."""
+    sizes = np.array(sorted(set(tokens)), dtype=np.int64)
+    points = set()
+    for target in targets:
+        if target <= measured_tokens:
+            continue
+        batch = -(-int(np.ceil(target)) // sizes)
+        best = int(np.argmin(cost.step_time(batch, sizes)))
+        points.add((int(batch[best]), int(sizes[best])))
+    return sorted(points, key=lambda bs: (bs[0] * bs[1], bs[0]))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import platform
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -14,7 +15,7 @@ import torch
 from adaptiveload.calibration.additivity import held_out
 from adaptiveload.calibration.files import fit_points, setup_dict
 from adaptiveload.calibration.fit import FORMS
-from adaptiveload.calibration.grid import build_grid, latent_grid
+from adaptiveload.calibration.grid import build_grid, latent_grid, memory_points
 from adaptiveload.calibration.mix import TokenMix, grid_token_mix
 from adaptiveload.calibration.settings import CalibrationConfig, Grid
 from adaptiveload.calibration.timing import (
@@ -123,10 +124,12 @@ def calibrate(cfg: CalibrationConfig, progress: bool = True) -> Calibration:
     process_warmup_s = warm_up_process(model, points[0], dev, PROCESS_WARMUP_STEPS, cfg.seed)
     measured, packs = measure_grid(model, points, dev, cfg.grid, cfg.seed, progress=progress,
                                    timer=timer)  # fmt: skip
-    cal = _fit(cfg, arch, dev, measured, mix, capacity, model, {
+    record = {
         "process_warmup_s": process_warmup_s, "timer": timer, "largest_bucket": largest,
         "dropped_by_max_batch_tokens": [list(bs) for bs in dropped],
-    })  # fmt: skip
+    }  # fmt: skip
+    cal = _fit(cfg, arch, dev, measured, mix, capacity, model, record)
+    cal = _memory_to_budgets(cfg, cal, model, measured, (mix, capacity, record), timer, progress)
     additivity = held_out(cal.cost, packs, memory_measured=dev.type == "cuda", timer=timer)
     if additivity:
         cal.extra["additivity"] = additivity
@@ -137,9 +140,58 @@ def calibrate(cfg: CalibrationConfig, progress: bool = True) -> Calibration:
     return cal
 
 
+def _memory_targets(
+    cal: Calibration, mix: TokenMix, world_size: int, seed: int
+) -> dict[str, float]:
+    """The largest micro-batches (tokens) the derived budgets let the plans form: M_mem (what
+    the homogeneous policies' B·S reaches) and, where the mix has samples, the largest pack of
+    the packed policy's plan of them at `world_size` ranks (the simulations' world size)."""
+    from adaptiveload.planning.plan import build_plan
+    from adaptiveload.planning.policies import POLICIES, Budgets
+
+    targets = {"m_mem": float(cal.m_mem)}
+    if mix.samples is not None:
+        packed = next(name for name, policy in POLICIES.items() if policy.packed)
+        budgets = Budgets.resolve(calibration=cal)
+        plan = build_plan(mix.samples, packed, budgets, world_size, seed, cost_model=cal)
+        targets["largest_pack"] = float(plan.summary["max_tokens_per_batch"])
+    return targets
+
+
+def _memory_to_budgets(
+    cfg: CalibrationConfig,
+    cal: Calibration,
+    model: WanModel,
+    measured: list[dict[str, Any]],
+    fitted: tuple[TokenMix, float, dict[str, Any]],
+    timer: str,
+    progress: bool,
+) -> Calibration:
+    """Measure peak memory up to the budgets the first fit derived (`grid.memory_points`:
+    M_mem and the largest pack, beyond the grid's largest micro-batch) and fit memory again
+    with them, so M_mem rests on measured points. One pass each, no warm-up (peak memory is
+    deterministic; their times stay out of the time fit); a point that runs out of memory is
+    recorded with status "oom" and left out, never retried. Where the device reports no
+    memory (CPU) the points are only listed (`grid.memory_points_not_measured`)."""
+    mix, capacity, record = fitted
+    targets = _memory_targets(cal, mix, cfg.validation.world_size, cfg.seed)
+    reached = max((p["batch"] * p["tokens"] for p in measured if p["status"] == "ok"), default=0)
+    wanted = memory_points(list(targets.values()), cfg.grid.tokens, reached, cal.cost)
+    record["memory_targets"] = targets
+    dev = torch.device(cfg.device)
+    if not wanted or dev.type != "cuda":
+        record["memory_points_not_measured"] = [list(bs) for bs in wanted]
+        cal.extra["grid"].update(record)
+        return cal
+    once = replace(cfg.grid, warmup=0, repeats=1, packs=())
+    mem, _ = measure_grid(model, wanted, dev, once, cfg.seed, progress=progress, timer=timer)
+    return _fit(cfg, get_config(cfg.model), dev, measured, mix, capacity, model, record, mem)
+
+
 def _fit(
     cfg: CalibrationConfig, arch: WanConfig, dev: torch.device, points: list[dict[str, Any]],
     mix: TokenMix, capacity: float, model: WanModel, grid_record: dict[str, Any],
+    memory_points: list[dict[str, Any]] | None = None,
 ) -> Calibration:  # fmt: skip
     """The measured points fitted into a calibration file, with how they were measured."""
     setup = analytic.TrainingSetup(
@@ -160,6 +212,7 @@ def _fit(
     return fit_points(
         arch, device_name(str(dev)), points, mix, capacity, cfg.budgets, setup,
         count_parameters(model), memory_measured=dev.type == "cuda", max_loo=cfg.max_loo,
+        memory_points=memory_points,
         extra={
             "provenance": _provenance(dev),
             "setup": setup_dict(setup, "bf16 autocast" if dev.type == "cuda" else "fp32"),

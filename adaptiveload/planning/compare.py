@@ -5,7 +5,12 @@ training: on a mix with few long clips AdaptiveLoad alone can be worse than equa
 imbalance while balanced dealing helps. `compare_policies` plans the same bucketed samples
 under every policy of the registry (``policies.POLICIES``, so a new policy appears by itself)
 with the budgets of one calibration, and returns each plan's summary: counts, budgets and the
-``predicted_*`` metrics of the simulator (all `model`, through that calibration).
+``predicted_*`` metrics of the simulator (all `model`, through that calibration). samples/s
+counts each real sample once (padding repeats beside it, as ``padding``); ``samples/step``
+and ``tokens/step`` are the mean and population std over the epoch's optimizer steps of the
+real samples and tokens each trains on (policies with other step counts train with other
+global batches); ``largest micro-batch`` and ``beyond measured memory`` say whether the plan's
+memory rests on what the calibration measured.
 `comparison_rows` turns them into the table `adaptiveload compare` prints.
 """
 
@@ -31,12 +36,19 @@ COLUMNS = (
     ("predicted_vram_utilization_max", "VRAM max", "{:.1%}"),
     ("predicted_samples_per_s", "samples/s", "{:.4g}"),
     ("samples_per_s_vs_first", "vs {first}", "{:+.1%}"),
+    ("predicted_padding_fraction", "padding", "{:.1%}"),
     ("predicted_vs_lower_bound", "x lower bound", "{:.3f}"),
     ("predicted_vs_epoch_lower_bound", "x epoch bound", "{:.3f}"),
     ("steps", "steps", "{}"),
     ("min_steps_per_epoch", "K_min", "{}"),
+    ("samples_per_step_mean", "samples/step", "{:.4g}"),
+    ("samples_per_step_std", "± std", "{:.3g}"),
+    ("tokens_per_step_mean", "tokens/step", "{:.4g}"),
+    ("tokens_per_step_std", "± std", "{:.3g}"),
     ("batches", "batches", "{}"),
     ("num_oversize", "oversize", "{}"),
+    ("max_micro_batch_tokens", "largest micro-batch", "{:,}"),
+    ("micro_batches_beyond_measured_memory", "beyond measured memory", "{}"),
 )
 
 

@@ -50,6 +50,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from adaptiveload import metrics
 from adaptiveload.costmodel import Calibration, CostModel
 from adaptiveload.data.bucketing import Bucketed
 from adaptiveload.errors import UserError
@@ -61,7 +62,12 @@ from adaptiveload.planning.dealing import (
 )
 from adaptiveload.planning.packing import Packs, epoch_limits, make_packs
 from adaptiveload.planning.policies import Budgets, Policy, get_policy
-from adaptiveload.planning.simulate import DEFAULT_ALLREDUCE_GBPS, Simulation, simulate
+from adaptiveload.planning.simulate import (
+    DEFAULT_ALLREDUCE_GBPS,
+    MEMORY_FIELDS,
+    Simulation,
+    simulate,
+)
 
 REQUIRED_COLUMNS = ("sample_id", "bucket_frames", "bucket_height", "bucket_width", "tokens")
 TABLE_COLUMNS = (
@@ -83,6 +89,7 @@ SHOW_IDS = 5  # sample ids a message quotes (excluded, repeated)
 PREDICTED = (
     "imbalance_rate", "idle_fraction", "samples_per_s", "tokens_per_s", "vs_lower_bound",
     "epoch_lower_bound_s", "vs_epoch_lower_bound",
+    "padding_samples", "padding_fraction",
     "vram_utilization_mean", "vram_utilization_max",  # only with a capacity (a Calibration)
 )  # fmt: skip
 
@@ -134,9 +141,8 @@ def build_plan(
     frame, excluded, over_capacity = _unpack(samples, num_excluded, num_over_capacity, cost_model)
     pol = get_policy(policy)
     pol.check(budgets)
-    _check_ints(world_size=(world_size, 1), seed=(seed, 0), epoch=(epoch, 0))
-    if window_steps is not None:
-        _check_ints(window_steps=(window_steps, 1))
+    _check_ints(world_size=(world_size, 1), seed=(seed, 0), epoch=(epoch, 0),
+                window_steps=(window_steps, 1))
     cost = cost_model.cost if isinstance(cost_model, Calibration) else cost_model
     rng = np.random.default_rng([seed, epoch])
     tokens = frame["tokens"].to_numpy(np.int64)
@@ -178,6 +184,7 @@ def build_plan(
         "deal_cost": _deal_cost(pol, cost),
         **_digests(frame, row_sample, batches.size[slots], slot_pad, world_size),
     }
+    summary.update(_batch_spread(table))
     if packs is not None:
         summary["pack_limits"] = packs.limits.as_dict()
         fill = zip(packs.limits.names, packs.fill.mean(axis=0), strict=True)
@@ -188,6 +195,7 @@ def build_plan(
         sim = simulate(table, cost_model, allreduce_gbps=allreduce_gbps, world_size=world_size)
         summary.update({f"predicted_{k}": sim.summary[k] for k in PREDICTED if k in sim.summary})
         summary["predicted_source"] = "model"
+        summary.update({k: sim.summary[k] for k in MEMORY_FIELDS})
     return Plan(table=table, summary=summary, simulation=sim)
 
 
@@ -252,6 +260,18 @@ def _min_steps(
         return None
     values, count = np.unique(tokens, return_counts=True)
     return -(-limits.min_micro_batches(values, count) // n)
+
+
+def _batch_spread(table: pd.DataFrame) -> dict[str, float]:
+    """`metrics.batch_spread` of the epoch's optimizer steps: the real samples and tokens
+    each step trains on, all ranks together (padding repeats left out)."""
+    steps = int(table["step"].iat[-1]) + 1  # the table is ordered by step
+    real = ~table["is_padding"].to_numpy()
+    step = table["step"].to_numpy()[real]
+    tokens = table["tokens"].to_numpy(np.float64)[real]
+    return metrics.batch_spread(
+        np.bincount(step, minlength=steps), np.bincount(step, weights=tokens, minlength=steps)
+    )
 
 
 def _deal_cost(pol: Policy, cost: CostModel | None) -> str | None:
@@ -512,8 +532,9 @@ def plan_warnings(summary: dict[str, Any], excluded_ids: Sequence[str] = ()) -> 
     """What about a plan is unusual enough to tell the user, one clause each: samples never
     trained (excluded: no bucket, over the device's capacity; the first SHOW_IDS of
     `excluded_ids` named), samples over a budget on their own (they run alone, B = 1; all of
-    them means a budget below every sample), heavy padding. The sampler joins them into one
-    warning line; the CLI prints them, or refuses them with --strict."""
+    them means a budget below every sample), heavy padding, micro-batches beyond the
+    calibration's measured memory. The sampler joins them into one warning line; the CLI
+    prints them, or refuses them with --strict."""
     found = []
     excluded, total = summary["num_excluded"], summary["num_samples"]
     if excluded:
@@ -543,6 +564,14 @@ def plan_warnings(summary: dict[str, Any], excluded_ids: Sequence[str] = ()) -> 
         found.append(
             f"{pad} padding batches for {batches} real ones ({summary['world_size']} ranks): "
             "each repeats a batch of the epoch; fewer ranks or more data pad less"
+        )
+    beyond = summary.get("micro_batches_beyond_measured_memory")
+    if beyond:
+        found.append(
+            f"{beyond} micro-batches hold more tokens than the calibration measured memory at "
+            f"({summary['max_micro_batch_tokens']} > {summary['memory_measured_tokens']}): "
+            "their memory is the fit's extrapolation; calibrate up to the budgets "
+            "(`adaptiveload calibrate measure` measures memory up to them on a GPU)"
         )
     return found
 
@@ -617,7 +646,10 @@ def without_over_capacity(
     )
 
 
-def _check_ints(**values: tuple[int, int]) -> None:
+def _check_ints(**values: tuple[int | None, int]) -> None:
+    """Each value an integer >= its least (None: not set, nothing to check)."""
     for name, (value, least) in values.items():
+        if value is None:
+            continue
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
             raise UserError(f"{name}={value!r}: must be an integer >= {least}")

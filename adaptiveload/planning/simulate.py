@@ -16,7 +16,19 @@ throughput, never the imbalance). ``grad_bytes`` is the size of the gradients: a
 calibration's ``grad_bytes`` field, else ``num_params * 4`` (fp32 gradients), else 0.
 
 Every number here is a prediction: the output is labelled ``source: "model"``. Throughput
-counts the samples the ranks process, the padding repeats of the last step included.
+counts each real sample once: the padding repeats of the last step cost time (they are in
+``compute_s``) but are no data trained on, so they are reported beside it
+(``padding_samples``, ``padding_fraction``) and never as samples/s. ``steps_per_epoch`` and
+the per-step spread of real samples and tokens (``samples_per_step_*``, ``tokens_per_step_*``)
+say how large a global batch the plan trains with.
+
+Memory inside what was measured: ``max_micro_batch_tokens`` and
+``max_micro_batch_bytes_model`` are the plan's largest micro-batch (by Σ S) and its predicted
+peak bytes; with a Calibration whose memory was measured, ``memory_measured_tokens`` is the
+largest micro-batch it measured (``Calibration.measured_memory_tokens``) and
+``micro_batches_beyond_measured_memory`` counts the plan's micro-batches over it, whose memory
+rests on the fit's extrapolation alone (None: nothing was measured to compare with).
+
 ``vs_lower_bound`` is the window's summed ``max_r compute_s`` over the sum of each step's
 ``CostModel.step_lower_bound`` (its samples' per-sample costs, however they were packed):
 1.0 means no plan of the same steps could do better.
@@ -34,10 +46,17 @@ from adaptiveload import metrics
 from adaptiveload.costmodel import Calibration, CostModel
 from adaptiveload.experiment import schema_default
 from adaptiveload.planning.packing import epoch_limits
-from adaptiveload.step_table import STEP_COLUMNS, timed
+from adaptiveload.step_table import STEP_COLUMNS, real_counts, timed
 
 DEFAULT_ALLREDUCE_GBPS = schema_default("train.allreduce_gbps")  # an experiment's default
 FP32_BYTES = 4
+# the summary fields of the plan's largest micro-batch against what its calibration measured
+MEMORY_FIELDS = (
+    "max_micro_batch_tokens",
+    "max_micro_batch_bytes_model",
+    "memory_measured_tokens",
+    "micro_batches_beyond_measured_memory",
+)
 
 
 @dataclass
@@ -62,7 +81,8 @@ class Simulation:
 # the summary fields that describe the simulation itself (the rest are its window's metrics)
 _HEADER = ("launch_mode", "source", "device", "calibration", "world_size", "warmup_steps",
            "allreduce_gbps", "grad_bytes", "allreduce_s", "min_steps_per_epoch",
-           "epoch_lower_bound_s", "epoch_s", "vs_epoch_lower_bound")  # fmt: skip
+           "epoch_lower_bound_s", "epoch_s", "vs_epoch_lower_bound", "steps_per_epoch",
+           *MEMORY_FIELDS)  # fmt: skip
 
 
 def allreduce_seconds(grad_bytes: float, world_size: int, gbps: float) -> float:
@@ -119,6 +139,9 @@ def simulate(
     }
     frame = _step_table(plan_table, cost, n, ar_s)
     summary.update(_epoch_bound(plan_table, frame, cost_model, n, ar_s))
+    planned_steps = plan_table.attrs.get("plan", {}).get("steps")
+    summary["steps_per_epoch"] = int(planned_steps or frame["step"].max() + 1)
+    summary.update(_memory(frame, calibration))
     summary.update(_metrics(frame, n, capacity_bytes, warmup_steps))
     return Simulation(steps=frame, summary=summary, capacity_bytes=capacity_bytes)
 
@@ -161,6 +184,8 @@ def _step_table(table: pd.DataFrame, cost: CostModel, n: int, allreduce_s: float
             "step_time_s": np.repeat(t_step + allreduce_s, n),
             "step_wall_s": empty.copy(),
             "lower_bound_s": np.repeat(_step_bounds(table, cost, steps, n), n),
+            "padding_samples": cell.padding_samples,
+            "padding_tokens": cell.padding_tokens,
         },
         columns=list(STEP_COLUMNS),
     )
@@ -168,13 +193,16 @@ def _step_table(table: pd.DataFrame, cost: CostModel, n: int, allreduce_s: float
 
 @dataclass(frozen=True)
 class _Cells:
-    """Per (step, rank) cell, step-major: its samples n, Σ S, Σ S² and its largest sample's
-    bucket shape [cells, 3] (zeros for an empty cell)."""
+    """Per (step, rank) cell, step-major: its samples n, Σ S, Σ S², its largest sample's
+    bucket shape [cells, 3] (zeros for an empty cell), and how many of its samples (tokens)
+    are padding repeats."""
 
     samples: np.ndarray
     tokens: np.ndarray
     tokens_sq: np.ndarray
     shape: np.ndarray
+    padding_samples: np.ndarray
+    padding_tokens: np.ndarray
 
 
 def _cells(table: pd.DataFrame, key: np.ndarray, cells: int) -> _Cells:
@@ -182,6 +210,9 @@ def _cells(table: pd.DataFrame, key: np.ndarray, cells: int) -> _Cells:
     tok = table["tokens"].to_numpy(np.int64)
     samples = np.bincount(key, minlength=cells)
     sum_s = np.bincount(key, weights=tok, minlength=cells).astype(np.int64)
+    pad = table["is_padding"].to_numpy(bool)
+    pad_samples = np.bincount(key[pad], minlength=cells)
+    pad_tokens = np.bincount(key[pad], weights=tok[pad], minlength=cells).astype(np.int64)
     sum_sq = np.bincount(key, weights=tok.astype(np.float64) ** 2, minlength=cells)
     shape = np.zeros((cells, 3), dtype=np.int64)
     if tok.size:
@@ -191,7 +222,7 @@ def _cells(table: pd.DataFrame, key: np.ndarray, cells: int) -> _Cells:
         first = at[np.diff(key[at], prepend=-1) != 0]  # the first row of each cell's largest
         for i, col in enumerate(("frames", "height", "width")):
             shape[key[first], i] = table[col].to_numpy(np.int64)[first]
-    return _Cells(samples, sum_s, sum_sq.round().astype(np.int64), shape)
+    return _Cells(samples, sum_s, sum_sq.round().astype(np.int64), shape, pad_samples, pad_tokens)
 
 
 def _step_bounds(table: pd.DataFrame, cost: CostModel, steps: int, n: int) -> np.ndarray:
@@ -232,6 +263,24 @@ def _epoch_bound(
     }
 
 
+def _memory(frame: pd.DataFrame, calibration: Calibration | None) -> dict[str, Any]:
+    """The MEMORY_FIELDS of a plan's per-step predictions: its largest micro-batch by Σ S (and
+    that one's predicted bytes) and, where `calibration` measured memory, how many of its
+    micro-batches hold more tokens than the largest one measured."""
+    tokens = frame["tokens"].to_numpy(np.int64)
+    largest = int(np.argmax(tokens))
+    measured = calibration.measured_memory_tokens if calibration is not None else None
+    bytes_model = float(frame["peak_bytes_model"].iat[largest])
+    return {
+        "max_micro_batch_tokens": int(tokens[largest]),
+        "max_micro_batch_bytes_model": bytes_model if np.isfinite(bytes_model) else None,
+        "memory_measured_tokens": measured,
+        "micro_batches_beyond_measured_memory": (
+            int((tokens > measured).sum()) if measured is not None else None
+        ),
+    }
+
+
 def _split(cost_model: CostModel | Calibration) -> tuple[CostModel, Calibration | None]:
     if isinstance(cost_model, Calibration):
         return cost_model.cost, cost_model
@@ -249,13 +298,16 @@ def _metrics(
     window = compute[keep]
     if window.shape[0] == 0:
         return {"steps": 0}
-    cells = np.repeat(keep, n)
     wall_s = float(frame["step_time_s"].to_numpy(np.float64)[::n][keep].sum())
     peak = frame["peak_bytes_model"].to_numpy(np.float64).reshape(steps, n)[keep]
+    samples, tokens = real_counts(frame)
+
+    def per_step(values: pd.Series) -> np.ndarray:
+        return values.to_numpy(np.float64).reshape(steps, n)[keep].sum(axis=1)
+
     out: dict[str, Any] = metrics.window_metrics(
         window,
-        samples=float(frame["samples"].to_numpy()[cells].sum()),
-        tokens=float(frame["tokens"].to_numpy()[cells].sum()),
+        metrics.StepCounts(per_step(samples), per_step(tokens), per_step(frame["padding_samples"])),
         seconds=wall_s,
         peak_bytes=np.where(np.isnan(peak), 0.0, peak),  # a rank without a batch: no memory
         capacity_bytes=capacity_bytes,

@@ -46,7 +46,7 @@ from adaptiveload.data.packed import collate
 from adaptiveload.errors import UserError
 from adaptiveload.model.architectures import get_config
 from adaptiveload.model.wan import WanModel
-from adaptiveload.planning.sampler import PlanBatchSampler, PlanBuilder
+from adaptiveload.planning.sampler import PlanBatch, PlanBatchSampler, PlanBuilder
 from adaptiveload.progress import progress_bar
 from adaptiveload.step_table import STEP_COLUMNS, WHOLE_EPOCH, run_steps
 from adaptiveload.training import checkpoint
@@ -100,10 +100,12 @@ def step_metrics(rows: list[dict[str, Any]], capacity: float | None) -> dict[str
     """The per-step MLflow metrics of one step's rows of the per-step table (one per rank),
     under their stable keys: computed from the table's columns alone, so a step re-logged
     from a checkpoint's rows gets the values it had when it was measured. `loss` is the
-    step's mean over its samples; `vram_utilization` needs the device's `capacity` (CUDA)."""
+    step's mean over its samples; throughput counts real samples (`padding_samples` beside);
+    `vram_utilization` needs the device's `capacity` (CUDA)."""
     t = np.array([[row["compute_s"] for row in rows]])
     step_time = rows[0]["step_time_s"]
     samples = sum(row["samples"] for row in rows)
+    padding = sum(row["padding_samples"] for row in rows)
     out = {
         "loss": sum(row["loss"] * row["samples"] for row in rows) / samples,
         "step_time_s": step_time,
@@ -111,9 +113,11 @@ def step_metrics(rows: list[dict[str, Any]], capacity: float | None) -> dict[str
         "imbalance_rate": metrics.imbalance_rate(t),
         "idle_fraction": metrics.idle_fraction(t),
     }
+    real_tokens = sum(row["tokens"] - row["padding_tokens"] for row in rows)
     out["samples_per_s"], out["tokens_per_s"] = metrics.throughput(
-        samples, sum(row["tokens"] for row in rows), step_time
+        samples - padding, real_tokens, step_time
     )
+    out["padding_samples"] = padding
     if capacity:
         peaks = np.array([[row["peak_bytes"] for row in rows]])
         out["vram_utilization"] = metrics.vram_utilization(peaks, capacity)[0]
@@ -219,8 +223,9 @@ class Trainer:
         dd.barrier(self.ranks)
 
     # -- one step -------------------------------------------------------------------------------
-    def _next_batch(self, rank: int) -> tuple[list[int], int]:
-        """(dataset indices, samples of the whole step) for `rank`'s next micro-batch."""
+    def _next_batch(self, rank: int) -> PlanBatch:
+        """`rank`'s next micro-batch: its dataset indices and `info` (the samples of the whole
+        step, whether it is a padding repeat)."""
         sampler = self.samplers[rank]
         try:
             batch = next(self._iters[rank])
@@ -228,7 +233,7 @@ class Trainer:
             sampler.set_epoch(sampler.epoch + 1)
             self._iters[rank] = iter(sampler)
             batch = next(self._iters[rank])
-        return batch, batch.info.step_samples
+        return batch
 
     def _autocast(self):
         if self.device.type == "cuda":
@@ -237,7 +242,8 @@ class Trainer:
 
     def _micro_batch(self, step: int, rank: int) -> dict[str, Any]:
         w_load, t_load = self.clock.both()
-        indices, global_samples = self._next_batch(rank)
+        indices = self._next_batch(rank)
+        global_samples, padding = indices.info.step_samples, indices.info.is_padding
         batch = collate([self.data.dataset[i] for i in indices]).to(self.device, self.dtype)
         x0 = batch.latents if self.cfg.batch_layout == "packed" else batch.dense()
         tokens = self._tokens[indices]
@@ -293,6 +299,9 @@ class Trainer:
             ),
             "loss": loss_sum / b,
             "lower_bound_s": None,  # a simulation's column: no model number in a measured row
+            # a padding repeat trains (its gradient counts) but is no new data: not throughput
+            "padding_samples": b if padding else 0,
+            "padding_tokens": int(tokens.sum()) if padding else 0,
             "_load_s": t0 - t_load,
             "_load_wall_s": w0 - w_load,
         }

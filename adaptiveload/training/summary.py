@@ -4,7 +4,8 @@ Metrics come from `adaptiveload.metrics.summarize` over steps >= warmup_steps (t
 metrics module); throughput divides by the sum of the window's step times. Balance and
 throughput use the run's timer (`timer`: on CPU, thread CPU time, which other processes on
 the machine do not disturb); `samples_per_s_wall` and `tokens_per_s_wall` divide by the
-wall-clock step times beside them.
+wall-clock step times beside them. Throughput counts real samples (`step_table.real_counts`):
+padding repeats are reported beside it (`padding_samples`, `padding_fraction`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from adaptiveload.ops import ln_modulate as lm
 from adaptiveload.planning.sampler import PlanBuilder
 from adaptiveload.planning.simulate import simulate
 from adaptiveload.provenance import device_name
-from adaptiveload.step_table import WHOLE_EPOCH, timed
+from adaptiveload.step_table import WHOLE_EPOCH, real_counts, timed
 from adaptiveload.training.distributed import timer_of
 from adaptiveload.training.settings import TrainConfig
 
@@ -60,14 +61,21 @@ def measured_metrics(
 
     per_step = win.groupby("step")[["step_time_s", "step_wall_s"]].first()
     timed, wall = float(per_step["step_time_s"].sum()), float(per_step["step_wall_s"].sum())
-    samples, tokens = float(win["samples"].sum()), float(win["tokens"].sum())
+    real_samples, real_tokens = real_counts(win)
+    counts = win.assign(samples=real_samples, tokens=real_tokens).groupby("step")[
+        ["samples", "tokens", "padding_samples"]
+    ].sum()
     out = metrics.window_metrics(
-        by_step_and_rank("compute_s"), samples=samples, tokens=tokens, seconds=timed,
+        by_step_and_rank("compute_s"),
+        metrics.StepCounts(*(counts[c].to_numpy(np.float64) for c in counts.columns)),
+        seconds=timed,
         peak_bytes=by_step_and_rank("peak_bytes") if win["peak_bytes"].notna().all() else None,
         capacity_bytes=capacity_bytes,
-    )  # fmt: skip
+    )
     out["timed_s"], out["wall_s"] = timed, wall
-    out["samples_per_s_wall"], out["tokens_per_s_wall"] = metrics.throughput(samples, tokens, wall)
+    out["samples_per_s_wall"], out["tokens_per_s_wall"] = metrics.throughput(
+        float(counts["samples"].sum()), float(counts["tokens"].sum()), wall
+    )
     return out
 
 
@@ -135,6 +143,8 @@ def run_summary(
         "timer": timer_of(cfg.launch_mode, cfg.device),
         "warmup_steps": cfg.warmup_steps,
         "steps_total": int(table["step"].max()) + 1,
+        # the optimizer steps of one epoch of the plan (the global batch it trains with)
+        "steps_per_epoch": int(builder(0).summary["steps"]),
         "timed_window": cfg.timed_window,
         "calibration": calibration.label if calibration else None,
         "peak_bytes_model_source": calibration.label if calibration else None,

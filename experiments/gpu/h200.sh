@@ -34,7 +34,11 @@ set -uo pipefail
 # the floor, many short segments, medium and long clips with short ones; ~25 s of steps), and
 # 24 micro-batches of the policies' 16-rank plans timed against the fit's prediction (only
 # those predicted under 2 s: paper-scale micro-batches take ~15 s each, the large ones are
-# covered by the grid).
+# covered by the grid). After the fit, `calibrate measure` measures peak memory (one pass
+# each, no warm-up) at M_mem and at the largest pack of the 16-rank packed plan of the
+# mixture, beyond the grid's 65,520 tokens, and fits memory again with them (for the 1.3B:
+# ~250k-290k tokens of 1,560-token samples, ~10-15 s each by the first fit; a point out of
+# memory is recorded as such): CALIBRATE_S leaves room for them.
 CAL_FLAGS_CUDA="--batch-sizes 1,2 --tokens 1560,3120,7200,16380,32760,50400,75600 \
 --max-batch-tokens 65520 --warmup 1 --repeats 2 \
 --pack floor=3120,1560,1560 --pack short=7200,3120,1560,1560,1560,1560 \
@@ -201,7 +205,7 @@ CAL=${CALIBRATION:-}
 if [ -z "$CAL" ] && wants calibrate; then
   CAL="$OUTDIR/calibration/h200-$MODEL.json"
   [ "$DRY" = 1 ] && CAL="$OUTDIR/calibration/dry-$MODEL.json"
-  run_part calibrate "$(limit "${CALIBRATE_S:-160}" 110)" "$OUTDIR/calibration/calibrate.log" \
+  run_part calibrate "$(limit "${CALIBRATE_S:-190}" 110)" "$OUTDIR/calibration/calibrate.log" \
     "$PY" -m adaptiveload calibrate measure --model "$MODEL" --device "$DEVICE" "${CAL_ARGS[@]}" \
     -o "$CAL" || CAL=""
   pack calibration

@@ -122,10 +122,19 @@ def predicted(plan_table: pd.DataFrame, cal: Calibration, n: int) -> dict[str, f
         "max_over_mean",
         "samples_per_s",
         "tokens_per_s",
+        "padding_samples",
+        "padding_fraction",
+        "steps_per_epoch",
+        "samples_per_step_mean",
+        "samples_per_step_std",
+        "tokens_per_step_mean",
+        "tokens_per_step_std",
         "vram_utilization_mean",
         "vram_utilization_max",
+        "max_micro_batch_tokens",
+        "micro_batches_beyond_measured_memory",
     )
-    return {k: s[k] for k in keys if k in s}
+    return {k: s[k] for k in keys if s.get(k) is not None}
 
 
 def bench_balance(
