@@ -33,7 +33,7 @@ import pandas as pd
 from adaptiveload import metrics
 from adaptiveload.costmodel import Calibration, CostModel
 from adaptiveload.experiment import schema_default
-from adaptiveload.step_table import STEP_COLUMNS, timed
+from adaptiveload.step_table import STEP_COLUMNS, VAL_COLUMNS, timed
 
 DEFAULT_ALLREDUCE_GBPS = schema_default("train.allreduce_gbps")  # an experiment's default
 FP32_BYTES = 4
@@ -158,6 +158,8 @@ def _step_table(table: pd.DataFrame, cost: CostModel, n: int, allreduce_s: float
             "step_time_s": np.repeat(t_step + allreduce_s, n),
             "step_wall_s": empty.copy(),
             "lower_bound_s": np.repeat(_step_bounds(table, cost, steps, n), n),
+            # learning: a measured run's columns, empty in a simulation
+            **{col: empty.copy() for col in ("samples_seen", *VAL_COLUMNS)},
         },
         columns=list(STEP_COLUMNS),
     )
