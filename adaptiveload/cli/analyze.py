@@ -147,6 +147,28 @@ def figures_cmd(
     typer.echo(f"{len(figure)} figures -> {out_dir}")
 
 
+@analyze.command("convergence", epilog=examples(
+    "adaptiveload analyze convergence --steps steps.parquet --csv convergence.csv "
+    "--md convergence.md",
+))
+def convergence_cmd(
+    steps: Steps,
+    csv: Annotated[Path, Opt(help="the table, CSV")],
+    md: Annotated[Path, Opt(help="the table and a verdict per policy, Markdown")],
+    baseline: Baseline = BASELINE,
+    n_boot: Annotated[int, Opt(min=100, help="bootstrap resamples (of seeds)")] = BOOTSTRAP,
+    seed: Annotated[int, Opt(help="bootstrap seed")] = BOOTSTRAP_SEED,
+) -> None:
+    """Time to a target validation loss and the loss at equal samples seen, vs the baseline."""
+    from adaptiveload.analysis.convergence import Settings, compare, curves, to_markdown
+    from adaptiveload.io import write_text
+
+    table = compare(curves(_read(steps)), Settings(baseline, n_boot, seed))
+    write_text(csv, table.to_csv(index=False))
+    write_text(md, to_markdown(table))
+    typer.echo(f"convergence: {len(table)} rows -> {csv}, {md}")
+
+
 @analyze.command("paper-map", epilog=examples(
     "adaptiveload analyze paper-map --config experiments/paper_map.yaml "
     "--points results/paper_map/paper_map/points.csv "

@@ -60,9 +60,13 @@ def prepare_data(
 
     def dataset_of(frame: pd.DataFrame) -> LatentDataset:
         return LatentDataset(
-            frame, latent_channels=mcfg.in_dim, text_len=mcfg.text_len, text_dim=mcfg.text_dim,
-            seed=DATA_SEED, content=data["content"],
-        )  # fmt: skip
+            frame,
+            latent_channels=mcfg.in_dim,
+            text_len=mcfg.text_len,
+            text_dim=mcfg.text_dim,
+            seed=DATA_SEED,
+            content=data["content"],
+        )
 
     validation = (
         Validator(dataset_of(holdout(samples, cfg.val_per_class)), cfg.objective)
