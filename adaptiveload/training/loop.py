@@ -389,9 +389,10 @@ class Trainer:
         """Score the held-out set after `step`'s update into its rows (`VAL_COLUMNS`): after
         the first step, every `val_every` steps and at each epoch's end; outside the step's
         timed spans, so no step time includes it."""
-        every = self.cfg.val_every
-        due = step == 0 or (step + 1) % every == 0 or step in self.epoch_ends
-        if self.data.validation is None or not due:
+        if self.data.validation is None:  # train.val_every: 0
+            return
+        due = step == 0 or (step + 1) % self.cfg.val_every == 0 or step in self.epoch_ends
+        if not due:
             return
         scores = self.data.validation.score(self.model, self.ranks, self.device, self._autocast)
         for row in rows:
