@@ -18,6 +18,9 @@ resampling seeds (`stats.seed_bootstrap`, paired by seed):
   the baseline's seeds (each baseline run's loss after its last epoch; the largest of them),
   so every baseline seed reaches it and the baseline's own time is a time, not a censored
   one. A policy run that never reaches it has no time; the row then says how many did not.
+- **time to common loss**: the same, to the loss that every run of the group reaches (the
+  largest final loss of all its runs): defined even where a policy never reaches the
+  baseline's final loss.
 - **loss at equal samples seen**: each run's validation loss interpolated at the samples seen
   that every run of the group reached (the smallest final `samples_seen`), as a ratio.
 
@@ -58,7 +61,8 @@ COLUMNS = (
     "at",
     *ESTIMATE,
 )
-TIME_TO_TARGET = "time to target ratio"
+TIME_TO_TARGET = "time to target ratio"  # target: the baseline's final loss (worst seed)
+TIME_TO_COMMON = "time to common loss ratio"  # target: the worst final loss of all runs
 LOSS_AT_SAMPLES = "val_loss at equal samples seen ratio"
 
 
@@ -72,7 +76,7 @@ def curves(steps: pd.DataFrame) -> pd.DataFrame:
         time_s=one.groupby(list(RUN_KEYS))["step_time_s"].cumsum(),
     )
     evaluated = one[one["val_loss"].notna()]
-    keep = [*RUN_KEYS, "source", "step", *AXES, *VAL_COLUMNS]
+    keep = [*RUN_KEYS, "source", "label", "step", *AXES, *VAL_COLUMNS]
     return evaluated[keep].astype({c: float for c in VAL_COLUMNS}).reset_index(drop=True)
 
 
@@ -96,34 +100,48 @@ class Settings:
     seed: int
 
 
-def _per_run(group: pd.DataFrame, target: float, at: float) -> pd.DataFrame:
+def _per_run(group: pd.DataFrame, targets: dict[str, float], at: float) -> pd.DataFrame:
+    """Per run: the time to each of `targets` (metric -> loss) and the loss at `at` samples."""
     rows = []
     for (policy, seed), run in group.groupby(["policy", "seed"], sort=True):
-        rows.append(
-            {
-                "policy": policy,
-                "seed": seed,
-                "time_to_target": first_reach(
-                    run["time_s"].to_numpy(), run["val_loss"].to_numpy(), target
-                ),
-                "loss_at": float(np.interp(at, run["samples_seen"], run["val_loss"])),
-            }
-        )
+        time, loss = run["time_s"].to_numpy(), run["val_loss"].to_numpy()
+        row = {"policy": policy, "seed": seed}
+        row.update({metric: first_reach(time, loss, t) for metric, t in targets.items()})
+        row[LOSS_AT_SAMPLES] = float(np.interp(at, run["samples_seen"], run["val_loss"]))
+        rows.append(row)
     return pd.DataFrame(rows)
 
 
+def _targets(group: pd.DataFrame, baseline: str) -> dict[str, float]:
+    """metric -> target loss: the baseline's final loss (its worst seed's) and the worst final
+    loss of all runs of the group (every run reaches it)."""
+    finals = group.groupby(["policy", "seed"])["val_loss"].last()
+    return {
+        TIME_TO_TARGET: float(finals.loc[baseline].max()),
+        TIME_TO_COMMON: float(finals.max()),
+    }
+
+
+def _estimate(pol: pd.DataFrame, base: pd.DataFrame, metric: str, s: Settings) -> dict:
+    """The row fields of one metric: seeds that have a value, and the bootstrap of the ratio
+    (NaN unless every run of both has one: a censored time is not a time)."""
+    have = int(pol[metric].notna().sum())
+    values = (np.nan,) * len(ESTIMATE)
+    if have == len(pol) and base[metric].notna().all():
+        values = seed_bootstrap(pol, base, metric, True, s.n_boot, s.seed)
+    return {"metric": metric, "n_reached": have, **dict(zip(ESTIMATE, values, strict=True))}
+
+
 def compare(curve: pd.DataFrame, settings: Settings) -> pd.DataFrame:
-    """The `COLUMNS` table: per group and policy, time to target and loss at equal samples
-    seen against the baseline (the baseline's own rows too, as the reference)."""
+    """The `COLUMNS` table: per group and policy, the times to the two targets and the loss
+    at equal samples seen against the baseline (the baseline's own rows too, as reference)."""
     out = []
     for key, group in curve.groupby(list(GROUP), sort=True):
-        base_runs = group[group["policy"] == settings.baseline]
-        if base_runs.empty:
+        if not (group["policy"] == settings.baseline).any():
             continue
-        finals = base_runs.groupby("seed")["val_loss"].last()
-        target = float(finals.max())
+        targets = _targets(group, settings.baseline)
         at = float(group.groupby(list(RUN_KEYS))["samples_seen"].max().min())
-        runs = _per_run(group, target, at)
+        runs = _per_run(group, targets, at)
         base = runs[runs["policy"] == settings.baseline]
         for policy, pol in runs.groupby("policy", sort=True):
             head = dict(
@@ -133,32 +151,11 @@ def compare(curve: pd.DataFrame, settings: Settings) -> pd.DataFrame:
                 source=str(group["source"].iloc[0]),
                 n_baseline=len(base),
                 n_policy=len(pol),
-                target=target,
                 at=at,
             )
-            reached = pol["time_to_target"].notna()
-            timing = (np.nan,) * 4
-            if reached.all():
-                timing = seed_bootstrap(
-                    pol, base, "time_to_target", True, settings.n_boot, settings.seed
-                )
-            loss = seed_bootstrap(pol, base, "loss_at", True, settings.n_boot, settings.seed)
-            out.append(
-                {
-                    **head,
-                    "metric": TIME_TO_TARGET,
-                    "n_reached": int(reached.sum()),
-                    **dict(zip(ESTIMATE, timing, strict=True)),
-                }
-            )
-            out.append(
-                {
-                    **head,
-                    "metric": LOSS_AT_SAMPLES,
-                    "n_reached": len(pol),
-                    **dict(zip(ESTIMATE, loss, strict=True)),
-                }
-            )
+            for metric in (*targets, LOSS_AT_SAMPLES):
+                target = targets.get(metric, np.nan)
+                out.append({**head, "target": target, **_estimate(pol, base, metric, settings)})
     return pd.DataFrame(out, columns=list(COLUMNS))
 
 
@@ -179,18 +176,19 @@ def _reading(row: pd.Series, better: str, worse: str) -> str:
 
 
 def verdicts(table: pd.DataFrame) -> list[str]:
-    """One line per (group, policy): what the two numbers show, whatever their sign."""
+    """One line per (group, policy): what its numbers show, whatever their sign."""
     lines = []
     for key, rows in table.groupby([*GROUP, "policy"], sort=True):
-        time_row = rows[rows["metric"] == TIME_TO_TARGET].iloc[0]
-        loss_row = rows[rows["metric"] == LOSS_AT_SAMPLES].iloc[0]
-        time = _reading(time_row, "reaches the target sooner", "reaches the target later")
-        loss = _reading(loss_row, "lower loss at equal samples", "higher loss at equal samples")
+        parts = []
+        for metric in (TIME_TO_TARGET, TIME_TO_COMMON):
+            row = rows[rows["metric"] == metric].iloc[0]
+            reading = _reading(row, "reaches it sooner", "reaches it later")
+            parts.append(f"time to val_loss {row['target']:.4f} ({metric[:-6]}): {reading}")
+        row = rows[rows["metric"] == LOSS_AT_SAMPLES].iloc[0]
+        loss = _reading(row, "lower loss at equal samples", "higher loss at equal samples")
+        parts.append(f"val_loss at {row['at']:.0f} samples seen: {loss}")
         where = " / ".join(str(k) for k in key[:-1])
-        lines.append(
-            f"{key[-1]} ({where}): time to val_loss {time_row['target']:.4f}: {time}; "
-            f"val_loss at {loss_row['at']:.0f} samples seen: {loss}"
-        )
+        lines.append(f"{key[-1]} ({where}): " + "; ".join(parts))
     return lines
 
 
