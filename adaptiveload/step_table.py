@@ -17,7 +17,14 @@ import numpy as np
 import pandas as pd
 
 from adaptiveload.errors import UserError
+from adaptiveload.tokens import SHAPE_CLASSES
 
+# Learning, on a measured run's rows: samples_seen, the real samples (padding repeats left out,
+# by the plan's `is_padding`) of all ranks up to and including the step; val_loss, the
+# flow-matching loss of the fixed held-out set after the step's update (every
+# `train.val_every` steps and at each epoch's end, outside the timed window; empty
+# otherwise), over all of it and per shape class (`tokens.SHAPE_CLASSES`)
+VAL_COLUMNS = ("val_loss", *(f"val_loss_{name}" for name in SHAPE_CLASSES))
 # compute_s / step_time_s: by the run's timer (a prediction in a simulation); compute_wall_s /
 # step_wall_s: by the wall clock beside it (measured runs only, empty in a simulation).
 # samples, tokens, tokens_sq: n, sum S and sum S^2 of the rank's micro-batch (what its cost
@@ -30,7 +37,8 @@ from adaptiveload.errors import UserError
 STEP_COLUMNS = (
     "step", "rank", "compute_s", "compute_wall_s", "wait_s", "samples", "tokens", "tokens_sq",
     "frames", "height", "width", "peak_bytes", "peak_bytes_model", "loss", "step_time_s",
-    "step_wall_s", "lower_bound_s", "padding_samples", "padding_tokens",
+    "step_wall_s", "lower_bound_s", "padding_samples", "padding_tokens", "samples_seen",
+    *VAL_COLUMNS,
 )  # fmt: skip
 # the columns a table must have to be analysed; a producer may leave the others out
 REQUIRED_STEP_COLUMNS = (
@@ -50,7 +58,8 @@ WHOLE_EPOCH = "epoch"
 
 def run_steps(steps: int | str, warmup_steps: int, epoch_steps: int) -> int:
     """The steps a training run executes: `steps` itself, or for ``steps: epoch`` the warm-up
-    (which replays the epoch's first batches) followed by all `epoch_steps` steps of epoch 0.
+    (which replays the epoch's first batches) followed by all `epoch_steps` steps of the
+    whole epochs it trains (epoch 0 on, `train.epochs` of them).
 
     Whole epochs make the policies comparable sample for sample: each one's timed window
     processes the same samples (the whole dataset), in however many steps its plan needs.

@@ -35,3 +35,16 @@ def token_count(frames: IntOrArray, height: IntOrArray, width: IntOrArray) -> In
     """Sequence length S of a bucket shape (frames 4k+1, height and width multiples of 16)."""
     t, h, w = latent_shape(frames, height, width)
     return t * (h // PATCH_SIZE[1]) * (w // PATCH_SIZE[2])
+
+
+# The shape classes that validation reports a loss for: images (F = 1), short clips (up to 33
+# frames, Open-Sora's 5-33-frame bucket) and long clips (more frames).
+SHAPE_CLASSES = ("image", "short", "long")
+SHORT_CLIP_MAX_FRAMES = 33
+
+
+def shape_class(frames: int) -> str:
+    """The shape class ("image", "short" or "long") of a bucket shape of `frames` frames."""
+    if frames == 1:
+        return "image"
+    return "short" if frames <= SHORT_CLIP_MAX_FRAMES else "long"

@@ -2,6 +2,7 @@ import pytest
 
 from adaptiveload import experiment
 from adaptiveload.data.bucketing import DEFAULT_GRID, DEFAULT_MAX_FRAMES, DEFAULT_MODE, GRIDS, MODES
+from adaptiveload.data.dataset import CONTENTS
 from adaptiveload.errors import UserError
 from adaptiveload.pipeline import MAX_EMULATED_WORLD_SIZE, SWEEP_VARIANTS
 from adaptiveload.planning.policies import MAX_BUDGET, P_RANGE, POLICIES
@@ -96,6 +97,8 @@ def test_schema_copies_of_code_constants():
     assert experiment.schema_default("simulate.bucketing") == DEFAULT_MODE
     assert experiment.schema_default("simulate.grid") == DEFAULT_GRID
     assert experiment.schema_default("data.max_frames") == DEFAULT_MAX_FRAMES
+    assert data["content"]["enum"] == list(CONTENTS)
+    assert experiment.schema_default("data.content") == CONTENTS[0]  # noise: nothing changes
     for field in ("train", "simulate", "paper_map"):
         assert experiment.schema_default(f"{field}.allreduce_gbps") == DEFAULT_ALLREDUCE_GBPS
     assert props["model"]["properties"]["kernels"]["items"]["enum"] == list(KERNELS)

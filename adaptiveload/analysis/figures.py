@@ -484,6 +484,44 @@ FIGURES: dict[str, Callable[[FigureInputs], plt.Figure]] = {
 }
 
 
+def convergence(inp: FigureInputs) -> plt.Figure:
+    """Validation loss against samples seen, optimizer steps and training time, per policy:
+    the mean over seeds on a common grid of each axis, with the seeds' range as a band."""
+    from adaptiveload.analysis.convergence import AXES, curves
+
+    curve = curves(inp.steps) if "val_loss" in inp.steps else pd.DataFrame()
+    if curve.empty:
+        return _placeholder("Validation loss", "no run scored a validation set (val_every: 0)")
+    groups = curve.groupby(["setup", "variant", "kernel"], sort=True)
+    size = (5 * len(AXES), 3.6 * len(groups))
+    fig, axes = plt.subplots(len(groups), len(AXES), figsize=size, squeeze=False)
+    for row, ((setup, variant, kernel), group) in zip(axes, groups, strict=True):
+        for ax, (x, label) in zip(row, AXES.items(), strict=True):
+            for policy in _order(group["policy"]):
+                _seed_band(ax, group[group["policy"] == policy], x, policy)
+            ax.set_xlabel(label)
+            ax.set_ylabel("validation loss")
+            ax.set_title(f"{_label(group)}\n{_group(setup, kernel)} / {variant}", fontsize=9)
+        row[0].legend(fontsize=8)
+    fig.suptitle("Does the policy change what the model learns? Held-out loss (seed band: min-max)")
+    fig.tight_layout()
+    return fig
+
+
+def _seed_band(ax: plt.Axes, runs: pd.DataFrame, x: str, policy: str) -> None:
+    """The mean over seeds of val_loss interpolated on a grid of `x` that every seed covers,
+    and the band of its seeds' min and max."""
+    by_seed = [run for _, run in runs.groupby("seed")]
+    grid = np.linspace(max(r[x].min() for r in by_seed), min(r[x].max() for r in by_seed), 60)
+    ys = np.array([np.interp(grid, r[x], r["val_loss"]) for r in by_seed])
+    color = PALETTE.get(policy)
+    ax.plot(grid, ys.mean(axis=0), color=color, label=f"{policy} (n={len(by_seed)} seeds)")
+    ax.fill_between(grid, ys.min(axis=0), ys.max(axis=0), color=color, alpha=0.2, lw=0)
+
+
+FIGURES["convergence"] = convergence
+
+
 def render(name: str, inputs: FigureInputs, path: Path) -> Path:
     """Draw figure `name` and save it as PNG (atomically)."""
     from adaptiveload.io import atomic_path

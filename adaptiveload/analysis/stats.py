@@ -321,3 +321,22 @@ def to_markdown(table: pd.DataFrame) -> str:
                        "effect_name"]]
         lines += [shown.to_markdown(index=False, floatfmt=".4g"), ""]
     return "\n".join(lines)
+
+
+def seed_bootstrap(
+    pol: pd.DataFrame, base: pd.DataFrame, column: str, ratio: bool, n_boot: int, seed: int
+) -> tuple[float, float, float, float]:
+    """(estimate, ci_low, ci_high, p_value) of the policy's mean of `column` over its runs
+    (one row per seed) against the baseline's: their ratio (`ratio`, null 1) or difference
+    (null 0), the 95% CI and two-sided p from resampling seeds, paired where both ran the
+    same seeds (`_seed_draws`, the hierarchical scheme's seed level)."""
+    pol, base = pol.sort_values("seed"), base.sort_values("seed")
+    p_vals, b_vals = pol[column].to_numpy(float), base[column].to_numpy(float)
+    idx_p, idx_b = _seed_draws(pol, base, n_boot, np.random.default_rng(seed))
+    p_boot, b_boot = p_vals[idx_p].mean(axis=1), b_vals[idx_b].mean(axis=1)
+    if ratio:
+        estimate, reps, null = p_vals.mean() / b_vals.mean(), p_boot / b_boot, 1.0
+    else:
+        estimate, reps, null = p_vals.mean() - b_vals.mean(), p_boot - b_boot, 0.0
+    lo, hi = np.percentile(reps, [2.5, 97.5])
+    return float(estimate), float(lo), float(hi), _p_two_sided(reps, null)

@@ -22,6 +22,8 @@ Steps = Annotated[Path, Opt(help="steps.parquet from `analyze aggregate`")]
 Stats = Annotated[Path, Opt(help="stats.csv from `analyze stats`")]
 KernelBench = Annotated[Path | None, Opt(help="`adaptiveload kernel bench` CSV")]
 Baseline = Annotated[str, Opt(help="the policy every other is compared with")]
+NBoot = Annotated[int, Opt(min=100, help="bootstrap resamples")]
+BootSeed = Annotated[int, Opt(help="bootstrap seed")]
 # defaults as an experiment's `analysis:` section has them
 BASELINE = schema_default("analysis.baseline")
 BOOTSTRAP = schema_default("analysis.bootstrap")
@@ -66,8 +68,8 @@ def stats_cmd(
     csv: Annotated[Path, Opt(help="all tests, one row each")],
     md: Annotated[Path, Opt(help="the same, readable")],
     baseline: Baseline = BASELINE,
-    n_boot: Annotated[int, Opt(min=100, help="bootstrap resamples")] = BOOTSTRAP,
-    seed: Annotated[int, Opt(help="bootstrap seed")] = BOOTSTRAP_SEED,
+    n_boot: NBoot = BOOTSTRAP,
+    seed: BootSeed = BOOTSTRAP_SEED,
 ) -> None:
     """Baseline vs each policy: Mann-Whitney U, Welch's t, paired tests, bootstrap CIs."""
     from adaptiveload.analysis.stats import compare, to_markdown
@@ -145,6 +147,28 @@ def figures_cmd(
     for name in progress_bar(iterable=figure, desc="figures", unit="fig"):
         render(name, inputs, out_dir / f"{name}.png")
     typer.echo(f"{len(figure)} figures -> {out_dir}")
+
+
+@analyze.command("convergence", epilog=examples(
+    "adaptiveload analyze convergence --steps steps.parquet --csv convergence.csv "
+    "--md convergence.md",
+))
+def convergence_cmd(
+    steps: Steps,
+    csv: Annotated[Path, Opt(help="one row per policy and number, CSV")],
+    md: Annotated[Path, Opt(help="the same with a verdict per policy")],
+    baseline: Baseline = BASELINE,
+    n_boot: NBoot = BOOTSTRAP,
+    seed: BootSeed = BOOTSTRAP_SEED,
+) -> None:
+    """Time to a target validation loss and the loss at equal samples seen, vs the baseline."""
+    from adaptiveload.analysis.convergence import Settings, compare, curves, to_markdown
+    from adaptiveload.io import write_text
+
+    table = compare(curves(_read(steps)), Settings(baseline, n_boot, seed))
+    write_text(csv, table.to_csv(index=False))
+    write_text(md, to_markdown(table))
+    typer.echo(f"convergence: {len(table)} rows -> {csv}, {md}")
 
 
 @analyze.command("paper-map", epilog=examples(

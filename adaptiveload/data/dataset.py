@@ -1,7 +1,9 @@
 """A map-style Dataset of Wan 2.1 training inputs: latent [C, T', H/8, W/8] + text context.
 
-By default both are seeded Gaussian noise: the benchmark measures systems behaviour, and
-noise of the right shape costs the model exactly what real latents cost. The seed of a sample
+By default both are seeded Gaussian noise (`content="noise"`): the benchmark measures systems
+behaviour, and noise of the right shape costs the model exactly what real latents cost.
+`content="learnable"` draws a procedural scene instead, with a context that says what it
+shows (`data.learnable`): same shapes and cost, but a model can learn it. The seed of a sample
 is a hash of (sample_id, seed) (blake2b, not Python's per-process salted `hash`), so any rank,
 worker or resumed run regenerates the same tensors. A manifest row with ``latent_path`` is
 served from that ``.safetensors`` file instead (key ``latent``, optional ``context``), with its
@@ -17,10 +19,13 @@ import pandas as pd
 import torch
 from torch.utils.data import Dataset
 
+from adaptiveload.data import learnable
 from adaptiveload.errors import UserError
 from adaptiveload.tokens import LATENT_CHANNELS, latent_shape
 
 _NEEDED = ("sample_id", "bucket_frames", "bucket_height", "bucket_width")
+# what a sample without a cached latent holds (`data.content` of an experiment)
+CONTENTS = ("noise", "learnable")
 
 
 def sample_seed(sample_id: str, seed: int, stream: str) -> int:
@@ -39,7 +44,10 @@ class LatentDataset(Dataset):
         text_len: int = 512,
         text_dim: int = 4096,
         seed: int = 0,
+        content: str = CONTENTS[0],
     ) -> None:
+        if content not in CONTENTS:
+            raise UserError(f"data.content {content!r}: expected one of {', '.join(CONTENTS)}")
         missing = [c for c in _NEEDED if c not in samples_df.columns]
         if missing:
             raise UserError(
@@ -64,6 +72,7 @@ class LatentDataset(Dataset):
         self.text_len = text_len
         self.text_dim = text_dim
         self.seed = seed
+        self.content = content
 
     def __len__(self) -> int:
         return len(self.sample_ids)
@@ -76,7 +85,10 @@ class LatentDataset(Dataset):
         sample_id = self.sample_ids[index]
         shape = self.latent_size(index)
         path = self.latent_paths[index]
-        if path is None:
+        if path is None and self.content == "learnable":
+            seed = sample_seed(sample_id, self.seed, "scene")
+            latent, context = learnable.scene(seed, shape, self.text_len, self.text_dim)
+        elif path is None:
             latent = self._noise(sample_id, "latent", shape)
             context = self._noise(sample_id, "context", (self.text_len, self.text_dim))
         else:

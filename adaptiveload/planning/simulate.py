@@ -46,7 +46,7 @@ from adaptiveload import metrics
 from adaptiveload.costmodel import Calibration, CostModel
 from adaptiveload.experiment import schema_default
 from adaptiveload.planning.packing import epoch_limits
-from adaptiveload.step_table import STEP_COLUMNS, real_counts, timed
+from adaptiveload.step_table import STEP_COLUMNS, VAL_COLUMNS, real_counts, timed
 
 DEFAULT_ALLREDUCE_GBPS = schema_default("train.allreduce_gbps")  # an experiment's default
 FP32_BYTES = 4
@@ -186,6 +186,8 @@ def _step_table(table: pd.DataFrame, cost: CostModel, n: int, allreduce_s: float
             "lower_bound_s": np.repeat(_step_bounds(table, cost, steps, n), n),
             "padding_samples": cell.padding_samples,
             "padding_tokens": cell.padding_tokens,
+            # learning: a measured run's columns, empty in a simulation
+            **{col: empty.copy() for col in ("samples_seen", *VAL_COLUMNS)},
         },
         columns=list(STEP_COLUMNS),
     )

@@ -23,6 +23,7 @@ from adaptiveload.planning.sampler import PlanBuilder
 from adaptiveload.provenance import code_version
 from adaptiveload.training.loop import TrainData
 from adaptiveload.training.settings import TrainConfig
+from adaptiveload.training.validation import Validator, holdout
 
 DATA_SEED = 0  # the dataset is fixed per experiment; the run seed varies plan, init and noise
 
@@ -56,14 +57,24 @@ def prepare_data(
     if plan is not None:
         check_plan(plan, epoch0.summary)
     mcfg = get_config(cfg.model)
-    dataset = LatentDataset(
-        builder.samples,  # without the samples over the device's capacity
-        latent_channels=mcfg.in_dim,
-        text_len=mcfg.text_len,
-        text_dim=mcfg.text_dim,
-        seed=DATA_SEED,
+
+    def dataset_of(frame: pd.DataFrame) -> LatentDataset:
+        return LatentDataset(
+            frame,
+            latent_channels=mcfg.in_dim,
+            text_len=mcfg.text_len,
+            text_dim=mcfg.text_dim,
+            seed=DATA_SEED,
+            content=data["content"],
+        )
+
+    validation = (
+        Validator(dataset_of(holdout(builder.samples, cfg.val_per_class)), cfg.objective)
+        if cfg.val_every > 0
+        else None
     )
-    return TrainData(builder=builder, dataset=dataset, calibration=calibration)
+    # without the samples over the device's capacity (the builder took them out)
+    return TrainData(builder, dataset_of(builder.samples), calibration, validation)
 
 
 def check_plan(path: Path, planned: dict[str, Any]) -> None:
@@ -115,7 +126,7 @@ def run_identity(cfg: TrainConfig, data: TrainData) -> dict[str, str]:
         "config": cfg.fingerprint(),
         "budgets": _sha(json.dumps(data.builder.budgets.as_dict(), sort_keys=True)),
         "calibration": _sha(json.dumps(calibration, sort_keys=True, default=str)),
-        "data": _sha(samples.tobytes()),
+        "data": _sha(samples.tobytes() + data.dataset.content.encode()),
         "plan": str(data.builder(0).summary["plan_digest"]),
         "code": code_version(),
     }

@@ -48,11 +48,12 @@ from adaptiveload.model.architectures import get_config
 from adaptiveload.model.wan import WanModel
 from adaptiveload.planning.sampler import PlanBatch, PlanBatchSampler, PlanBuilder
 from adaptiveload.progress import progress_bar
-from adaptiveload.step_table import STEP_COLUMNS, WHOLE_EPOCH, run_steps
+from adaptiveload.step_table import STEP_COLUMNS, VAL_COLUMNS, WHOLE_EPOCH, run_steps
 from adaptiveload.training import checkpoint
 from adaptiveload.training import distributed as dd
 from adaptiveload.training.objective import per_sample_loss, step_generator
 from adaptiveload.training.settings import TrainConfig
+from adaptiveload.training.validation import Validator
 
 # per-rank MLflow metrics of every step (`rank{r}/<column>`): the rank's compute time and what
 # its micro-batch held, n (a pack's segments), Σ S and Σ S² (what its cost depends on)
@@ -74,6 +75,7 @@ class TrainData:
     builder: PlanBuilder
     dataset: LatentDataset
     calibration: Calibration | None = None
+    validation: Validator | None = None  # the held-out set (train.val_every > 0)
 
 
 @dataclass
@@ -118,12 +120,19 @@ def step_metrics(rows: list[dict[str, Any]], capacity: float | None) -> dict[str
         samples - padding, real_tokens, step_time
     )
     out["padding_samples"] = padding
+    out["samples_seen"] = rows[0]["samples_seen"]
+    out.update({k: rows[0][k] for k in VAL_COLUMNS if _present(rows[0][k])})
     if capacity:
         peaks = np.array([[row["peak_bytes"] for row in rows]])
         out["vram_utilization"] = metrics.vram_utilization(peaks, capacity)[0]
     for row in rows:
         out.update({f"rank{row['rank']}/{k}": row[k] for k in RANK_METRICS})
     return out
+
+
+def _present(value: Any) -> bool:
+    """A value the row holds: not None, NA or NaN (a restored table's empty cells are NA)."""
+    return value is not None and not pd.isna(value)
 
 
 class Trainer:
@@ -175,10 +184,12 @@ class Trainer:
         if resume is not None:
             self._restore(resume)
         self._iters = {r: iter(s) for r, s in self.samplers.items()}
-        # steps of this run: with `steps: epoch`, the warm-up plus all of epoch 0's steps
+        # steps of this run: with `steps: epoch`, the warm-up plus all steps of its epochs
         whole_epoch = cfg.steps == WHOLE_EPOCH
-        epoch_steps = int(data.builder(0).table["step"].max()) + 1 if whole_epoch else 0
-        self.total_steps = run_steps(cfg.steps, cfg.warmup_steps, epoch_steps)
+        lengths = [self._epoch_length(e) for e in range(cfg.epochs)] if whole_epoch else []
+        self.total_steps = run_steps(cfg.steps, cfg.warmup_steps, sum(lengths))
+        self.epoch_ends = self._epoch_ends(lengths) if data.validation else set()
+        self.seen = int(self.rows[-1]["samples_seen"]) if self.rows else 0
         self.grad_clock = (
             dd.GradReadyClock(self.model, self.device) if self.ranks.distributed else None
         )
@@ -187,6 +198,21 @@ class Trainer:
             if self.device.type == "cuda"
             else None
         )
+
+    def _epoch_length(self, epoch: int) -> int:
+        return int(self.data.builder(epoch).table["step"].max()) + 1
+
+    def _epoch_ends(self, lengths: list[int]) -> set[int]:
+        """The run steps that end an epoch (validation follows each): after a replayed warm-up
+        the whole epochs' own; in a run of a fixed step count, the plan's epochs in turn."""
+        if self.cfg.steps == WHOLE_EPOCH:
+            return {self.cfg.warmup_steps + int(end) - 1 for end in np.cumsum(lengths)}
+        ends, done, epoch = set(), 0, 0
+        while done < self.total_steps:
+            done += self._epoch_length(epoch)
+            ends.add(done - 1)
+            epoch += 1
+        return ends
 
     # -- checkpoint ---------------------------------------------------------------------------
     def _restore(self, state: dict[str, Any]) -> None:
@@ -311,15 +337,17 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         return [self._micro_batch(step, r) for r in self.ranks.local]
 
-    def optimizer_step(self) -> None:
+    def optimizer_step(self, step: int) -> None:
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.grad_clip)
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.cfg.optim.lr_at(step)
         self.optimizer.step()
 
     def _step(self, step: int) -> list[dict[str, Any]]:
         t_step = self.clock.now()
         local = self.forward_backward(step)
         w_opt, t_opt = self.clock.both()
-        self.optimizer_step()
+        self.optimizer_step(step)
         w_end, t_end = self.clock.both()
         if self.ranks.distributed:
             local[0]["_wall"] = w_end - t_step
@@ -334,9 +362,12 @@ class Trainer:
             step_wall = max(r["_load_wall_s"] + r["compute_wall_s"] for r in rows) + (
                 w_end - w_opt
             )
+        self.seen += sum(row["samples"] - row["padding_samples"] for row in rows)
         for row in rows:
             row["step_time_s"] = step_time
             row["step_wall_s"] = step_wall
+            row["samples_seen"] = self.seen
+            row.update(dict.fromkeys(VAL_COLUMNS))
         return [{k: row[k] for k in STEP_COLUMNS} for row in sorted(rows, key=lambda r: r["rank"])]
 
     # -- the run -------------------------------------------------------------------------------
@@ -360,6 +391,19 @@ class Trainer:
         for step in sorted(by_step):
             self.sink.log_step(step, step_metrics(by_step[step], self.capacity))
 
+    def _validate(self, step: int, rows: list[dict[str, Any]]) -> None:
+        """Score the held-out set after `step`'s update into its rows (`VAL_COLUMNS`): after
+        the first step, every `val_every` steps and at each epoch's end; outside the step's
+        timed spans, so no step time includes it."""
+        if self.data.validation is None:  # train.val_every: 0
+            return
+        due = step == 0 or (step + 1) % self.cfg.val_every == 0 or step in self.epoch_ends
+        if not due:
+            return
+        scores = self.data.validation.score(self.model, self.ranks, self.device, self._autocast)
+        for row in rows:
+            row.update(scores)
+
     def run(self) -> TrainResult:
         cfg = self.cfg
         self._relog_restored()
@@ -374,6 +418,7 @@ class Trainer:
                 if cfg.steps == WHOLE_EPOCH and step == cfg.warmup_steps:
                     self._replay_epoch()
                 rows = self._step(step)
+                self._validate(step, rows)
                 logged = step_metrics(rows, self.capacity)
                 if not math.isfinite(logged["loss"]):
                     raise FloatingPointError(f"step {step}: loss is {logged['loss']}")
@@ -396,7 +441,7 @@ class Trainer:
             if self.grad_clock:
                 self.grad_clock.remove()
         table = pd.DataFrame(self.rows, columns=list(STEP_COLUMNS))
-        for col in ("peak_bytes", "peak_bytes_model", "loss"):
+        for col in ("peak_bytes", "peak_bytes_model", "loss", *VAL_COLUMNS):
             table[col] = table[col].astype("Float64")
         return TrainResult(steps=table)
 

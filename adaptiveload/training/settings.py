@@ -31,12 +31,24 @@ DEVICES = ("cpu", "cuda")
 
 @dataclass(frozen=True)
 class OptimConfig:
-    """AdamW with global-norm gradient clipping (Wan's trainers use AdamW, no EMA here)."""
+    """AdamW with global-norm gradient clipping (Wan's trainers use AdamW, no EMA here) and a
+    linear warm-up of the learning rate over the first `lr_warmup_steps` optimizer steps.
+
+    The lr does not scale with the global batch G of a step: each step's gradient is the mean
+    over its G samples (docs/definitions.md, loss weighting), so a step of more samples takes
+    a step of the same size along a less noisy direction. A policy with fewer, larger steps
+    per epoch (packing) therefore moves the weights fewer times per epoch."""
 
     lr: float = schema_default("train.lr")
     weight_decay: float = schema_default("train.weight_decay")
     betas: tuple[float, float] = (0.9, 0.999)
     grad_clip: float = schema_default("train.grad_clip")
+    lr_warmup_steps: int = schema_default("train.lr_warmup_steps")
+
+    def lr_at(self, step: int) -> float:
+        """The learning rate of optimizer step `step` (0-based): lr * (step + 1) / (W + 1)
+        during the warm-up of W steps, lr after it."""
+        return self.lr * min(1.0, (step + 1) / (self.lr_warmup_steps + 1))
 
 
 @dataclass(frozen=True)
@@ -63,6 +75,9 @@ class TrainConfig:
     device: str = schema_default("calibration.device")
     steps: int | str = schema_default("train.steps")  # or WHOLE_EPOCH: one whole epoch timed
     warmup_steps: int = schema_default("train.warmup_steps")
+    epochs: int = schema_default("train.epochs")  # whole epochs of `steps: epoch`
+    val_every: int = schema_default("train.val_every")  # 0: no validation
+    val_per_class: int = schema_default("train.val_per_class")
     checkpoint_every: int = schema_default("train.checkpoint_every")
     fsdp: bool = schema_default("train.fsdp")
     activation_checkpointing: bool = schema_default("train.activation_checkpointing")
@@ -90,6 +105,11 @@ class TrainConfig:
             isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1
         ):
             raise UserError(f"--steps {self.steps!r}: expected a positive count or '{WHOLE_EPOCH}'")
+        if self.epochs != 1 and self.steps != WHOLE_EPOCH:
+            raise UserError(
+                f"train.epochs={self.epochs}: whole epochs need train.steps: {WHOLE_EPOCH} "
+                f"(got steps={self.steps!r}); set steps: {WHOLE_EPOCH} or drop epochs"
+            )
         if self.steps != WHOLE_EPOCH and self.warmup_steps >= self.steps:
             raise UserError(
                 f"train.warmup_steps={self.warmup_steps} must be below steps={self.steps}: "
@@ -148,11 +168,15 @@ def from_experiment(
         device=device or experiment["calibration"]["device"],
         steps=steps if steps is not None else train["steps"],
         warmup_steps=train["warmup_steps"],
+        epochs=train["epochs"],
+        val_every=train["val_every"],
+        val_per_class=train["val_per_class"],
         checkpoint_every=train["checkpoint_every"],
         fsdp=train["fsdp"],
         activation_checkpointing=train["activation_checkpointing"],
         optim=OptimConfig(
-            lr=train["lr"], weight_decay=train["weight_decay"], grad_clip=train["grad_clip"]
+            lr=train["lr"], weight_decay=train["weight_decay"], grad_clip=train["grad_clip"],
+            lr_warmup_steps=train["lr_warmup_steps"],
         ),
         objective=ObjectiveConfig(
             timestep_shift=train["timestep_shift"],

@@ -60,6 +60,28 @@ rule stats:
         "--seed {params.a[seed]} > {log} 2>&1"
 
 
+rule convergence:
+    """Time to a target validation loss and the loss at equal samples seen, per policy vs the
+    baseline (runs that score a held-out set: train.val_every > 0)."""
+    input:
+        steps=rules.aggregate.output.steps,
+    output:
+        csv=f"{TABLES}/convergence.csv",
+        md=f"{TABLES}/convergence.md",
+    params:
+        a=config["analysis"],
+    log:
+        f"{LOGS}/convergence.log",
+    benchmark:
+        f"{BENCH}/convergence.tsv"
+    conda:
+        CONDA_ENV
+    shell:
+        "adaptiveload analyze convergence --steps {input.steps} --csv {output.csv} "
+        "--md {output.md} --baseline {params.a[baseline]} --n-boot {params.a[bootstrap]} "
+        "--seed {params.a[seed]} > {log} 2>&1"
+
+
 rule tables:
     input:
         runs=rules.aggregate.output.runs,
@@ -130,7 +152,7 @@ rule record:
         config=CONFIG,
         paper=f"{TABLES}/paper_table.csv",
         stats=rules.stats.output.csv,
-        files=[f"{TABLES}/stats.md", *TABLE_FILES,
+        files=[f"{TABLES}/stats.md", *TABLE_FILES, *CONVERGENCE_FILES,
                *[f"{FIGS}/{name}.png" for name in figure_names()]],
     output:
         f"{OUT.analysis}/mlflow_analysis.json",

@@ -39,6 +39,8 @@ POLICIES = config["policies"]
 KERNELS = config["model"]["kernels"]
 TRAIN = config["train"]["enabled"]
 SIMS = {s["name"]: s for s in config["simulate"]}
+# the trained runs score a held-out validation set: the time-to-quality table and figure
+VALIDATION = TRAIN and config["train"]["val_every"] > 0
 SWEEPS = config["sweeps"]
 
 # timing jobs (calibrate, train) take the whole machine; Snakemake caps this at --cores
@@ -129,6 +131,8 @@ def figure_names():
             names.append(name)
     if SIMS:
         names.append("load_vs_lower_bound")
+    if VALIDATION:
+        names.append("convergence")
     return names
 
 
@@ -146,6 +150,7 @@ def describe_flags():
 
 TABLE_FILES = [f"{TABLES}/{t}.{ext}" for t in ("paper_table", "kernel_table")
                for ext in ("csv", "md", "html")]
+CONVERGENCE_FILES = [f"{TABLES}/convergence.{ext}" for ext in ("csv", "md")] if VALIDATION else []
 
 
 def run_dirs():
@@ -162,7 +167,8 @@ def all_targets():
     targets = [CONFIG, STORE, DESCRIBE, OUT.run_index, *pipeline.run_files(index),
                f"{OUT.analysis}/runs.parquet", f"{OUT.analysis}/steps.parquet",
                f"{TABLES}/stats.md", f"{OUT.analysis}/mlflow_analysis.json", *KERNEL_BENCH,
-               *TABLE_FILES, *[f"{FIGS}/{name}.png" for name in figure_names()]]
+               *TABLE_FILES, *CONVERGENCE_FILES,
+               *[f"{FIGS}/{name}.png" for name in figure_names()]]
     targets += [OUT.sim_manifest(name, pipeline.sweep_point(sim, variant).mixture)
                 for name, sim in SIMS.items() for variant in pipeline.variants(SWEEPS)]
     if config["kernel"]["build"]:

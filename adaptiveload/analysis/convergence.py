@@ -1,0 +1,211 @@
+"""Time to quality: does a policy's throughput gain survive as learning?
+
+Reads the validation losses of the measured runs (the per-step table's `VAL_COLUMNS`, scored
+after a step's update at every `train.val_every` steps and at each epoch's end) and compares
+every policy with the baseline within each comparison group (setup, variant, kernel: a step
+mode run as a variant is its own group) on three axes:
+
+- **samples seen**: real samples trained on so far (`samples_seen`, padding repeats left out);
+- **optimizer steps**: the run's steps so far;
+- **training time**: the run's clock (the sum of its steps' `step_time_s`, by the run's timer;
+  validation is outside it).
+
+Two numbers per policy, each against the baseline with a 95% CI and a two-sided p-value from
+resampling seeds (`stats.seed_bootstrap`, paired by seed):
+
+- **time to target**: the training time at which a run's validation loss first reaches the
+  target, linearly interpolated between evaluations. The target is the worst final loss of
+  the baseline's seeds (each baseline run's loss after its last epoch; the largest of them),
+  so every baseline seed reaches it and the baseline's own time is a time, not a censored
+  one. A policy run that never reaches it has no time; the row then says how many did not.
+- **time to common loss**: the same, to the loss that every run of the group reaches (the
+  largest final loss of all its runs): defined even where a policy never reaches the
+  baseline's final loss.
+- **loss at equal samples seen**: each run's validation loss interpolated at the samples seen
+  that every run of the group reached (the smallest final `samples_seen`), as a ratio.
+
+A verdict line per policy says what the intervals show: a gain or a cost only where the CI
+excludes "no difference".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from adaptiveload.analysis.aggregate import RUN_KEYS
+from adaptiveload.analysis.stats import GROUP, seed_bootstrap
+from adaptiveload.step_table import VAL_COLUMNS
+
+ESTIMATE = ("estimate", "ci_low", "ci_high", "p_value")  # what `stats.seed_bootstrap` returns
+# the x axes of the curves: column -> label
+AXES = {
+    "samples_seen": "samples seen (real samples, all ranks)",
+    "optimizer_steps": "optimizer steps",
+    "time_s": "training time (s, the run's clock)",
+}
+COLUMNS = (
+    "setup",
+    "variant",
+    "kernel",
+    "policy",
+    "baseline",
+    "source",
+    "metric",
+    "n_baseline",
+    "n_policy",
+    "n_reached",
+    "target",
+    "at",
+    *ESTIMATE,
+)
+TIME_TO_TARGET = "time to target ratio"  # target: the baseline's final loss (worst seed)
+TIME_TO_COMMON = "time to common loss ratio"  # target: the worst final loss of all runs
+LOSS_AT_SAMPLES = "val_loss at equal samples seen ratio"
+
+
+def curves(steps: pd.DataFrame) -> pd.DataFrame:
+    """One row per (run, evaluation): the run keys, `AXES` and the `VAL_COLUMNS`, in step
+    order. `steps` is the aggregated per-step table (`aggregate.aggregate(...).steps`)."""
+    one = steps[steps["rank"] == steps.groupby(list(RUN_KEYS))["rank"].transform("min")]
+    one = one.sort_values([*RUN_KEYS, "step"])
+    one = one.assign(
+        optimizer_steps=one["step"] + 1,
+        time_s=one.groupby(list(RUN_KEYS))["step_time_s"].cumsum(),
+    )
+    evaluated = one[one["val_loss"].notna()]
+    keep = [*RUN_KEYS, "source", "label", "step", *AXES, *VAL_COLUMNS]
+    return evaluated[keep].astype({c: float for c in VAL_COLUMNS}).reset_index(drop=True)
+
+
+def first_reach(x: np.ndarray, loss: np.ndarray, target: float) -> float:
+    """The x at which `loss` (evaluated at increasing `x`) first falls to `target`, linearly
+    interpolated from the evaluation before; NaN if it never does."""
+    below = np.flatnonzero(loss <= target)
+    if below.size == 0:
+        return float("nan")
+    i = int(below[0])
+    if i == 0:
+        return float(x[0])
+    x0, x1, y0, y1 = x[i - 1], x[i], loss[i - 1], loss[i]
+    return float(x0 + (x1 - x0) * (y0 - target) / (y0 - y1))
+
+
+@dataclass(frozen=True)
+class Settings:
+    baseline: str
+    n_boot: int
+    seed: int
+
+
+def _per_run(group: pd.DataFrame, targets: dict[str, float], at: float) -> pd.DataFrame:
+    """Per run: the time to each of `targets` (metric -> loss) and the loss at `at` samples."""
+    rows = []
+    for (policy, seed), run in group.groupby(["policy", "seed"], sort=True):
+        time, loss = run["time_s"].to_numpy(), run["val_loss"].to_numpy()
+        row = {"policy": policy, "seed": seed}
+        row.update({metric: first_reach(time, loss, t) for metric, t in targets.items()})
+        row[LOSS_AT_SAMPLES] = float(np.interp(at, run["samples_seen"], run["val_loss"]))
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _targets(group: pd.DataFrame, baseline: str) -> dict[str, float]:
+    """metric -> target loss: the baseline's final loss (its worst seed's) and the worst final
+    loss of all runs of the group (every run reaches it)."""
+    finals = group.groupby(["policy", "seed"])["val_loss"].last()
+    return {
+        TIME_TO_TARGET: float(finals.loc[baseline].max()),
+        TIME_TO_COMMON: float(finals.max()),
+    }
+
+
+def _estimate(pol: pd.DataFrame, base: pd.DataFrame, metric: str, s: Settings) -> dict:
+    """The row fields of one metric: seeds that have a value, and the bootstrap of the ratio
+    (NaN unless every run of both has one: a censored time is not a time)."""
+    have = int(pol[metric].notna().sum())
+    values = (np.nan,) * len(ESTIMATE)
+    if have == len(pol) and base[metric].notna().all():
+        values = seed_bootstrap(pol, base, metric, True, s.n_boot, s.seed)
+    return {"metric": metric, "n_reached": have, **dict(zip(ESTIMATE, values, strict=True))}
+
+
+def compare(curve: pd.DataFrame, settings: Settings) -> pd.DataFrame:
+    """The `COLUMNS` table: per group and policy, the times to the two targets and the loss
+    at equal samples seen against the baseline (the baseline's own rows too, as reference)."""
+    out = []
+    for key, group in curve.groupby(list(GROUP), sort=True):
+        if not (group["policy"] == settings.baseline).any():
+            continue
+        targets = _targets(group, settings.baseline)
+        at = float(group.groupby(list(RUN_KEYS))["samples_seen"].max().min())
+        runs = _per_run(group, targets, at)
+        base = runs[runs["policy"] == settings.baseline]
+        for policy, pol in runs.groupby("policy", sort=True):
+            head = dict(
+                zip(GROUP, key, strict=True),
+                policy=policy,
+                baseline=settings.baseline,
+                source=str(group["source"].iloc[0]),
+                n_baseline=len(base),
+                n_policy=len(pol),
+                at=at,
+            )
+            for metric in (*targets, LOSS_AT_SAMPLES):
+                target = targets.get(metric, np.nan)
+                out.append({**head, "target": target, **_estimate(pol, base, metric, settings)})
+    return pd.DataFrame(out, columns=list(COLUMNS))
+
+
+def _reading(row: pd.Series, better: str, worse: str) -> str:
+    if row["policy"] == row["baseline"]:
+        return "the reference"
+    if row["n_reached"] < row["n_policy"]:
+        return f"{row['n_policy'] - row['n_reached']} of {row['n_policy']} seeds never reached it"
+    ci = (
+        f"x{row['estimate']:.3f} (95% CI {row['ci_low']:.3f}-{row['ci_high']:.3f}, "
+        f"p={row['p_value']:.3g})"
+    )
+    if row["ci_high"] < 1:
+        return f"{ci}: {better}"
+    if row["ci_low"] > 1:
+        return f"{ci}: {worse}"
+    return f"{ci}: no difference resolved (the CI spans 1)"
+
+
+def verdicts(table: pd.DataFrame) -> list[str]:
+    """One line per (group, policy): what its numbers show, whatever their sign."""
+    lines = []
+    for key, rows in table.groupby([*GROUP, "policy"], sort=True):
+        parts = []
+        for metric in (TIME_TO_TARGET, TIME_TO_COMMON):
+            row = rows[rows["metric"] == metric].iloc[0]
+            reading = _reading(row, "reaches it sooner", "reaches it later")
+            parts.append(f"time to val_loss {row['target']:.4f} ({metric[:-6]}): {reading}")
+        row = rows[rows["metric"] == LOSS_AT_SAMPLES].iloc[0]
+        loss = _reading(row, "lower loss at equal samples", "higher loss at equal samples")
+        parts.append(f"val_loss at {row['at']:.0f} samples seen: {loss}")
+        where = " / ".join(str(k) for k in key[:-1])
+        lines.append(f"{key[-1]} ({where}): " + "; ".join(parts))
+    return lines
+
+
+def to_markdown(table: pd.DataFrame) -> str:
+    """convergence.md: what was measured, the table, and the verdict lines."""
+    lines = [
+        "# Time to quality: validation loss against the baseline",
+        "",
+        "Measured: held-out validation loss (flow matching, fixed noise) of each run. "
+        "Target = the largest final validation loss of the baseline's seeds; time = the "
+        "run's clock (sum of step times, validation outside it); equal samples = the "
+        "samples seen that every run reached. Ratios policy / baseline of means over "
+        "seeds; 95% CI and two-sided p from resampling seeds (paired).",
+        "",
+    ]
+    if table.empty:
+        return "\n".join([*lines, "No comparison possible: no baseline runs with validation.", ""])
+    lines += [table.to_markdown(index=False, floatfmt=".4g"), "", "## Verdicts", ""]
+    lines += [f"- {line}" for line in verdicts(table)]
+    return "\n".join([*lines, ""])
