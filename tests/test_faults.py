@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -43,10 +44,16 @@ def _errors(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith("error:")]
 
 
+# a line of MLflow's own logging ("2026/01/31 12:00:00 ERROR mlflow.store.db.utils: ...")
+_MLFLOW_LOG = re.compile(r"^\d{4}/\d\d/\d\d \d\d:\d\d:\d\d [A-Z]+ mlflow", re.M)
+
+
 def _one_line_error(done: subprocess.CompletedProcess, *words: str) -> str:
-    """The command failed with exit 2 and exactly one `error:` line holding `words`."""
+    """The command failed with exit 2 and exactly one `error:` line holding `words`, with no
+    traceback and none of MLflow's log lines around it."""
     assert done.returncode == 2, done.stderr[-3000:]
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert not _MLFLOW_LOG.search(done.stderr), done.stderr[-3000:]
     (line,) = _errors(done.stderr)
     for word in words:
         assert word in line, line
@@ -261,6 +268,36 @@ def test_training_on_a_read_only_store_is_one_line_before_training(tmp_path):
                               capture_output=True, text=True, timeout=600)  # fmt: skip
         _one_line_error(done, "read-only", str(disk / "mlflow.db"))
         assert not out.exists()  # nothing trained, nothing written
+
+
+@contextlib.contextmanager
+def _immutable(path: Path):
+    """`chattr +i path` for the block: the file reads but even root cannot write it (a
+    store the user may not write); skips where the filesystem or user cannot set it."""
+    done = subprocess.run(["chattr", "+i", str(path)], capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"chattr +i is not permitted here: {done.stderr.strip()[:200]}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["chattr", "-i", str(path)], capture_output=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["train", "record"])
+def test_a_store_that_refuses_writes_is_one_line_without_mlflow_logs(tmp_path, command):
+    """An existing store the user may not write (`chattr +i`): `train` and `analyze record`
+    fail in one line, not after MLflow's logs of the same error with their tracebacks."""
+    uri = init_store(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    with _immutable(tmp_path / "mlflow.db"):
+        if command == "train":
+            exp = write_experiment(tmp_path, steps=2, warmup_steps=1)
+            done = subprocess.run(_train_cmd(exp, tmp_path / "run"), env=cli_env(uri), cwd=ROOT,
+                                  capture_output=True, text=True, timeout=600)  # fmt: skip
+        else:
+            done = _record(*_analysis_inputs(tmp_path), tmp_path / "a.json", uri)
+        _one_line_error(done, "read-only", str(tmp_path / "mlflow.db"))
+    assert not (tmp_path / "run").exists() and not (tmp_path / "a.json").exists()
 
 
 def _analysis_inputs(folder: Path) -> tuple[Path, Path]:
