@@ -355,6 +355,38 @@ def test_analysis_run_is_replaced_only_once_the_new_one_is_complete(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_stopped_record_deletes_its_new_run_and_keeps_the_previous_analysis(tmp_path):
+    """SIGTERM to `analyze record` while it attaches files (a Ctrl-C, a stopped pipeline):
+    the new analysis run is deleted with its files, exit 143; none is left RUNNING beside
+    the previous one, which stays the experiment's analysis."""
+    uri = init_store(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    paper, stats = _analysis_inputs(tmp_path)
+    first = log_analysis("e", paper, stats, [], uri=uri)
+    files = []
+    for i in range(400):  # seconds of copying: time to stop it half-way
+        files += ["--artifact", str(tmp_path / f"t{i}.csv")]
+        (tmp_path / f"t{i}.csv").write_text("a\n1\n")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "adaptiveload", "analyze", "record", "--experiment", "e",
+         "--paper-table", str(paper), "--stats", str(stats), "-o", str(tmp_path / "b.json"),
+         *files], env=cli_env(uri), cwd=tmp_path, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    root = tmp_path / "mlartifacts" / "e"
+    _wait_for(lambda: len(list(root.glob("*/artifacts/tables/t*.csv"))) > 10, proc)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == 128 + signal.SIGTERM
+    assert "Traceback" not in proc.stderr.read()
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("e")
+    (kept,) = client.search_runs([exp.experiment_id])
+    assert kept.info.run_id == first and kept.info.status == "FINISHED"
+    everything = client.search_runs([exp.experiment_id], run_view_type=3)  # deleted too
+    assert sorted(r.info.status for r in everything) == ["FAILED", "FINISHED"]
+    assert [p.name for p in root.iterdir()] == [first]  # the new run's files are gone
+    assert not (tmp_path / "b.json").exists()
+
+
+@pytest.mark.slow
 def test_record_on_a_full_disk_is_one_line_and_keeps_the_previous_analysis(tmp_path):
     paper, stats = _analysis_inputs(tmp_path)
     figure = tmp_path / "figure.png"
