@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -513,6 +514,33 @@ def test_the_check_refuses_a_run_left_running(tmp_path):
     done = adaptiveload("tracking", "check", "--experiment", "e", str(run_dir), "-o",
                         str(tmp_path / "c.json"), env=cli_env(uri), cwd=tmp_path, timeout=300)
     _one_line_error(done, str(run_dir), "is RUNNING", "delete its summary.json")
+
+
+@pytest.mark.slow
+def test_a_copied_results_folder_passes_the_check_and_its_runs_are_still_found(tmp_path):
+    """results/ (store, artifacts, run folders) copied elsewhere, the old one removed: the
+    check run there, on the store beside it (the default results/mlflow.db), finds each
+    folder's FINISHED run, and a new run of a folder there supersedes the copied one."""
+    old = tmp_path / "old" / "results"
+    uri = init_store(f"sqlite:///{old / 'mlflow.db'}")
+    run_dir = old / "e" / "runs" / "a"
+    tracker = RunTracker.start(uri, "e", "r", {}, {}, run_dir / "tracking.spool.jsonl",
+                               run_dir=run_dir)  # fmt: skip
+    tracker.log_step(0, {"loss": 1.0})
+    assert tracker.finish()
+    new = tmp_path / "new"
+    shutil.copytree(old, new / "results")
+    shutil.rmtree(old)
+    check = adaptiveload("tracking", "check", "--experiment", "e", "results/e/runs/a", "-o",
+                         str(tmp_path / "c.json"), env=cli_env(), cwd=new, timeout=300)
+    assert check.returncode == 0, check.stderr[-3000:]
+    (checked,) = json.loads((tmp_path / "c.json").read_text())["runs"]
+    assert checked["run_id"] == tracker.run_id
+    moved_uri = f"sqlite:///{new / 'results' / 'mlflow.db'}"
+    again = RunTracker.start(moved_uri, "e", "r", {}, {}, new / "results" / "e" / "runs" / "a"
+                             / "tracking.spool.jsonl", run_dir=new / "results/e/runs/a")
+    runs = {r.info.run_id: r for r in _runs(moved_uri, "e")}
+    assert runs[tracker.run_id].data.tags[SUPERSEDED_TAG] == again.run_id
 
 
 # -- stage views: a stage depends on the fields it reads --------------------------------------

@@ -107,11 +107,15 @@ DESCRIPTION_TAG = "mlflow.note.content"  # the description the UI shows for expe
 ARTIFACTS_DIR = "mlartifacts"
 
 
+def store_folder(uri: str) -> Path | None:
+    """The folder of a sqlite store's file (results/); None for servers."""
+    return Path(uri.removeprefix("sqlite:///")).parent if uri.startswith("sqlite:///") else None
+
+
 def artifacts_root(uri: str) -> Path | None:
     """The folder a sqlite store's artifacts live in (beside the db file); None for servers."""
-    if uri.startswith("sqlite:///"):
-        return Path(uri.removeprefix("sqlite:///")).parent / ARTIFACTS_DIR
-    return None
+    folder = store_folder(uri)
+    return None if folder is None else folder / ARTIFACTS_DIR
 
 
 def artifact_location(uri: str, experiment: str) -> str | None:
