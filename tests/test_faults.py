@@ -463,6 +463,15 @@ def test_a_job_and_everything_it_started_die_with_its_killed_parent(tmp_path):
                 os.kill(pid, signal.SIGKILL)
 
 
+def test_every_rule_of_the_workflow_runs_in_the_job_shell():
+    """Shell and script jobs run through `adaptiveload-job`; a `run:` block would run in a
+    process of Snakemake's own that outlives a killed Snakemake."""
+    rules = sorted((ROOT / "workflow" / "rules").glob("*.smk"))
+    assert rules
+    for path in rules:
+        assert not re.search(r"^\s+run:\s*$", path.read_text(), re.M), path.name
+
+
 def test_the_job_shell_exits_with_the_status_of_its_command(tmp_path):
     shell = str(Path(sys.executable).parent / "adaptiveload-job")
     assert subprocess.run([shell, "-c", "exit 3"]).returncode == 3

@@ -265,3 +265,40 @@ def test_every_job_dies_with_a_killed_snakemake_and_the_readme_recovers(tmp_path
     assert locked.returncode != 0 and "--unlock" in locked.stdout + locked.stderr
     assert snakemake(work, "--unlock", "--configfile", "experiments/tiny.yaml").returncode == 0
     assert _jobs(snakemake(work, "-n", *profile))["calibrate"] == 1
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_job_that_writes_a_computed_file_dies_with_a_killed_snakemake(tmp_path):
+    """kill -9 of Snakemake while it writes the run index (a job of Python, not a command):
+    the job goes with it and writes nothing afterwards (a `run:` job ran in a separate
+    `python -m snakemake` that finished the job long after Snakemake was gone)."""
+    work = copy_workflow(tmp_path)
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    index = work / "results" / "tiny" / "analysis" / "run_index.json"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "snakemake", "--cores", "1", str(index.relative_to(work)),
+         "--configfile", "experiments/tiny.yaml"], cwd=work, env=env,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    jobs: list[int] = []
+    try:
+        deadline = time.monotonic() + 300
+        while not any(b"--target-jobs" in _cmdline(p) or b"write_text.py" in _cmdline(p)
+                      for p in descendants(proc.pid)):  # fmt: skip
+            assert proc.poll() is None and time.monotonic() < deadline, "no job started"
+            time.sleep(0.02)
+        jobs = descendants(proc.pid)
+        proc.kill()
+        proc.wait()
+        killed_at = time.time()
+        deadline = time.monotonic() + 10
+        while any(alive(p) for p in jobs) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not [p for p in jobs if alive(p)], "the job outlived the killed snakemake"
+        time.sleep(2)
+        assert not index.exists() or index.stat().st_mtime <= killed_at
+    finally:
+        for pid in jobs:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)

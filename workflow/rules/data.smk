@@ -20,11 +20,10 @@ rule config_resolved:
         f"{LOGS}/config_resolved.log",
     benchmark:
         f"{BENCH}/config_resolved.tsv"
-    run:
-        from adaptiveload.io import write_text
-
-        write_text(output[0], params.text)
-        write_text(log[0], f"wrote {output[0]}\n")
+    conda:
+        CONDA_ENV
+    script:
+        "../scripts/write_text.py"
 
 
 rule config_view:
@@ -41,11 +40,10 @@ rule config_view:
         f"{BENCH}/config_view/{{stage}}.tsv"
     wildcard_constraints:
         stage="|".join(pipeline.STAGE_FIELDS),
-    run:
-        from adaptiveload.io import write_text
-
-        write_text(output[0], params.text)
-        write_text(log[0], f"wrote {output[0]}\n")
+    conda:
+        CONDA_ENV
+    script:
+        "../scripts/write_text.py"
 
 
 if not config["data"]["manifest"]:
