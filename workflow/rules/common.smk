@@ -163,7 +163,7 @@ def all_targets():
     made again (the outputs after it look up to date), which would leave tables of stale
     runs and a plain rerun ending with "Nothing to be done"."""
     index = pipeline.run_index(config)
-    targets = [CONFIG, STORE, DESCRIBE, OUT.run_index, *pipeline.run_files(index),
+    targets = [OUT.owner, CONFIG, STORE, DESCRIBE, OUT.run_index, *pipeline.run_files(index),
                f"{OUT.analysis}/runs.parquet", f"{OUT.analysis}/steps.parquet",
                f"{TABLES}/stats.md", f"{OUT.analysis}/mlflow_analysis.json", *KERNEL_BENCH,
                *TABLE_FILES, *[f"{FIGS}/{name}.png" for name in figure_names()]]

@@ -6,6 +6,22 @@
 localrules:
     config_resolved,
     config_view,
+    experiment_file,
+
+
+rule experiment_file:
+    """The experiment file whose results results/<name> holds: a second file of the same
+    name is refused when the Snakefile is read (adaptiveload.pipeline.check_owner)."""
+    output:
+        OUT.owner,
+    params:
+        text=f"{EXPERIMENT_FILE}\n",
+    log:
+        f"{LOGS}/experiment_file.log",
+    conda:
+        CONDA_ENV
+    script:
+        "../scripts/write_text.py"
 
 
 rule config_resolved:

@@ -1,5 +1,5 @@
 """The job of the rules that write a file Snakemake computed (config_resolved, config_view,
-run_index): their `params.text` to their output, one line to their log.
+run_index, experiment_file): their `params.text` to their output, one line to their log.
 
 A `script:` job runs through the job shell (`adaptiveload-job`) as every shell job does, so it
 dies with a killed Snakemake. A `run:` block would not: Snakemake runs it in a separate
