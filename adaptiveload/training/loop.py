@@ -122,6 +122,14 @@ def step_metrics(rows: list[dict[str, Any]], capacity: float | None) -> dict[str
     return out
 
 
+def total_steps(cfg: TrainConfig, data: TrainData) -> int:
+    """The steps of a run: `train.steps`, or with `steps: epoch` the warm-up plus all of
+    epoch 0's steps."""
+    whole_epoch = cfg.steps == WHOLE_EPOCH
+    epoch_steps = int(data.builder(0).table["step"].max()) + 1 if whole_epoch else 0
+    return run_steps(cfg.steps, cfg.warmup_steps, epoch_steps)
+
+
 class Trainer:
     """Holds the model, optimizer and per-rank samplers of one run; `run()` trains it."""
 
@@ -171,10 +179,7 @@ class Trainer:
         if resume is not None:
             self._restore(resume)
         self._iters = {r: iter(s) for r, s in self.samplers.items()}
-        # steps of this run: with `steps: epoch`, the warm-up plus all of epoch 0's steps
-        whole_epoch = cfg.steps == WHOLE_EPOCH
-        epoch_steps = int(data.builder(0).table["step"].max()) + 1 if whole_epoch else 0
-        self.total_steps = run_steps(cfg.steps, cfg.warmup_steps, epoch_steps)
+        self.total_steps = total_steps(cfg, data)
         self.grad_clock = (
             dd.GradReadyClock(self.model, self.device) if self.ranks.distributed else None
         )
