@@ -20,7 +20,15 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from fault_setup import alive, descendants, fill, limited_writer, read_only, small_disk
+from fault_setup import (
+    alive,
+    descendants,
+    fill,
+    immutable,
+    limited_writer,
+    read_only,
+    small_disk,
+)
 from mlflow.tracking import MlflowClient
 from training_setup import ROOT, adaptiveload, cli_env, write_experiment
 
@@ -271,26 +279,13 @@ def test_training_on_a_read_only_store_is_one_line_before_training(tmp_path):
         assert not out.exists()  # nothing trained, nothing written
 
 
-@contextlib.contextmanager
-def _immutable(path: Path):
-    """`chattr +i path` for the block: the file reads but even root cannot write it (a
-    store the user may not write); skips where the filesystem or user cannot set it."""
-    done = subprocess.run(["chattr", "+i", str(path)], capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"chattr +i is not permitted here: {done.stderr.strip()[:200]}")
-    try:
-        yield path
-    finally:
-        subprocess.run(["chattr", "-i", str(path)], capture_output=True)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("command", ["train", "record"])
 def test_a_store_that_refuses_writes_is_one_line_without_mlflow_logs(tmp_path, command):
     """An existing store the user may not write (`chattr +i`): `train` and `analyze record`
     fail in one line, not after MLflow's logs of the same error with their tracebacks."""
     uri = init_store(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    with _immutable(tmp_path / "mlflow.db"):
+    with immutable(tmp_path / "mlflow.db"):
         if command == "train":
             exp = write_experiment(tmp_path, steps=2, warmup_steps=1)
             done = subprocess.run(_train_cmd(exp, tmp_path / "run"), env=cli_env(uri), cwd=ROOT,
