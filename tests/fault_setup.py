@@ -1,5 +1,6 @@
 """Real faults for the fault tests: a small filesystem that fills up, one that turns read-only,
-a file made immutable, processes stopped by real signals. No mocks: a full disk is a tmpfs of a few hundred KiB.
+a file made immutable, processes stopped by real signals. No mocks: a full disk is a tmpfs of
+a few hundred KiB.
 
 Mounting needs root (CAP_SYS_ADMIN); where it is not permitted the tests that need a mount
 skip with the reason, and the disk-full code paths keep a test that needs none
