@@ -356,16 +356,20 @@ def test_a_hand_run_killed_in_a_finished_run_folder_is_retrained_by_the_recovery
     db = tiny_run / "results" / "mlflow.db"
     key = run_dir.removeprefix("results/")
     cmd = [sys.executable, "-m", "adaptiveload", "train", "--config", out.view("train"),
-           "--policy", "adaptiveload", "--seed", "0", "--calibration", out.calibration,
+           "--policy", "adaptiveload", "--seed", "0", "--kernel", "eager",
+           "--calibration", out.calibration,
            "--manifest", out.manifest, "--plan", out.plan("adaptiveload", 0),
            "--out", run_dir, "--steps", "40"]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    hand = subprocess.Popen(cmd, cwd=tiny_run, env=dict(env, OMP_NUM_THREADS="1"),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    log = tiny_run / "hand.log"
+    with log.open("w") as err:
+        hand = subprocess.Popen(cmd, cwd=tiny_run, env=dict(env, OMP_NUM_THREADS="1"),
+                                stdout=subprocess.DEVNULL, stderr=err)  # fmt: skip
     try:
         deadline = time.monotonic() + 300
         while (_store_steps(db, key) or ("", 0))[1] < 8:
-            assert hand.poll() is None and time.monotonic() < deadline, "no steps past 6"
+            assert hand.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, "no steps past 6"
             time.sleep(0.1)
     finally:
         hand.kill()
