@@ -4,6 +4,7 @@
 from snakemake.utils import min_version, validate
 
 from adaptiveload.experiment import SCHEMA_PATH, check_pipeline_config
+from adaptiveload.pipeline import check_owner
 
 min_version("8.0")
 
@@ -14,6 +15,8 @@ configfile: "experiments/default.yaml"
 validate(config, str(SCHEMA_PATH))  # adaptiveload/experiment.schema.yaml, shipped with the package
 # what JSON Schema cannot say (duplicate keys, NaN/inf), checked as `adaptiveload` commands do
 check_pipeline_config(config, workflow.configfiles)
+# one experiment file per results/<name> (and MLflow experiment <name>)
+EXPERIMENT_FILE = check_owner(config, workflow.configfiles, workflow.overwrite_configfiles)
 
 
 report: "workflow/report/workflow.rst"

@@ -196,8 +196,13 @@ def write_text(path: str | os.PathLike[str], text: str) -> None:
         tmp.write_text(text)
 
 
+def json_text(obj: Any) -> str:
+    """`obj` as the JSON files of this package are written (indented, numpy values as numbers)."""
+    return json.dumps(obj, indent=2, sort_keys=False, default=_json_default) + "\n"
+
+
 def write_json(path: str | os.PathLike[str], obj: Any) -> None:
-    write_text(path, json.dumps(obj, indent=2, sort_keys=False, default=_json_default) + "\n")
+    write_text(path, json_text(obj))
 
 
 def write_parquet(path: str | os.PathLike[str], frame: Any) -> None:

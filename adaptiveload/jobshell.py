@@ -6,7 +6,8 @@ as that shell (`shell.executable`). It runs the command with bash, in a process 
 own, and
 
 * asks the kernel for SIGTERM when its parent (Snakemake) exits, even by SIGKILL (Linux,
-  `lifecycle.die_with_parent`);
+  `lifecycle.die_with_parent`), and starts nothing if Snakemake died while this program was
+  starting (it is not its parent any more; Snakemake exports its pid as `PARENT_ENV`);
 * passes SIGTERM, SIGINT and SIGHUP on to the whole group (bash and everything it started:
   a compiler, both commands of an `a && b`), and SIGKILLs what is left `GRACE_S` seconds
   later, so a job that ignores them cannot linger either;
@@ -30,6 +31,7 @@ from typing import NoReturn
 from adaptiveload.lifecycle import STOP_SIGNALS, die_with_parent
 
 GRACE_S = 30  # seconds a stopped job gets to end cleanly (a trainer marks its MLflow run FAILED)
+PARENT_ENV = "ADAPTIVELOAD_JOB_PARENT"  # the pid of the Snakemake that starts the jobs
 
 
 def main() -> NoReturn:
@@ -46,7 +48,10 @@ def main() -> NoReturn:
     for signum in STOP_SIGNALS:
         signal.signal(signum, stop)
     signal.signal(signal.SIGALRM, lambda _s, _f: _signal_group(group, signal.SIGKILL))
-    die_with_parent(signal.SIGTERM)
+    parent = os.environ.get(PARENT_ENV, "")
+    die_with_parent(signal.SIGTERM, int(parent) if parent.isdigit() else None)
+    if stopped:  # Snakemake is gone already: start nothing
+        sys.exit(128 + stopped[0])
     bash = shutil.which("bash") or "/bin/bash"
     job = subprocess.Popen([bash, *sys.argv[1:]], start_new_session=True)
     group.append(job.pid)

@@ -46,13 +46,16 @@ def stop_on_signals(grace_s: float = GRACE_S) -> None:
         signal.signal(signum, handler)
 
 
-def die_with_parent(signum: int = signal.SIGTERM) -> bool:
+def die_with_parent(signum: int = signal.SIGTERM, parent: int | None = None) -> bool:
     """Have the kernel send `signum` to this process when its parent exits (Linux). If the
-    parent is already gone when the request takes effect, the signal is raised now. False
-    where the request is not available (not Linux): the caller's docs say how to clean up."""
+    parent is already gone when the request takes effect, the signal is raised now: gone
+    since this call, or, given `parent` (the pid of the process that started this one), gone
+    before it (the process then has another parent already, which the kernel will not
+    signal about). False where the request is not available (not Linux): the caller's docs
+    say how to clean up."""
     import ctypes
 
-    parent = os.getppid()
+    parent = os.getppid() if parent is None else parent
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         pr_set_pdeathsig = 1

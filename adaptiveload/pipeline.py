@@ -18,8 +18,10 @@ values the concrete path: the same function serves the rule and the command run 
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from adaptiveload import experiment
@@ -81,6 +83,11 @@ class Layout:
     @property
     def describe(self) -> str:
         return f"{self.root}/data/describe.json"
+
+    @property
+    def owner(self) -> str:
+        """The experiment file whose results these are (`check_owner`)."""
+        return f"{self.root}/experiment_file"
 
     @property
     def store_ready(self) -> str:
@@ -242,3 +249,35 @@ def run_index(config: dict[str, Any]) -> list[dict[str, Any]]:
 def run_files(index: list[dict[str, Any]]) -> list[str]:
     """The files of the runs in `index` (the inputs of the analysis)."""
     return [path for run in index for path in (run["summary"], run["steps"])]
+
+
+def experiment_file(files: list[str | Path], command_line: list[str | Path]) -> str:
+    """Of the config files Snakemake layered (`files`: `command_line`'s `--configfile`s, then
+    the Snakefile's `configfile:`, which they override), the experiment's: the last of the
+    command line's that sets `name` (an overlay of a few fields does not), else the
+    Snakefile's; as a path relative to the working directory when it lies under it (the
+    form `check_owner` compares, whatever form the command line had)."""
+    given = [str(f) for f in command_line]
+    layered = [str(f) for f in files if str(f) not in given] + given  # by precedence
+    named = [f for f in layered if "name" in (experiment.read_yaml(f) or {})]
+    path = Path(named[-1] if named else layered[-1]).resolve()
+    return os.path.relpath(path) if path.is_relative_to(Path.cwd()) else str(path)
+
+
+def check_owner(
+    config: dict[str, Any], files: list[str | Path], command_line: list[str | Path]
+) -> str:
+    """The experiment file of this run of the pipeline (`experiment_file`), refused
+    (UserError) if `results/<name>` holds the results of another experiment file with the
+    same `name`: the two would share that folder and the MLflow experiment `name`, each
+    overwriting the other's outputs."""
+    mine, name = experiment_file(files, command_line), config["name"]
+    stamp = Path(Layout(name).owner)
+    theirs = stamp.read_text().strip() if stamp.is_file() else mine
+    if theirs != mine:
+        raise UserError(
+            f"{mine}: name: {name!r} is already the name of {theirs}, whose results are in "
+            f"results/{name}/ and MLflow experiment {name!r}; give this experiment another "
+            f"name (or, if {mine} now is that experiment, delete {stamp})"
+        )
+    return mine

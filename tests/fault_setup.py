@@ -1,5 +1,6 @@
 """Real faults for the fault tests: a small filesystem that fills up, one that turns read-only,
-processes stopped by real signals. No mocks: a full disk is a tmpfs of a few hundred KiB.
+a file made immutable, processes stopped by real signals. No mocks: a full disk is a tmpfs of
+a few hundred KiB.
 
 Mounting needs root (CAP_SYS_ADMIN); where it is not permitted the tests that need a mount
 skip with the reason, and the disk-full code paths keep a test that needs none
@@ -37,6 +38,19 @@ def small_disk(path: Path, size_kib: int) -> Iterator[Path]:
         yield path
     finally:
         subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+@contextlib.contextmanager
+def immutable(path: Path) -> Iterator[Path]:
+    """`chattr +i path` for the block: the file reads but even root cannot write it (a
+    store the user may not write); skips where the filesystem or user cannot set it."""
+    done = subprocess.run(["chattr", "+i", str(path)], capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"chattr +i is not permitted here: {done.stderr.strip()[:200]}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["chattr", "-i", str(path)], capture_output=True)
 
 
 def fill(path: Path, leave_bytes: int = 0) -> None:

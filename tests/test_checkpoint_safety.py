@@ -83,6 +83,17 @@ def test_checkpoint_of_another_identity_is_stale_and_removed(tmp_path, capsys):
     assert not list(tmp_path.glob("ckpt-*.pt"))  # cannot be pruned in favour of the new run's
 
 
+def test_a_checkpoint_past_the_runs_end_is_not_resumed_and_removed(tmp_path, capsys):
+    """A longer run of the same identity (started by hand into this folder, with --steps)
+    left ckpt-8: a 6-step run resumes from its own ckpt-6, so its results are 6 steps'."""
+    checkpoint.save(tmp_path, 6, {"identity": "i"})
+    checkpoint.save(tmp_path, 8, {"identity": "i"})
+    found = checkpoint.find(tmp_path, "i", last=6)
+    assert found.state["step"] == 6 and found.stale is None
+    assert "step 8 go past this run's 6 steps" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt-00000006.pt"]
+
+
 def test_interrupted_writes_leave_no_litter(tmp_path):
     checkpoint.save(tmp_path, 2, {"identity": "i"})
     litter = tmp_path / ".ckpt-00000004.pt.k3j2h1.tmp"  # what a SIGKILL mid-save leaves
@@ -99,7 +110,7 @@ def test_planted_checkpoint_in_a_run_folder_does_not_run(tmp_path):
     ckpt-*.pt trains from step 0, says so in one line, and the payload never runs."""
     exp = write_experiment(tmp_path, steps=2, warmup_steps=1, checkpoint_every=2, world_size=2)
     out, marker = tmp_path / "run", tmp_path / "marker"
-    _plant(out / "checkpoints" / "ckpt-00000008.pt", marker)
+    _plant(out / "checkpoints" / "ckpt-00000001.pt", marker)  # within its 2 steps: read
     result = adaptiveload(
         "train", "--config", str(exp), "--policy", "adaptiveload", "--seed", "0",
         "--out", str(out), "--no-track", env=cli_env(), cwd=ROOT, timeout=600,
@@ -107,6 +118,6 @@ def test_planted_checkpoint_in_a_run_folder_does_not_run(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     assert not marker.exists(), "loading the checkpoint ran its payload"
     (note,) = _notes(result.stderr)
-    assert "ckpt-00000008.pt" in note and "unsafe" in note
+    assert "ckpt-00000001.pt" in note and "unsafe" in note
     assert "Traceback" not in result.stderr
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["ckpt-00000002.pt"]

@@ -7,6 +7,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -18,7 +20,15 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from fault_setup import alive, descendants, fill, limited_writer, read_only, small_disk
+from fault_setup import (
+    alive,
+    descendants,
+    fill,
+    immutable,
+    limited_writer,
+    read_only,
+    small_disk,
+)
 from mlflow.tracking import MlflowClient
 from training_setup import ROOT, adaptiveload, cli_env, write_experiment
 
@@ -43,10 +53,16 @@ def _errors(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith("error:")]
 
 
+# a line of MLflow's own logging ("2026/01/31 12:00:00 ERROR mlflow.store.db.utils: ...")
+_MLFLOW_LOG = re.compile(r"^\d{4}/\d\d/\d\d \d\d:\d\d:\d\d [A-Z]+ mlflow", re.M)
+
+
 def _one_line_error(done: subprocess.CompletedProcess, *words: str) -> str:
-    """The command failed with exit 2 and exactly one `error:` line holding `words`."""
+    """The command failed with exit 2 and exactly one `error:` line holding `words`, with no
+    traceback and none of MLflow's log lines around it."""
     assert done.returncode == 2, done.stderr[-3000:]
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert not _MLFLOW_LOG.search(done.stderr), done.stderr[-3000:]
     (line,) = _errors(done.stderr)
     for word in words:
         assert word in line, line
@@ -263,6 +279,23 @@ def test_training_on_a_read_only_store_is_one_line_before_training(tmp_path):
         assert not out.exists()  # nothing trained, nothing written
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["train", "record"])
+def test_a_store_that_refuses_writes_is_one_line_without_mlflow_logs(tmp_path, command):
+    """An existing store the user may not write (`chattr +i`): `train` and `analyze record`
+    fail in one line, not after MLflow's logs of the same error with their tracebacks."""
+    uri = init_store(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    with immutable(tmp_path / "mlflow.db"):
+        if command == "train":
+            exp = write_experiment(tmp_path, steps=2, warmup_steps=1)
+            done = subprocess.run(_train_cmd(exp, tmp_path / "run"), env=cli_env(uri), cwd=ROOT,
+                                  capture_output=True, text=True, timeout=600)  # fmt: skip
+        else:
+            done = _record(*_analysis_inputs(tmp_path), tmp_path / "a.json", uri)
+        _one_line_error(done, "read-only", str(tmp_path / "mlflow.db"))
+    assert not (tmp_path / "run").exists() and not (tmp_path / "a.json").exists()
+
+
 def _analysis_inputs(folder: Path) -> tuple[Path, Path]:
     paper = folder / "paper_table.csv"
     pd.DataFrame({"setup": ["train"], "kernel": ["eager"], "policy": ["adaptiveload"],
@@ -315,6 +348,38 @@ def test_analysis_run_is_replaced_only_once_the_new_one_is_complete(tmp_path):
     assert [r.info.status for r in everything if r.info.run_id != first] == ["FAILED"]
     root = run_artifact_dir(uri, kept.info.artifact_uri).parent
     assert not list(root.rglob("*.tmp")) and not list(root.rglob("big.png"))
+
+
+@pytest.mark.slow
+def test_a_stopped_record_deletes_its_new_run_and_keeps_the_previous_analysis(tmp_path):
+    """SIGTERM to `analyze record` while it attaches files (a Ctrl-C, a stopped pipeline):
+    the new analysis run is deleted with its files, exit 143; none is left RUNNING beside
+    the previous one, which stays the experiment's analysis."""
+    uri = init_store(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    paper, stats = _analysis_inputs(tmp_path)
+    first = log_analysis("e", paper, stats, [], uri=uri)
+    files = []
+    for i in range(400):  # seconds of copying: time to stop it half-way
+        files += ["--artifact", str(tmp_path / f"t{i}.csv")]
+        (tmp_path / f"t{i}.csv").write_text("a\n1\n")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "adaptiveload", "analyze", "record", "--experiment", "e",
+         "--paper-table", str(paper), "--stats", str(stats), "-o", str(tmp_path / "b.json"),
+         *files], env=cli_env(uri), cwd=tmp_path, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    root = tmp_path / "mlartifacts" / "e"
+    _wait_for(lambda: len(list(root.glob("*/artifacts/tables/t*.csv"))) > 10, proc)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == 128 + signal.SIGTERM
+    assert "Traceback" not in proc.stderr.read()
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("e")
+    (kept,) = client.search_runs([exp.experiment_id])
+    assert kept.info.run_id == first and kept.info.status == "FINISHED"
+    everything = client.search_runs([exp.experiment_id], run_view_type=3)  # deleted too
+    assert sorted(r.info.status for r in everything) == ["FAILED", "FINISHED"]
+    assert [p.name for p in root.iterdir()] == [first]  # the new run's files are gone
+    assert not (tmp_path / "b.json").exists()
 
 
 @pytest.mark.slow
@@ -393,6 +458,15 @@ def test_a_job_and_everything_it_started_die_with_its_killed_parent(tmp_path):
                 os.kill(pid, signal.SIGKILL)
 
 
+def test_every_rule_of_the_workflow_runs_in_the_job_shell():
+    """Shell and script jobs run through `adaptiveload-job`; a `run:` block would run in a
+    process of Snakemake's own that outlives a killed Snakemake."""
+    rules = sorted((ROOT / "workflow" / "rules").glob("*.smk"))
+    assert rules
+    for path in rules:
+        assert not re.search(r"^\s+run:\s*$", path.read_text(), re.M), path.name
+
+
 def test_the_job_shell_exits_with_the_status_of_its_command(tmp_path):
     shell = str(Path(sys.executable).parent / "adaptiveload-job")
     assert subprocess.run([shell, "-c", "exit 3"]).returncode == 3
@@ -444,6 +518,33 @@ def test_the_check_refuses_a_run_left_running(tmp_path):
     done = adaptiveload("tracking", "check", "--experiment", "e", str(run_dir), "-o",
                         str(tmp_path / "c.json"), env=cli_env(uri), cwd=tmp_path, timeout=300)
     _one_line_error(done, str(run_dir), "is RUNNING", "delete its summary.json")
+
+
+@pytest.mark.slow
+def test_a_copied_results_folder_passes_the_check_and_its_runs_are_still_found(tmp_path):
+    """results/ (store, artifacts, run folders) copied elsewhere, the old one removed: the
+    check run there, on the store beside it (the default results/mlflow.db), finds each
+    folder's FINISHED run, and a new run of a folder there supersedes the copied one."""
+    old = tmp_path / "old" / "results"
+    uri = init_store(f"sqlite:///{old / 'mlflow.db'}")
+    run_dir = old / "e" / "runs" / "a"
+    tracker = RunTracker.start(uri, "e", "r", {}, {}, run_dir / "tracking.spool.jsonl",
+                               run_dir=run_dir)  # fmt: skip
+    tracker.log_step(0, {"loss": 1.0})
+    assert tracker.finish()
+    new = tmp_path / "new"
+    shutil.copytree(old, new / "results")
+    shutil.rmtree(old)
+    check = adaptiveload("tracking", "check", "--experiment", "e", "results/e/runs/a", "-o",
+                         str(tmp_path / "c.json"), env=cli_env(), cwd=new, timeout=300)
+    assert check.returncode == 0, check.stderr[-3000:]
+    (checked,) = json.loads((tmp_path / "c.json").read_text())["runs"]
+    assert checked["run_id"] == tracker.run_id
+    moved_uri = f"sqlite:///{new / 'results' / 'mlflow.db'}"
+    again = RunTracker.start(moved_uri, "e", "r", {}, {}, new / "results" / "e" / "runs" / "a"
+                             / "tracking.spool.jsonl", run_dir=new / "results/e/runs/a")
+    runs = {r.info.run_id: r for r in _runs(moved_uri, "e")}
+    assert runs[tracker.run_id].data.tags[SUPERSEDED_TAG] == again.run_id
 
 
 # -- stage views: a stage depends on the fields it reads --------------------------------------

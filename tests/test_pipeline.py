@@ -121,6 +121,28 @@ def test_dry_run_refuses_what_the_commands_refuse(tmp_path, text, expect):
     assert expect in out.stdout + out.stderr
 
 
+def test_a_second_experiment_file_of_the_same_name_is_refused(tmp_path):
+    """Two experiment files with one `name` would share results/<name> and its MLflow
+    experiment: once the first has written there, the second is refused when the Snakefile
+    is read, naming both files and the fix; the first (edited or layered) still runs."""
+    work = copy_workflow(tmp_path)
+    owner = work / "results" / "tiny" / "experiment_file"
+    made = snakemake(work, "--cores", "1", str(owner.relative_to(work)), "--configfile",
+                     "experiments/tiny.yaml", timeout=300)  # fmt: skip
+    assert made.returncode == 0, made.stdout[-3000:] + made.stderr[-3000:]
+    assert owner.read_text() == "experiments/tiny.yaml\n"
+    (work / "experiments" / "other.yaml").write_text("name: tiny\nseeds: [5]\n")
+    refused = snakemake(work, "-n", "--configfile", "experiments/other.yaml", timeout=300)
+    text = refused.stdout + refused.stderr
+    assert refused.returncode != 0
+    assert ("experiments/other.yaml: name: 'tiny' is already the name of "
+            "experiments/tiny.yaml") in text
+    (work / "experiments" / "edit.yaml").write_text("seeds: [5]\n")  # an overlay: no name
+    layered = snakemake(work, "-n", "--configfile", "experiments/tiny.yaml",
+                        "experiments/edit.yaml", timeout=300)  # fmt: skip
+    assert layered.returncode == 0, layered.stdout[-3000:] + layered.stderr[-3000:]
+
+
 # -- faults: the pipeline never ends in a false success -------------------------------------
 def _jobs(dry_run: subprocess.CompletedProcess) -> dict[str, int]:
     """Rule -> job count of a dry run's "Job stats" table ({} for "Nothing to be done")."""
@@ -265,3 +287,111 @@ def test_every_job_dies_with_a_killed_snakemake_and_the_readme_recovers(tmp_path
     assert locked.returncode != 0 and "--unlock" in locked.stdout + locked.stderr
     assert snakemake(work, "--unlock", "--configfile", "experiments/tiny.yaml").returncode == 0
     assert _jobs(snakemake(work, "-n", *profile))["calibrate"] == 1
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_job_that_writes_a_computed_file_dies_with_a_killed_snakemake(tmp_path):
+    """kill -9 of Snakemake while it writes the run index (a job of Python, not a command):
+    the job goes with it and writes nothing afterwards (a `run:` job ran in a separate
+    `python -m snakemake` that finished the job long after Snakemake was gone)."""
+    work = copy_workflow(tmp_path)
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    index = work / "results" / "tiny" / "analysis" / "run_index.json"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "snakemake", "--cores", "1", str(index.relative_to(work)),
+         "--configfile", "experiments/tiny.yaml"], cwd=work, env=env,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    jobs: list[int] = []
+    try:
+        deadline = time.monotonic() + 300
+        while not any(b"--target-jobs" in _cmdline(p) or b"write_text.py" in _cmdline(p)
+                      for p in descendants(proc.pid)):  # fmt: skip
+            assert proc.poll() is None and time.monotonic() < deadline, "no job started"
+            time.sleep(0.02)
+        jobs = descendants(proc.pid)
+        proc.kill()
+        proc.wait()
+        killed_at = time.time()
+        deadline = time.monotonic() + 10
+        while any(alive(p) for p in jobs) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not [p for p in jobs if alive(p)], "the job outlived the killed snakemake"
+        time.sleep(2)
+        assert not index.exists() or index.stat().st_mtime <= killed_at
+    finally:
+        for pid in jobs:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _store_steps(db: Path, run_dir: str) -> tuple[str, int] | None:
+    """(status, loss steps) of the newest run tagged with `run_dir`, read with sqlite (a
+    short timeout: a trainer may hold the write lock); None while that is not possible."""
+    import sqlite3
+
+    query = ("SELECT r.status, (SELECT count(*) FROM metrics m WHERE m.run_uuid = r.run_uuid "
+             "AND m.key = 'loss') FROM runs r JOIN tags t ON t.run_uuid = r.run_uuid WHERE "
+             "t.key = 'adaptiveload.run_dir' AND t.value = ? ORDER BY r.start_time DESC")
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1) as con:
+            return con.execute(query, (run_dir,)).fetchone()
+    except sqlite3.OperationalError:
+        return None
+
+
+@pytest.mark.slow
+def test_a_hand_run_killed_in_a_finished_run_folder_is_retrained_by_the_recovery(tiny_run):
+    """`adaptiveload train --steps 40` by hand into a finished run folder of the pipeline,
+    killed after it reopened the run and logged more steps: the folder's results are gone
+    (the run is no longer what they describe), so the recovery command retrains it to the
+    experiment's 6 steps, in a new FINISHED MLflow run, instead of "Nothing to be done"
+    over a RUNNING run and stale tables. Last in this module: it retrains one run."""
+    from adaptiveload.pipeline import Layout
+    from adaptiveload.tracking.run import SUPERSEDED_TAG
+
+    out = Layout("tiny")
+    run_dir = out.run_dir("adaptiveload", 0, "eager")
+    db = tiny_run / "results" / "mlflow.db"
+    key = run_dir.removeprefix("results/")
+    cmd = [sys.executable, "-m", "adaptiveload", "train", "--config", out.view("train"),
+           "--policy", "adaptiveload", "--seed", "0", "--kernel", "eager",
+           "--calibration", out.calibration,
+           "--manifest", out.manifest, "--plan", out.plan("adaptiveload", 0),
+           "--out", run_dir, "--steps", "40"]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    log = tiny_run / "hand.log"
+    with log.open("w") as err:
+        hand = subprocess.Popen(cmd, cwd=tiny_run, env=dict(env, OMP_NUM_THREADS="1"),
+                                stdout=subprocess.DEVNULL, stderr=err)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        while (_store_steps(db, key) or ("", 0))[1] < 8:
+            assert hand.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, "no steps past 6"
+            time.sleep(0.1)
+    finally:
+        hand.kill()
+        hand.wait()
+    assert _store_steps(db, key)[0] == "RUNNING"
+    profile = ["--profile", "workflow/profiles/default", "--configfile", "experiments/tiny.yaml"]
+    assert _jobs(snakemake(tiny_run, "-n", *profile))["train"] == 1
+    done = snakemake(tiny_run, *profile, "--cores", "2")
+    assert done.returncode == 0, done.stderr[-3000:]
+    import pandas as pd
+    from mlflow.tracking import MlflowClient
+
+    assert sorted(pd.read_parquet(tiny_run / run_dir / "steps.parquet")["step"].unique()) == (
+        list(range(6))
+    )
+    client = MlflowClient(f"sqlite:///{db}")
+    exp = client.get_experiment_by_name("tiny")
+    runs = client.search_runs([exp.experiment_id], f"tags.`adaptiveload.run_dir` = '{key}'")
+    (live,) = [r for r in runs if SUPERSEDED_TAG not in r.data.tags]
+    assert live.info.status == "FINISHED"
+    assert len(client.get_metric_history(live.info.run_id, "loss")) == 6
+    assert all(r.info.status != "RUNNING" for r in runs)
+    checked = json.loads((tiny_run / out.tracking_check).read_text())["runs"]
+    assert live.info.run_id in {r["run_id"] for r in checked}
+    assert _jobs(snakemake(tiny_run, "-n", *profile)) == {}

@@ -129,5 +129,7 @@ def _discard(client: Any, uri: str, run_id: str) -> None:
         client.set_terminated(run_id, status="FAILED")
     with contextlib.suppress(Exception):
         client.delete_run(run_id)
-    if local is not None:
+    if local is not None:  # <experiment>/<run id>/artifacts: the run's folder goes too
         shutil.rmtree(local, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            local.parent.rmdir()

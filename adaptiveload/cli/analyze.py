@@ -238,8 +238,10 @@ def record_cmd(
     """Log the analysis to MLflow as the experiment's "analysis" run."""
     from adaptiveload.analysis.record import log_analysis
     from adaptiveload.io import write_json
+    from adaptiveload.lifecycle import stop_on_signals
     from adaptiveload.tracking.store import tracking_uri
 
+    stop_on_signals()  # stopped, the new analysis run is deleted with its files, not left RUNNING
     for path in (paper_table, stats):
         _read(path)  # the same one-line error as the other steps when a table is missing
     exp = None

@@ -31,12 +31,13 @@ from adaptiveload.tracking.store import (
     log_params,
     store_errors,
     store_failure,
+    store_folder,
     tracking_uri,
 )
 
 log = logging.getLogger(__name__)
 
-RUN_DIR_TAG = "adaptiveload.run_dir"  # the output folder a run writes (resolved path)
+RUN_DIR_TAG = "adaptiveload.run_dir"  # the output folder a run writes (`folder_key`)
 SUPERSEDED_TAG = "adaptiveload.superseded_by"  # the run that redid this one's work
 STEP_KEY = "loss"  # logged at every step: its history says which steps the store holds
 
@@ -119,11 +120,11 @@ class RunTracker:
             if run_description is not None:
                 tags = {**tags, DESCRIPTION_TAG: run_description}
             if run_dir is not None:
-                tags = {**tags, RUN_DIR_TAG: str(Path(run_dir).resolve())}
+                tags = {**tags, RUN_DIR_TAG: folder_key(run_dir, uri)}
             run_id = client.create_run(exp_id, run_name=run_name, tags=dict(tags)).info.run_id
             log_params(client, run_id, params)
             if run_dir is not None:
-                _supersede(client, exp_id, run_name, tags[RUN_DIR_TAG], run_id, supersede)
+                _supersede(client, uri, exp_id, run_name, Path(run_dir), run_id, supersede)
         else:
             client.update_run(run_id, status="RUNNING")
         return cls(uri, run_id, spool_path)
@@ -284,12 +285,31 @@ def _holds_past(client: Any, run_id: str, spool_path: Path, step: int) -> bool:
     return max(spooled, max((m.step for m in history), default=-1)) >= step
 
 
+def folder_key(run_dir: Path, uri: str) -> str:
+    """How the runs of folder `run_dir` name it (their RUN_DIR_TAG): its path relative to the
+    folder of a sqlite store it lies under (`tiny/runs/adaptiveload/seed0/eager` for a store
+    results/mlflow.db), so results/ can be moved or copied with its store and its runs are
+    still found; else (a server, a folder elsewhere) its absolute path."""
+    folder, store = Path(run_dir).resolve(), store_folder(uri)
+    if store is not None and folder.is_relative_to(store.resolve()):
+        return folder.relative_to(store.resolve()).as_posix()
+    return str(folder)
+
+
+def _folder_keys(run_dir: Path, uri: str) -> list[str]:
+    """The tags the runs of `run_dir` may carry: `folder_key`, and the absolute path that
+    runs logged before folders were named relative to their store carry."""
+    return list(dict.fromkeys([folder_key(run_dir, uri), str(Path(run_dir).resolve())]))
+
+
 def _supersede(
-    client: Any, exp_id: str, run_name: str, run_dir: str, new_id: str, stale: str | None
-) -> None:
+    client: Any, uri: str, exp_id: str, run_name: str, run_dir: Path, new_id: str,
+    stale: str | None,
+) -> None:  # fmt: skip
     """Tag the earlier runs of `run_dir` (and `stale`) superseded by `new_id`; end RUNNING ones."""
     earlier = client.search_runs([exp_id], filter_string=f"attributes.run_name = '{run_name}'")
-    ids = {r.info.run_id for r in earlier if r.data.tags.get(RUN_DIR_TAG) == run_dir}
+    keys = _folder_keys(run_dir, uri)
+    ids = {r.info.run_id for r in earlier if r.data.tags.get(RUN_DIR_TAG) in keys}
     if stale is not None and _holds(client, stale):
         ids.add(stale)
     for run_id in sorted(ids - {new_id}):
@@ -347,12 +367,13 @@ def check_runs(experiment: str, run_dirs: list[Path], uri: str | None = None) ->
                             f"{spool}`)") from None  # fmt: skip
         client = _client(check_reachable(uri))
         with store_errors(uri):
-            run = _current_run(client, experiment, run_dir)
+            run = _current_run(client, uri, experiment, run_dir)
         if run is None:
             raise UserError(
                 f"{run_dir}: no MLflow run of this folder in {uri} (trained with --no-track, "
-                "or with another MLFLOW_TRACKING_URI); delete its summary.json and run the "
-                "pipeline again to train it into this store"
+                "with another MLFLOW_TRACKING_URI, or moved without the store it was logged "
+                "to); point MLFLOW_TRACKING_URI at that store, or delete its summary.json and "
+                "run the pipeline again to train it into this one"
             )
         if run.info.status != "FINISHED":
             raise UserError(
@@ -364,12 +385,14 @@ def check_runs(experiment: str, run_dirs: list[Path], uri: str | None = None) ->
     return report
 
 
-def _current_run(client: Any, experiment: str, run_dir: Path) -> Any:
+def _current_run(client: Any, uri: str, experiment: str, run_dir: Path) -> Any:
     """The newest run of `run_dir` that no later run superseded, or None."""
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
         return None
-    folder = str(run_dir.resolve()).replace("'", "\\'")
-    runs = client.search_runs([exp.experiment_id], f"tags.`{RUN_DIR_TAG}` = '{folder}'",
-                              order_by=["attributes.start_time DESC"])  # fmt: skip
-    return next((r for r in runs if SUPERSEDED_TAG not in r.data.tags), None)
+    runs = []
+    for key in _folder_keys(run_dir, uri):
+        key = key.replace("'", "\\'")
+        runs += client.search_runs([exp.experiment_id], f"tags.`{RUN_DIR_TAG}` = '{key}'")
+    live = [r for r in runs if SUPERSEDED_TAG not in r.data.tags]
+    return max(live, key=lambda r: r.info.start_time, default=None)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import shutil
 from collections.abc import Iterable, Iterator, Mapping
@@ -64,10 +65,25 @@ def log_params(client, run_id: str, params: Mapping[str, Any]) -> None:
         client.log_batch(run_id, params=chunk, synchronous=True)
 
 
+# MLflow's sqlite store logs every database error it meets, with its traceback, and then
+# raises it (`mlflow.store.db.utils.make_managed_session`): the raise reaches the user as one
+# line (`store_errors`, or the spool's one warning), so the log only repeats it, ~30 lines a time.
+_RAISED_AND_LOGGED = "mlflow.store.db.utils"
+
+
+def _drop_logged_raise(record: logging.LogRecord) -> bool:
+    """Keep a record of that logger unless it is the log of an error that is raised anyway."""
+    return not (record.levelno >= logging.ERROR and record.exc_info)
+
+
 def configure_environment() -> None:
-    """Telemetry off and short HTTP timeouts, unless the user set them explicitly."""
+    """Telemetry off and short HTTP timeouts, unless the user set them explicitly; MLflow's
+    logs of store errors it raises anyway silenced (the user gets the raise, in one line)."""
     for key, value in _FAST_HTTP.items():
         os.environ.setdefault(key, value)
+    logger = logging.getLogger(_RAISED_AND_LOGGED)
+    if _drop_logged_raise not in logger.filters:
+        logger.addFilter(_drop_logged_raise)
 
 
 def tracking_uri() -> str:
@@ -91,11 +107,15 @@ DESCRIPTION_TAG = "mlflow.note.content"  # the description the UI shows for expe
 ARTIFACTS_DIR = "mlartifacts"
 
 
+def store_folder(uri: str) -> Path | None:
+    """The folder of a sqlite store's file (results/); None for servers."""
+    return Path(uri.removeprefix("sqlite:///")).parent if uri.startswith("sqlite:///") else None
+
+
 def artifacts_root(uri: str) -> Path | None:
     """The folder a sqlite store's artifacts live in (beside the db file); None for servers."""
-    if uri.startswith("sqlite:///"):
-        return Path(uri.removeprefix("sqlite:///")).parent / ARTIFACTS_DIR
-    return None
+    folder = store_folder(uri)
+    return None if folder is None else folder / ARTIFACTS_DIR
 
 
 def artifact_location(uri: str, experiment: str) -> str | None:

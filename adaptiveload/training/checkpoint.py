@@ -111,14 +111,17 @@ def _load(path: Path) -> dict[str, Any]:
     return payload
 
 
-def find(directory: Path, identity: str, tidy: bool = True) -> Found:
-    """The newest usable checkpoint under `directory` of the run `identity`.
+def find(directory: Path, identity: str, tidy: bool = True, last: int | None = None) -> Found:
+    """The newest usable checkpoint under `directory` of the run `identity`, of at most
+    `last` steps (the run's end) when given.
 
     Unusable checkpoints (corrupt, truncated, unsafe, of another format) are skipped; one of
     another identity means the run's inputs or code changed, so the run starts over instead
-    of resuming stale state. Either is said in one line on stderr. With `tidy` (the one
-    process that owns the folder), skipped and stale files and the temporaries of killed
-    writes are removed, so they cannot be mistaken for this run's later.
+    of resuming stale state. Checkpoints past `last` (a longer run of the same identity, say
+    one started by hand into this folder) are passed over: this run ends at `last`, and its
+    results must be those of `last` steps. Each is said in one line on stderr. With `tidy`
+    (the one process that owns the folder), passed-over, skipped and stale files and the
+    temporaries of killed writes are removed, so they cannot be mistaken for this run's later.
     """
     directory = Path(directory)
     if tidy:
@@ -126,6 +129,16 @@ def find(directory: Path, identity: str, tidy: bool = True) -> Found:
     skipped: list[str] = []
     found = Found()
     existing = _existing(directory)
+    past = [(step, path) for step, path in existing if last is not None and step > last]
+    if past:
+        notice(
+            f"{directory}: checkpoint(s) of step {', '.join(str(s) for s, _ in past)} go past "
+            f"this run's {last} steps (a longer run in this folder): not resumed"
+            + (", removed" if tidy else "")
+        )
+        for _, path in past if tidy else ():
+            path.unlink(missing_ok=True)
+        existing = existing[: len(existing) - len(past)]
     for _, path in reversed(existing):
         try:
             payload = _load(path)

@@ -135,6 +135,20 @@ def _present(value: Any) -> bool:
     return value is not None and not pd.isna(value)
 
 
+def epoch_lengths(cfg: TrainConfig, data: TrainData) -> list[int]:
+    """With `steps: epoch`, the step count of each of the run's `train.epochs` plans (empty
+    for a run of a fixed step count)."""
+    if cfg.steps != WHOLE_EPOCH:
+        return []
+    return [int(data.builder(e).table["step"].max()) + 1 for e in range(cfg.epochs)]
+
+
+def total_steps(cfg: TrainConfig, data: TrainData) -> int:
+    """The steps of a run: `train.steps`, or with `steps: epoch` the warm-up plus all steps of
+    its epochs."""
+    return run_steps(cfg.steps, cfg.warmup_steps, sum(epoch_lengths(cfg, data)))
+
+
 class Trainer:
     """Holds the model, optimizer and per-rank samplers of one run; `run()` trains it."""
 
@@ -184,9 +198,7 @@ class Trainer:
         if resume is not None:
             self._restore(resume)
         self._iters = {r: iter(s) for r, s in self.samplers.items()}
-        # steps of this run: with `steps: epoch`, the warm-up plus all steps of its epochs
-        whole_epoch = cfg.steps == WHOLE_EPOCH
-        lengths = [self._epoch_length(e) for e in range(cfg.epochs)] if whole_epoch else []
+        lengths = epoch_lengths(cfg, data)
         self.total_steps = run_steps(cfg.steps, cfg.warmup_steps, sum(lengths))
         self.epoch_ends = self._epoch_ends(lengths) if data.validation else set()
         self.seen = int(self.rows[-1]["samples_seen"]) if self.rows else 0

@@ -41,7 +41,7 @@ from adaptiveload.provenance import device_name, git_commit
 from adaptiveload.training import checkpoint
 from adaptiveload.training.distributed import Ranks, resolve_ranks, timer_of
 from adaptiveload.training.inputs import check_layout, prepare_data, run_identity
-from adaptiveload.training.loop import StepSink, TrainData, Trainer
+from adaptiveload.training.loop import StepSink, TrainData, Trainer, total_steps
 from adaptiveload.training.settings import TrainConfig, from_experiment
 from adaptiveload.training.summary import attention_backend, ln_modulate_impl, run_summary
 
@@ -207,12 +207,14 @@ def _train(
     main = ranks.is_main
     identity = run_identity(cfg, data)
     found = (
-        checkpoint.find(ckpt_dir, identity["identity"], tidy=main)
+        checkpoint.find(ckpt_dir, identity["identity"], tidy=main, last=total_steps(cfg, data))
         if ckpt_dir
         else checkpoint.Found()
     )
     resume = found.state
     sink = _open(open_sink, run, identity, found) if open_sink is not None and main else None
+    if main:
+        _retract(out)
     trainer = None
     try:
         trainer = Trainer(
@@ -233,13 +235,26 @@ def _train(
     plan_summary = data.builder(0).summary
     write_parquet(out / "steps.parquet", result.steps)
     write_json(out / "plan_summary.json", plan_summary)
-    write_json(out / "summary.json", summary)
+    write_json(out / "summary.json", summary)  # last of RESULTS: the run is complete
     if sink is not None:
         sink.log_summary(_numeric(summary))
-        for name in ("steps.parquet", "plan_summary.json", "summary.json"):
+        for name in RESULTS:
             sink.log_artifact(out / name)
         sink.finish()
     return summary
+
+
+# what a finished run leaves in its folder (the pipeline's `train` outputs among them)
+RESULTS = ("steps.parquet", "plan_summary.json", "summary.json")
+
+
+def _retract(out: Path) -> None:
+    """Remove the folder's results before this run changes its checkpoints and MLflow run:
+    they describe an earlier state, and a run stopped before writing its own must not leave
+    them looking current (the pipeline would see its outputs up to date and rerun nothing
+    while the MLflow run it reopened is RUNNING)."""
+    for name in RESULTS:
+        (out / name).unlink(missing_ok=True)
 
 
 def _open(

@@ -8,17 +8,16 @@ rule run_index:
     output:
         OUT.run_index,
     params:
-        # a function: the list is this rule's params, so a changed index reruns it
-        index=lambda w: pipeline.run_index(config),
+        # a function: the index is this rule's params, so a changed index reruns it
+        text=lambda w: json_text(pipeline.run_index(config)),
     log:
         f"{LOGS}/run_index.log",
     benchmark:
         f"{BENCH}/run_index.tsv"
-    run:
-        from adaptiveload.io import write_json, write_text
-
-        write_json(output[0], params.index)
-        write_text(log[0], f"wrote {output[0]}: {len(params.index)} runs\n")
+    conda:
+        CONDA_ENV
+    script:
+        "../scripts/write_text.py"
 
 
 rule aggregate:

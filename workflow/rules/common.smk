@@ -7,7 +7,8 @@ import sys
 import yaml
 from snakemake.exceptions import WorkflowError
 
-from adaptiveload import pipeline
+from adaptiveload import jobshell, pipeline
+from adaptiveload.io import json_text
 from adaptiveload.calibration.settings import CalibrationConfig
 
 EXP = config["name"]
@@ -30,6 +31,9 @@ JOB_SHELL = os.path.join(os.path.dirname(sys.executable), "adaptiveload-job")
 if not os.path.exists(JOB_SHELL):
     raise WorkflowError(f"{JOB_SHELL} not found: install the package (make setup) first")
 shell.executable(JOB_SHELL)
+# a job shell started just as Snakemake died is orphaned before it can ask for a signal: with
+# this pid it sees that its parent is gone and starts nothing
+os.environ[jobshell.PARENT_ENV] = str(os.getpid())
 shell.prefix("set -euo pipefail; ")  # what Snakemake gives bash, which it finds by name only
 # the same software as a conda environment, for `--software-deployment-method conda` (untested)
 CONDA_ENV = "../envs/adaptiveload.yaml"
@@ -164,7 +168,7 @@ def all_targets():
     made again (the outputs after it look up to date), which would leave tables of stale
     runs and a plain rerun ending with "Nothing to be done"."""
     index = pipeline.run_index(config)
-    targets = [CONFIG, STORE, DESCRIBE, OUT.run_index, *pipeline.run_files(index),
+    targets = [OUT.owner, CONFIG, STORE, DESCRIBE, OUT.run_index, *pipeline.run_files(index),
                f"{OUT.analysis}/runs.parquet", f"{OUT.analysis}/steps.parquet",
                f"{TABLES}/stats.md", f"{OUT.analysis}/mlflow_analysis.json", *KERNEL_BENCH,
                *TABLE_FILES, *CONVERGENCE_FILES,

@@ -6,6 +6,22 @@
 localrules:
     config_resolved,
     config_view,
+    experiment_file,
+
+
+rule experiment_file:
+    """The experiment file whose results results/<name> holds: a second file of the same
+    name is refused when the Snakefile is read (adaptiveload.pipeline.check_owner)."""
+    output:
+        OUT.owner,
+    params:
+        text=f"{EXPERIMENT_FILE}\n",
+    log:
+        f"{LOGS}/experiment_file.log",
+    conda:
+        CONDA_ENV
+    script:
+        "../scripts/write_text.py"
 
 
 rule config_resolved:
@@ -20,11 +36,10 @@ rule config_resolved:
         f"{LOGS}/config_resolved.log",
     benchmark:
         f"{BENCH}/config_resolved.tsv"
-    run:
-        from adaptiveload.io import write_text
-
-        write_text(output[0], params.text)
-        write_text(log[0], f"wrote {output[0]}\n")
+    conda:
+        CONDA_ENV
+    script:
+        "../scripts/write_text.py"
 
 
 rule config_view:
@@ -41,11 +56,10 @@ rule config_view:
         f"{BENCH}/config_view/{{stage}}.tsv"
     wildcard_constraints:
         stage="|".join(pipeline.STAGE_FIELDS),
-    run:
-        from adaptiveload.io import write_text
-
-        write_text(output[0], params.text)
-        write_text(log[0], f"wrote {output[0]}\n")
+    conda:
+        CONDA_ENV
+    script:
+        "../scripts/write_text.py"
 
 
 if not config["data"]["manifest"]:
