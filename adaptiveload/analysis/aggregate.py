@@ -116,6 +116,14 @@ def _read_summary(path: Path, defaults: dict) -> dict:
     return data
 
 
+def _step_mode(summary: dict) -> str:
+    """The step mode of a run summary: its own, else its plan's; "free" for summaries written
+    before plans had one (every plan was then the policy's own step count)."""
+    plan = summary.get("plan") if isinstance(summary.get("plan"), dict) else {}
+    mode = summary.get("steps_per_epoch", plan.get("steps_per_epoch"))
+    return "free" if mode is None else str(mode)
+
+
 def _read_steps(path: Path) -> pd.DataFrame:
     frame = read_table(path, "per-step table", RERUN_FIX)
     missing = [c for c in REQUIRED_STEP_COLUMNS if c not in frame.columns]
@@ -157,6 +165,9 @@ def aggregate(refs: Sequence[RunRef]) -> Aggregate:
             # "epoch": the timed steps are one whole epoch; "steps": a fixed count (simulations
             # and older summaries)
             "timed_window": str(summary.get("timed_window") or "steps"),
+            # free, match or K: the optimizer steps per epoch its plan was made at (a
+            # simulation's plan summary, a training run's own field)
+            "steps_per_epoch": _step_mode(summary),
         }
         how = f"{labels['timer']}, " if labels["timer"] else ""  # the clock of a measurement
         cal = str(summary.get("calibration") or "")

@@ -39,7 +39,7 @@ KIND_TAG = "adaptiveload.kind"
 # paper-table columns logged as metrics: means over seeds, changes vs the baseline (fractions)
 HEADLINE = (
     "imbalance_rate", "idle_fraction", "vram_utilization", "samples_per_s",
-    "throughput_change", "imbalance_change",
+    "throughput_change", "imbalance_change", "vs_epoch_lower_bound", "min_steps_per_epoch",
 )  # fmt: skip
 
 

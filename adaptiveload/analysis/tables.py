@@ -109,6 +109,8 @@ def paper_table(
             "samples_per_s_wall": group["samples_per_s_wall"].mean(),
             "vs_lower_bound": group["vs_lower_bound"].mean(),
             "vs_epoch_lower_bound": group["vs_epoch_lower_bound"].mean(),
+            "steps_per_epoch": ", ".join(sorted(set(group["steps_per_epoch"]))),
+            "min_steps_per_epoch": group["min_steps_per_epoch"].mean(),
         }
         shown = _stat(stats, key, "imbalance_rate difference")
         row["ci_kind"] = LEVELS[shown.test] if shown is not None else ""
@@ -179,6 +181,8 @@ def _shown(n: pd.DataFrame, baseline: str) -> pd.DataFrame:
             for lo, hi, window in zip(n["timed_steps_min"], n["timed_steps_max"],
                                       n["timed_window"], strict=True)
         ],
+        # free: each policy's own optimizer steps per epoch; match: equal-token's
+        "steps mode": n["steps_per_epoch"].fillna(""),
         "imbalance rate": n["imbalance_rate"].map(_pct),
         "idle fraction": n["idle_fraction"].map(_pct),
         "vs lower bound": n["vs_lower_bound"].map(lambda x: f"{x:.3f}" if np.isfinite(x) else ""),

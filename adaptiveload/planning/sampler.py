@@ -38,6 +38,7 @@ from adaptiveload.data.manifest import validate_manifest
 from adaptiveload.errors import UserError
 from adaptiveload.planning.dealing import DEFAULT_WINDOW_STEPS
 from adaptiveload.planning.plan import (
+    FREE,
     PLAN_INPUTS,
     Plan,
     build_plan,
@@ -102,6 +103,7 @@ class PlanBuilder:
     seed: int
     cost_model: CostModel | Calibration | None = None
     window_steps: int | None = DEFAULT_WINDOW_STEPS
+    steps_per_epoch: str | int = FREE  # free, match or a step count (`build_plan`)
     num_excluded: int = 0
     excluded_ids: Sequence[str] = ()  # of the manifest rows bucketing dropped
     # the latest epoch's plan ({"epoch": e, "plan": plan}), shared by the samplers of all ranks
@@ -113,7 +115,7 @@ class PlanBuilder:
             plan = build_plan(
                 self.samples, self.policy, self.budgets, self.world_size, self.seed, epoch,
                 cost_model=self.cost_model, window_steps=self.window_steps,
-                num_excluded=self.num_excluded,
+                num_excluded=self.num_excluded, steps_per_epoch=self.steps_per_epoch,
             )  # fmt: skip
             self._cache.update(epoch=epoch, plan=plan)
             if not self._cache.get("warned"):
