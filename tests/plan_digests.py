@@ -7,7 +7,8 @@ tests/data/plan_digests.json holds the digests of the 489 plans of every experim
 commit b54dae1: the 360 plans of commit 48e969a (before the refactor that gave each module its
 layer), identical there, under the digest that names samples by id (`data_digest` inside
 `plan_digest`; those 360 were checked unchanged by the former digest before the file was
-rewritten), and the 129 plans of the packed policy and the N = 256 simulation added since; the 117 plans of the packed policy
+rewritten), and the 129 plans of the packed policy and the N = 256 simulation added since;
+the 117 plans of the packed policy
 were rewritten when its seeds and epochs began to vary pack compositions (random LPT load
 offsets and window phase per (seed, epoch)), every other plan kept. A change meant to keep
 every plan is checked against it.
