@@ -10,7 +10,10 @@ layer), identical there, under the digest that names samples by id (`data_digest
 rewritten), and the 129 plans of the packed policy and the N = 256 simulation added since;
 the 117 plans of the packed policy
 were rewritten when its seeds and epochs began to vary pack compositions (random LPT load
-offsets and window phase per (seed, epoch)), every other plan kept. A change meant to keep
+offsets and window phase per (seed, epoch)), every other plan kept; then 138 plans added,
+every earlier one identical: the matched-steps simulations (`-matched` entries of default,
+paper and paper_1gpu), long-clips in the mixture sweep, experiments/matched.yaml. A change
+meant to keep
 every plan is checked against it.
 
 A refactor that must not change any plan is checked by running this before and after it: the
