@@ -147,7 +147,7 @@ STAGE_FIELDS: dict[str, tuple[str, ...]] = {
                   "train.activation_checkpointing"),
     # training.settings.from_experiment, training.inputs.prepare_data (the policy, seed and
     # kernel come from the command line; the plan it must reproduce is an input file)
-    "train": ("name", "model.config", "model.batch_layout", "data", "budgets", "train",
+    "train": ("name", "model.config", "model.batch_layout", "data", "budgets", "plan", "train",
               "calibration.device", "calibration.file"),
     "paper_map": ("name", "paper_map"),
 }  # fmt: skip
@@ -206,6 +206,14 @@ def sweep_point(sim: dict[str, Any], variant: str) -> SweepPoint:
         p=float(value) if axis == "p" else None,
         m_comp_scale=float(value) if axis == "m_comp" else None,
     )
+
+
+def steps_per_epoch(config: dict[str, Any], sim: dict[str, Any] | None = None) -> str | int:
+    """The optimizer steps per epoch a plan of the validated experiment `config` is made at
+    (`plan.steps_per_epoch`; a `simulate:` entry `sim` may set its own): what the plan
+    stage's ``--steps-per-epoch`` gets and what training plans again."""
+    own = sim.get("steps_per_epoch") if sim is not None else None
+    return own if own is not None else config["plan"]["steps_per_epoch"]
 
 
 # ---------------------------------------------------------------- ranks

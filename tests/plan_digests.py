@@ -11,6 +11,8 @@ rewritten), and the 129 plans of the packed policy and the N = 256 simulation ad
 change meant to keep every plan is checked against it. The file was regenerated when the
 packed policy's seeds and epochs began to vary pack compositions and the plan digest began to
 cover the world size (a plan of 2 ranks and one of 4 that deal the same slots are two plans).
+Then the plans of the matched-steps simulations (`-matched` entries of default, paper and
+paper_1gpu), long-clips in the mixture sweep and experiments/matched.yaml were added.
 
 A refactor that must not change any plan is checked by running this before and after it: the
 plan commands come from the pipeline itself (`snakemake -n -p -F` per experiment file, so the

@@ -5,6 +5,7 @@ from adaptiveload.data.bucketing import DEFAULT_GRID, DEFAULT_MAX_FRAMES, DEFAUL
 from adaptiveload.data.dataset import CONTENTS
 from adaptiveload.errors import UserError
 from adaptiveload.pipeline import MAX_EMULATED_WORLD_SIZE, SWEEP_VARIANTS
+from adaptiveload.planning.plan import FREE, STEP_MODES
 from adaptiveload.planning.policies import MAX_BUDGET, P_RANGE, POLICIES
 from adaptiveload.planning.simulate import DEFAULT_ALLREDUCE_GBPS
 from adaptiveload.training.settings import (
@@ -44,6 +45,8 @@ def test_shipped_experiments_validate():
         ("name: x\ntrain: {world_size: 0}\n", "train.world_size"),
         ("name: x\npolicies: [bogus]\n", "policies.0"),
         ("name: x\nunknown_section: 1\n", "(top level)"),
+        ("name: x\nplan: {steps_per_epoch: matched}\n", "plan.steps_per_epoch"),
+        ("name: x\nplan: {steps_per_epoch: 0}\n", "plan.steps_per_epoch"),
     ],
 )
 def test_bad_field_is_named(tmp_path, text, field):
@@ -111,3 +114,7 @@ def test_schema_copies_of_code_constants():
     assert budgets["pack_tokens"]["maximum"] == MAX_BUDGET
     p = budgets["p"]["oneOf"][1]
     assert (p["minimum"], p["maximum"]) == P_RANGE
+    modes = props["plan"]["properties"]["steps_per_epoch"]["oneOf"]
+    assert modes[0]["enum"] == list(STEP_MODES) and modes[1]["type"] == "integer"
+    assert experiment.schema_default("plan.steps_per_epoch") == FREE
+    assert sim["steps_per_epoch"]["oneOf"][1]["oneOf"] == modes  # the same values, one anchor

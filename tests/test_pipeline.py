@@ -18,6 +18,7 @@ from fault_setup import alive, descendants
 from workflow_setup import REPO, copy_workflow, snakemake
 
 pytestmark = pytest.mark.slow  # every test here runs Snakemake
+POLICY_PAIR = ("equal-token", "adaptiveload")  # tests/data/tiny.yaml's policies
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +70,14 @@ def test_pipeline_produces_tables_figures_and_mlflow_runs(tiny_run):
         assert executed["plan_digest"] == planned["plan_digest"]
     analysis = next(r for r in runs if r.data.tags.get("adaptiveload.kind") == "analysis")
     assert "train/eager/adaptiveload/throughput_change" in analysis.data.metrics
+    # the matched setup: its own rows, logged with its epoch terms
+    for key in ("vs_epoch_lower_bound", "min_steps_per_epoch", "throughput_change"):
+        assert f"sim/h200-1.3b-matched/none/adaptiveload/{key}" in analysis.data.metrics, key
+    assert "sim/h200-1.3b-matched" in table
+    matched = {p: json.loads((res / "sim" / "h200-1.3b-matched" / "base" / p / "seed0" /
+                              "summary.json").read_text())["plan"] for p in POLICY_PAIR}
+    assert {s["steps_per_epoch"] for s in matched.values()} == {"match"}
+    assert matched["adaptiveload"]["steps"] == matched["equal-token"]["steps"]
     assert all(" " not in k for k in analysis.data.metrics) and len(analysis.data.metrics) < 60
     assert analysis.data.params["experiment.name"] == "tiny" and analysis.data.tags["git_commit"]
     assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
@@ -164,6 +173,10 @@ SECTION_EDITS = [
     ({"analysis": {"bootstrap": 300}}, {k: 1 for k in ("stats", "tables", "figures", "record")}),
     ({"calibration": {"repeats": 3}}, {"config_view": 1, "calibrate": 1, "plan": 4, **_TRAINING}),
     ({"train": {"lr": 2.0e-4}}, {"config_view": 1, **_TRAINING}),
+    # the experiment's step mode: training plans, training (its view) and the simulation
+    # entry that does not set its own
+    ({"plan": {"steps_per_epoch": "match"}}, {"config_view": 1, "plan": 4, "simulate": 12,
+                                              **_TRAINING}),
     ({"budgets": {"m_comp": 50000}}, {"config_view": 1, "plan": 4, **_TRAINING}),
     ({"data": {"num_samples": 40}}, {"config_view": 2, "manifest": 1, "describe": 1,
                                      "calibrate": 1, "plan": 4, **_TRAINING}),
@@ -171,11 +184,23 @@ SECTION_EDITS = [
     ({"model": {"kernels": ["eager", "fused"]}}, {"kernel_build": 1, "run_index": 1,
                                                   **_TRAINING}),
     ({"policies": ["equal-token", "adaptiveload", "adaptiveload-balanced"]},
-     {"plan": 2, "run_index": 1, "simulate": 6, **_TRAINING, "train": 2}),
-    ({"seeds": [0, 1, 2]}, {"plan": 2, "run_index": 1, "simulate": 6, **_TRAINING, "train": 2}),
+     {"plan": 2, "run_index": 1, "simulate": 12, **_TRAINING, "train": 2}),
+    ({"seeds": [0, 1, 2]}, {"plan": 2, "run_index": 1, "simulate": 12, **_TRAINING, "train": 2}),
     ({"simulate": [{"name": "h200-1.3b", "mixture": "paper-mixed", "num_samples": 300,
                     "calibration": "experiments/calibration/h200-wan2.1-t2v-1.3b.json",
-                    "world_size": 4}]}, {"sim_manifest": 1, "simulate": 12, **_ANALYSIS}),
+                    "world_size": 4},
+                   {"name": "h200-1.3b-matched", "mixture": "paper-mixed", "num_samples": 400,
+                    "calibration": "experiments/calibration/h200-wan2.1-t2v-1.3b.json",
+                    "world_size": 4, "steps_per_epoch": "match"}]},
+     {"sim_manifest": 1, "simulate": 12, **_ANALYSIS}),
+    # the matched entry at a step count instead: its 12 simulations only
+    ({"simulate": [{"name": "h200-1.3b", "mixture": "paper-mixed", "num_samples": 400,
+                    "calibration": "experiments/calibration/h200-wan2.1-t2v-1.3b.json",
+                    "world_size": 4},
+                   {"name": "h200-1.3b-matched", "mixture": "paper-mixed", "num_samples": 400,
+                    "calibration": "experiments/calibration/h200-wan2.1-t2v-1.3b.json",
+                    "world_size": 4, "steps_per_epoch": 30}]},
+     {"simulate": 12, **_ANALYSIS}),
     ({"sweeps": {"p": [1.2]}}, {"run_index": 1, **_ANALYSIS}),
     ({"kernel": {"bench": True}}, {"kernel_build": 1, "kernel_bench": 1, "tables": 1,
                                    "figures": 1, "record": 1}),

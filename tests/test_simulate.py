@@ -149,7 +149,7 @@ def test_padding_repeats_cost_time_but_are_not_throughput():
     assert s["samples_per_s"] == pytest.approx(3 / 22)
     assert s["tokens_per_s"] == pytest.approx(400 / 22)
     assert s["padding_samples"] == 4 and s["padding_fraction"] == pytest.approx(4 / 7)
-    assert s["steps_per_epoch"] == 2
+    assert s["epoch_steps"] == 2
     assert (s["samples_per_step_mean"], s["samples_per_step_std"]) == (1.5, 1.5)
     assert (s["tokens_per_step_min"], s["tokens_per_step_max"]) == (0, 400)
 

@@ -39,7 +39,7 @@ def test_whole_epoch_is_timed_after_a_replayed_warmup(tmp_path):
     # throughput counts each real sample once; the plan's padding repeats stand beside it
     assert timed["padding_samples"].sum() == summary["padding_samples"] == plan["num_padding"]
     assert summary["samples_per_s"] * summary["timed_s"] == pytest.approx(plan["num_planned"])
-    assert summary["steps_per_epoch"] == plan["steps"]
+    assert summary["epoch_steps"] == plan["steps"]
     assert summary["samples_per_step_mean"] == pytest.approx(plan["num_planned"] / plan["steps"])
     # the warm-up ran the epoch's first batches, which the timed window runs again
     warm = steps[steps["step"] < WARMUP].reset_index(drop=True)

@@ -35,7 +35,7 @@ SUMMARY_METRICS = (
     "tokens_per_s", "samples_per_s_wall", "tokens_per_s_wall", "vram_utilization_mean",
     "vram_utilization_max", "capacity_bytes", "vs_lower_bound", "vs_epoch_lower_bound",
     "epoch_lower_bound_s", "min_steps_per_epoch",
-    "padding_samples", "padding_fraction", "steps_per_epoch",
+    "padding_samples", "padding_fraction", "epoch_steps",
     "samples_per_step_mean", "samples_per_step_std", "samples_per_step_min",
     "samples_per_step_max", "tokens_per_step_mean", "tokens_per_step_std",
     "tokens_per_step_min", "tokens_per_step_max",
@@ -122,6 +122,14 @@ def _read_summary(path: Path, defaults: dict) -> dict:
     return data
 
 
+def _step_mode(summary: dict) -> str:
+    """The step mode of a run summary: its own, else its plan's; "free" for summaries written
+    before plans had one (every plan was then the policy's own step count)."""
+    plan = summary.get("plan") if isinstance(summary.get("plan"), dict) else {}
+    mode = summary.get("steps_per_epoch", plan.get("steps_per_epoch"))
+    return "free" if mode is None else str(mode)
+
+
 def _read_steps(path: Path) -> pd.DataFrame:
     frame = read_table(path, "per-step table", RERUN_FIX)
     missing = [c for c in REQUIRED_STEP_COLUMNS if c not in frame.columns]
@@ -163,6 +171,9 @@ def aggregate(refs: Sequence[RunRef]) -> Aggregate:
             # "epoch": the timed steps are one whole epoch; "steps": a fixed count (simulations
             # and older summaries)
             "timed_window": str(summary.get("timed_window") or "steps"),
+            # free, match or K: the optimizer steps per epoch its plan was made at (a
+            # simulation's plan summary, a training run's own field)
+            "steps_per_epoch": _step_mode(summary),
         }
         how = f"{labels['timer']}, " if labels["timer"] else ""  # the clock of a measurement
         cal = str(summary.get("calibration") or "")

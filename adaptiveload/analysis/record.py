@@ -39,7 +39,8 @@ KIND_TAG = "adaptiveload.kind"
 # paper-table columns logged as metrics: means over seeds, changes vs the baseline (fractions)
 HEADLINE = (
     "imbalance_rate", "idle_fraction", "vram_utilization", "samples_per_s", "padding_fraction",
-    "samples_per_step_mean", "throughput_change", "imbalance_change",
+    "samples_per_step_mean", "throughput_change", "imbalance_change", "vs_epoch_lower_bound",
+    "min_steps_per_epoch",
 )  # fmt: skip
 
 

@@ -79,8 +79,8 @@ def _batch_columns(group: pd.DataFrame) -> dict[str, float]:
     """A row's steps per epoch (least and most over its seeds) and BATCH_COLUMNS (means over
     its seeds): how large a global batch each policy trains with, and how much padding."""
     out = {c: group[c].mean() for c in BATCH_COLUMNS}
-    out["steps_per_epoch_min"] = group["steps_per_epoch"].min()
-    out["steps_per_epoch_max"] = group["steps_per_epoch"].max()
+    out["epoch_steps_min"] = group["epoch_steps"].min()
+    out["epoch_steps_max"] = group["epoch_steps"].max()
     return out
 
 
@@ -130,6 +130,8 @@ def paper_table(
             "vs_lower_bound": group["vs_lower_bound"].mean(),
             "vs_epoch_lower_bound": group["vs_epoch_lower_bound"].mean(),
             **_batch_columns(group),
+            "steps_per_epoch": ", ".join(sorted(set(group["steps_per_epoch"]))),
+            "min_steps_per_epoch": group["min_steps_per_epoch"].mean(),
         }
         shown = _stat(stats, key, "imbalance_rate difference")
         row["ci_kind"] = LEVELS[shown.test] if shown is not None else ""
@@ -207,10 +209,12 @@ def _shown(n: pd.DataFrame, baseline: str) -> pd.DataFrame:
             for lo, hi, window in zip(n["timed_steps_min"], n["timed_steps_max"],
                                       n["timed_window"], strict=True)
         ],
+        # free: each policy's own optimizer steps per epoch; match: equal-token's
+        "steps mode": n["steps_per_epoch"].fillna(""),
         "imbalance rate": n["imbalance_rate"].map(_pct),
         "idle fraction": n["idle_fraction"].map(_pct),
         "steps/epoch": [_steps_range(lo, hi) for lo, hi in
-                        zip(n["steps_per_epoch_min"], n["steps_per_epoch_max"], strict=True)],
+                        zip(n["epoch_steps_min"], n["epoch_steps_max"], strict=True)],
         "samples/step (mean ± std)": _mean_std(n, "samples_per_step"),
         "tokens/step (mean ± std)": _mean_std(n, "tokens_per_step"),
         "padding": n["padding_fraction"].map(_pct),

@@ -44,6 +44,7 @@ from adaptiveload.data.manifest import validate_manifest
 from adaptiveload.errors import UserError
 from adaptiveload.planning.dealing import DEFAULT_WINDOW_STEPS
 from adaptiveload.planning.plan import (
+    FREE,
     PLAN_INPUTS,
     SHOW_IDS,
     Plan,
@@ -112,6 +113,7 @@ class PlanBuilder:
     seed: int
     cost_model: CostModel | Calibration | None = None
     window_steps: int | None = DEFAULT_WINDOW_STEPS
+    steps_per_epoch: str | int = FREE  # free, match or a step count (`build_plan`)
     num_excluded: int = 0
     excluded_ids: Sequence[str] = ()  # of the manifest rows bucketing dropped
     num_over_capacity: int = 0  # of num_excluded, those taken out for the device's capacity
@@ -134,6 +136,7 @@ class PlanBuilder:
                 self.samples, self.policy, self.budgets, self.world_size, self.seed, epoch,
                 cost_model=self.cost_model, window_steps=self.window_steps,
                 num_excluded=self.num_excluded, num_over_capacity=self.num_over_capacity,
+                steps_per_epoch=self.steps_per_epoch,
             )  # fmt: skip
             self._cache.update(epoch=epoch, plan=plan)
             if not self._cache.get("warned"):

@@ -18,7 +18,7 @@ calibration's ``grad_bytes`` field, else ``num_params * 4`` (fp32 gradients), el
 Every number here is a prediction: the output is labelled ``source: "model"``. Throughput
 counts each real sample once: the padding repeats of the last step cost time (they are in
 ``compute_s``) but are no data trained on, so they are reported beside it
-(``padding_samples``, ``padding_fraction``) and never as samples/s. ``steps_per_epoch`` and
+(``padding_samples``, ``padding_fraction``) and never as samples/s. ``epoch_steps`` and
 the per-step spread of real samples and tokens (``samples_per_step_*``, ``tokens_per_step_*``)
 say how large a global batch the plan trains with.
 
@@ -81,7 +81,7 @@ class Simulation:
 # the summary fields that describe the simulation itself (the rest are its window's metrics)
 _HEADER = ("launch_mode", "source", "device", "calibration", "world_size", "warmup_steps",
            "allreduce_gbps", "grad_bytes", "allreduce_s", "min_steps_per_epoch",
-           "epoch_lower_bound_s", "epoch_s", "vs_epoch_lower_bound", "steps_per_epoch",
+           "epoch_lower_bound_s", "epoch_s", "vs_epoch_lower_bound", "epoch_steps",
            *MEMORY_FIELDS)  # fmt: skip
 
 
@@ -140,7 +140,7 @@ def simulate(
     frame = _step_table(plan_table, cost, n, ar_s)
     summary.update(_epoch_bound(plan_table, frame, cost_model, n, ar_s))
     planned_steps = plan_table.attrs.get("plan", {}).get("steps")
-    summary["steps_per_epoch"] = int(planned_steps or frame["step"].max() + 1)
+    summary["epoch_steps"] = int(planned_steps or frame["step"].max() + 1)
     summary.update(_memory(frame, calibration))
     summary.update(_metrics(frame, n, capacity_bytes, warmup_steps))
     return Simulation(steps=frame, summary=summary, capacity_bytes=capacity_bytes)

@@ -51,7 +51,8 @@ def prepare_data(
     budgets = Budgets.resolve(**exp["budgets"], calibration=calibration)
     builder = PlanBuilder(
         samples, cfg.policy, budgets, cfg.world_size, cfg.seed, cost_model=calibration,
-        num_excluded=int(bucketed.num_excluded), excluded_ids=bucketed.excluded_ids.tolist(),
+        steps_per_epoch=exp["plan"]["steps_per_epoch"], num_excluded=int(bucketed.num_excluded),
+        excluded_ids=bucketed.excluded_ids.tolist(),
     )  # fmt: skip
     epoch0 = builder(0)  # plan epoch 0 now: a missing or bad budget fails before any output
     if plan is not None:

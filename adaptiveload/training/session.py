@@ -273,7 +273,7 @@ def _open(
             "calibration": run.calibration.label if run.calibration else "none",
             "identity": identity,
         },
-        tags=run_tags(cfg),
+        tags={**run_tags(cfg), "steps_per_epoch": str(run.exp["plan"]["steps_per_epoch"])},
         run_description=(
             f"{cfg.policy}, seed {cfg.seed}, kernel {cfg.kernel}: {cfg.model} trained "
             f"on {cfg.world_size} {cfg.launch_mode} ranks ({device_name(cfg.device)}); "

@@ -120,6 +120,19 @@ def simulator_error(
     }
 
 
+def plan_terms(builder: PlanBuilder) -> dict[str, Any]:
+    """What the run's plan was made at and how far from the epoch's least step count: the
+    step mode (``free``, ``match`` or K, as a string), K_min and
+    the plan's predicted epoch time over the epoch lower bound (model: the calibration's
+    cost model, not this run's clock; absent without a calibration)."""
+    plan = builder(0).summary
+    terms = {"steps_per_epoch": str(builder.steps_per_epoch),
+             "min_steps_per_epoch": plan.get("min_steps_per_epoch")}
+    if plan.get("predicted_vs_epoch_lower_bound") is not None:
+        terms["predicted_vs_epoch_lower_bound"] = plan["predicted_vs_epoch_lower_bound"]
+    return terms
+
+
 def run_summary(
     cfg: TrainConfig,
     table: pd.DataFrame,
@@ -144,7 +157,7 @@ def run_summary(
         "warmup_steps": cfg.warmup_steps,
         "steps_total": int(table["step"].max()) + 1,
         # the optimizer steps of one epoch of the plan (the global batch it trains with)
-        "steps_per_epoch": int(builder(0).summary["steps"]),
+        "epoch_steps": int(builder(0).summary["steps"]),
         "timed_window": cfg.timed_window,
         "calibration": calibration.label if calibration else None,
         "peak_bytes_model_source": calibration.label if calibration else None,
@@ -155,6 +168,7 @@ def run_summary(
         "host_load_average_1m_5m": list(os.getloadavg()[:2]),
     }
     summary.update(measured_metrics(table, cfg.warmup_steps, capacity_bytes))
+    summary.update(plan_terms(builder))
     if calibration is not None:
         summary.update(
             simulator_error(

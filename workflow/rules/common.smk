@@ -107,7 +107,8 @@ def sim_flags(wildcards):
     sim = SIMS[wildcards.sim]
     point = pipeline.sweep_point(sim, wildcards.variant)
     flags = f"--world-size {point.world_size} {bucket_flags(sim)} "
-    flags += f"--allreduce-gbps {sim['allreduce_gbps']}"
+    flags += f"--allreduce-gbps {sim['allreduce_gbps']} "
+    flags += f"--steps-per-epoch {pipeline.steps_per_epoch(config, sim)}"
     if point.p is not None:
         flags += f" --p {point.p}"
     if point.m_comp_scale is not None:

@@ -15,7 +15,8 @@ rule plan:
         summary=OUT.plan("{policy}", "{seed}"),
     params:
         flags=f"--world-size {config['train']['world_size']} {bucket_flags(config['data'])} "
-        f"{budget_flags()} --allreduce-gbps {config['train']['allreduce_gbps']}",
+        f"{budget_flags()} --allreduce-gbps {config['train']['allreduce_gbps']} "
+        f"--steps-per-epoch {pipeline.steps_per_epoch(config)}",
     log:
         f"{LOGS}/plan/{{policy}}/seed{{seed}}.log",
     benchmark:
