@@ -568,8 +568,9 @@ def plan_warnings(summary: dict[str, Any], excluded_ids: Sequence[str] = ()) -> 
     beyond = summary.get("micro_batches_beyond_measured_memory")
     if beyond:
         found.append(
-            f"{beyond} micro-batches hold more tokens than the calibration measured memory at "
-            f"({summary['max_micro_batch_tokens']} > {summary['memory_measured_tokens']}): "
+            f"{beyond} micro-batches hold more tokens than the calibration's largest measured "
+            f"memory point (up to {summary['max_micro_batch_tokens']:,} tokens against "
+            f"{summary['memory_measured_tokens']:,}): "
             "their memory is the fit's extrapolation; calibrate up to the budgets "
             "(`adaptiveload calibrate measure` measures memory up to them on a GPU)"
         )
