@@ -24,6 +24,7 @@ from adaptiveload.data.bucketing import (
 )
 from adaptiveload.errors import UserError
 from adaptiveload.io import read_json, write_json, write_parquet
+from adaptiveload.planning.budgets import AUTO
 from adaptiveload.planning.dealing import DEFAULT_WINDOW_STEPS
 from adaptiveload.planning.plan import (
     FREE,
@@ -33,7 +34,7 @@ from adaptiveload.planning.plan import (
     plan_warnings,
     without_over_capacity,
 )
-from adaptiveload.planning.policies import AUTO, POLICIES, Budgets, MissingBudgetError, get_policy
+from adaptiveload.planning.policies import POLICIES, Budgets, MissingBudgetError, get_policy
 from adaptiveload.planning.simulate import DEFAULT_ALLREDUCE_GBPS, Simulation, simulate
 
 Opt = typer.Option
