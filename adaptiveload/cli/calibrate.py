@@ -316,7 +316,7 @@ def budgets_cmd(
     import json
 
     from adaptiveload.calibration.mix import manifest_token_mix, mixture_token_mix
-    from adaptiveload.costmodel import Calibration, capacity_for, derive_budgets
+    from adaptiveload.costmodel import Calibration, budgets_record, capacity_for, derive_budgets
 
     cal = Calibration.load(calibration)
     if (manifest is None) == (mixture is None):
@@ -338,7 +338,5 @@ def budgets_cmd(
     else:
         raise UserError(f"{calibration}: no capacity_bytes; give --capacity-gb or --m-mem")
     derived = derive_budgets(cal.cost, mix.tokens, capacity, head)
-    out = {"calibration": str(calibration), "label": cal.label, "model": cal.model,
-           "manifest": mix.to_dict(),
-           "capacity_gb": capacity / 1e9, "headroom": head, **derived.to_dict()}  # fmt: skip
-    typer.echo(json.dumps(out, indent=2))
+    record = budgets_record(calibration, cal, mix.to_dict(), capacity, head, derived)
+    typer.echo(json.dumps(record, indent=2))

@@ -105,6 +105,44 @@ class Plan:
 
 
 
+@dataclass(frozen=True)
+class PlanConfig:
+    """What an epoch's plan is made from, the samples aside: the policy (a name is looked up,
+    and its budgets checked, once, here), its budgets, the ranks and seed, the epoch, the cost
+    model (None: proxies, no predictions), the cost-aware deal's window (None: whole epoch),
+    the step count (``free``: the policy's own, ``match``: equal-token's, or K) and the
+    all-reduce bandwidth the predictions assume. ``adaptiveload plan``, ``compare`` (so the
+    pipeline's plan and simulate jobs) and training (``sampler.PlanBuilder``) build one alike;
+    ``config.plan(samples)`` is the plan, identical on every rank."""
+
+    policy: Policy | str
+    budgets: Budgets
+    world_size: int
+    seed: int
+    epoch: int = 0
+    cost_model: CostModel | Calibration | None = None
+    window_steps: int | None = DEFAULT_WINDOW_STEPS
+    steps_per_epoch: str | int = FREE
+    allreduce_gbps: float = DEFAULT_ALLREDUCE_GBPS
+
+    def __post_init__(self) -> None:
+        policy = get_policy(self.policy)
+        policy.check(self.budgets)
+        object.__setattr__(self, "policy", policy)  # a frozen dataclass: set once, here
+        _check_ints(
+            world_size=(self.world_size, 1),
+            seed=(self.seed, 0),
+            epoch=(self.epoch, 0),
+            window_steps=(self.window_steps, 1),
+        )
+
+    def plan(
+        self, samples: Any, num_excluded: int | None = None, num_over_capacity: int | None = None
+    ) -> Plan:
+        """This epoch's plan of `samples` (``build_plan``'s)."""
+        return _plan(self, samples, num_excluded, num_over_capacity)
+
+
 def build_plan(
     samples: Any,
     policy: str | Policy,
@@ -120,17 +158,34 @@ def build_plan(
     num_over_capacity: int | None = None,
 ) -> Plan:
     """Plan one epoch of `samples` (a bucketed DataFrame, or a ``Bucketed`` with ``.samples``
-    and ``.num_excluded``) for `world_size` ranks. `num_over_capacity`: of `num_excluded`,
-    the samples already taken out as over the device's capacity (``without_over_capacity``);
-    any left in `samples` are taken out here. Balanced policies deal on
-    ``cost_model.step_time`` when given, else on the proxy B * S^p; `window_steps` (None =
-    whole epoch) bounds how far they move a batch; `steps_per_epoch`: ``free`` (the policy's
-    own count), ``match`` (equal-token's) or K."""
+    and ``.num_excluded``) for `world_size` ranks: ``PlanConfig(...).plan(samples)``.
+    `num_over_capacity`: of `num_excluded`, the samples already taken out as over the device's
+    capacity (``without_over_capacity``); any left in `samples` are taken out here. Balanced
+    policies deal on ``cost_model.step_time`` when given, else on the proxy B * S^p;
+    `window_steps` (None = whole epoch) bounds how far they move a batch; `steps_per_epoch`:
+    ``free`` (the policy's own count), ``match`` (equal-token's) or K."""
+    config = PlanConfig(
+        policy,
+        budgets,
+        world_size,
+        seed,
+        epoch,
+        cost_model,
+        window_steps,
+        steps_per_epoch,
+        allreduce_gbps,
+    )
+    return config.plan(samples, num_excluded, num_over_capacity)
+
+
+def _plan(
+    config: PlanConfig, samples: Any, num_excluded: int | None, num_over_capacity: int | None
+) -> Plan:
+    """`config`'s plan of `samples` (build_plan's docstring)."""
+    pol, budgets, cost_model = config.policy, config.budgets, config.cost_model
+    world_size, seed, epoch = config.world_size, config.seed, config.epoch
+    window_steps, steps_per_epoch = config.window_steps, config.steps_per_epoch
     frame, excluded, over_capacity = _unpack(samples, num_excluded, num_over_capacity, cost_model)
-    pol = get_policy(policy)
-    pol.check(budgets)
-    _check_ints(world_size=(world_size, 1), seed=(seed, 0), epoch=(epoch, 0),
-                window_steps=(window_steps, 1))
     rng = np.random.default_rng([seed, epoch])
     tokens = frame["tokens"].to_numpy(np.int64)
     buckets = _buckets(frame, tokens)
@@ -174,7 +229,9 @@ def build_plan(
     table.attrs["plan"] = dict(summary)
     sim = None
     if cost_model is not None:
-        sim = simulate(table, cost_model, allreduce_gbps=allreduce_gbps, world_size=world_size)
+        sim = simulate(
+            table, cost_model, allreduce_gbps=config.allreduce_gbps, world_size=world_size
+        )
         summary.update({f"predicted_{k}": sim.summary[k] for k in PREDICTED if k in sim.summary})
         summary["predicted_source"] = "model"
         summary.update({k: sim.summary[k] for k in MEMORY_FIELDS})
