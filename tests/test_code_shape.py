@@ -6,11 +6,22 @@ plans or measures is built as one config object, and the logic lives in the pack
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import adaptiveload
 
 PACKAGE = Path(adaptiveload.__file__).resolve().parent
+REPO = PACKAGE.parent
+# where a name of the package may be used: its code, tests, docs, pipeline and experiments
+USES = (
+    "adaptiveload/**/*.py",
+    "tests/**/*.py",
+    "docs/**/*.md",
+    "workflow/**/*.smk",
+    "experiments/**/*.py",
+    "Snakefile",
+)
 MAX_LINES = 80
 MAX_PARAMS = 12
 MAX_COMMAND_LINES = 60  # a command's options and body
@@ -62,3 +73,36 @@ def test_the_check_sees_a_long_function_and_counts_a_commands_options():
     assert too_big(command) == []
     longer = command.replace("    pass\n", "    x = 1\n    pass\n")
     assert too_big(longer) == [f"c: {MAX_COMMAND_LINES + 1} lines (a command)"]
+
+
+def defined_names(source: str) -> list[str]:
+    """The module-level functions, classes and constants of `source` (CLI commands aside:
+    typer calls them)."""
+    names = []
+    for node in ast.parse(source).body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            if not (isinstance(node, ast.FunctionDef) and _is_command(node)):
+                names.append(node.name)
+        elif isinstance(node, ast.Assign):
+            names += [t.id for t in node.targets if isinstance(t, ast.Name)]
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.append(node.target.id)
+    return [n for n in names if not n.startswith("__")]
+
+
+def test_no_module_level_name_is_unused():
+    """A name defined once and never read, in the package or by its tests, docs or pipeline,
+    is dead code (or a duplicate of the literal used instead)."""
+    texts = {p: p.read_text() for pattern in USES for p in REPO.glob(pattern) if p.is_file()}
+    unused = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for name in defined_names(texts[path]):
+            word = re.compile(rf"(?<![\w-]){re.escape(name)}(?![\w-])")
+            if sum(len(word.findall(text)) for text in texts.values()) <= 1:
+                unused.append(f"{path.relative_to(REPO)}: {name}")
+    assert not unused, "\n".join(unused)
+
+
+def test_the_unused_name_check_sees_definitions_and_skips_commands():
+    source = "X = 1\nclass C: ...\ndef f(): ...\n@app.command('c')\ndef c(): ...\n"
+    assert defined_names(source) == ["X", "C", "f"]

@@ -227,7 +227,6 @@ def simulate_cmd(
         float | None, Opt(help="gradient bytes", show_default="the calibration's, else 0")
     ] = None,
     warmup_steps: Annotated[int, Opt(help="steps left out of the summary metrics")] = 0,
-    steps_per_epoch: o.StepsPerEpoch = FREE,
     model: o.Model = None,
     experiment: Annotated[str | None, Opt(help="experiment name for the run summary")] = None,
     as_json: Annotated[bool, Opt("--json", help="print the summary as JSON")] = False,
