@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import re
+from collections import Counter
 from pathlib import Path
 
 import adaptiveload
@@ -94,12 +95,13 @@ def test_no_module_level_name_is_unused():
     """A name defined once and never read, in the package or by its tests, docs or pipeline,
     is dead code (or a duplicate of the literal used instead)."""
     texts = {p: p.read_text() for pattern in USES for p in REPO.glob(pattern) if p.is_file()}
-    unused = []
-    for path in sorted(PACKAGE.rglob("*.py")):
-        for name in defined_names(texts[path]):
-            word = re.compile(rf"(?<![\w-]){re.escape(name)}(?![\w-])")
-            if sum(len(word.findall(text)) for text in texts.values()) <= 1:
-                unused.append(f"{path.relative_to(REPO)}: {name}")
+    words = Counter(w for text in texts.values() for w in re.findall(r"\w+", text))
+    unused = [
+        f"{path.relative_to(REPO)}: {name}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        for name in defined_names(texts[path])
+        if words[name] <= 1
+    ]
     assert not unused, "\n".join(unused)
 
 
