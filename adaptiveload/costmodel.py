@@ -558,3 +558,66 @@ def capacity_for(cost: CostModel, m_mem: float, headroom: float, s_min: float) -
         raise UserError(f"headroom {headroom}: expected 0 <= headroom < 1")
     return (cost.m_static + m_mem * (cost.m_tok + cost.m_seq / s_min)) / (1 - headroom)
 
+
+# The budgets file: what `adaptiveload budgets ... > budgets.json` writes (`budgets_record`)
+# and `plan --budgets` / `compare --budgets` read back (`read_budgets`); one home for both.
+# The fields a reader needs (the record has more: the calibration's label, the token mix):
+BUDGETS_FILE_FIELDS = ("calibration", "p", "m_mem", "m_comp", "m_tok", "capacity_gb", "headroom")
+
+
+def budgets_record(
+    calibration: str | Path,
+    cal: Calibration,
+    mix: dict[str, Any],
+    capacity_bytes: float,
+    headroom: float,
+    derived: BudgetDerivation,
+) -> dict[str, Any]:
+    """The budgets file's content: the budgets `derived` from calibration `cal` (loaded from
+    `calibration`, a path or a shipped name) for a token `mix` (``TokenMix.to_dict()``) at
+    that capacity and headroom."""
+    return {
+        "calibration": str(calibration),
+        "label": cal.label,
+        "model": cal.model,
+        "manifest": mix,
+        "capacity_gb": capacity_bytes / 1e9,
+        "headroom": headroom,
+        **derived.to_dict(),
+    }
+
+
+def read_budgets(path: Path, cal: Calibration | None) -> Calibration:
+    """The calibration a budgets file was derived from (`cal`, else the one the file names),
+    carrying the file's p, budgets, reference batch and capacity: so a plan uses the p
+    `budgets` derived for the user's data, and predicts at that capacity."""
+    data = read_json(path, "budgets file")
+    missing = [k for k in BUDGETS_FILE_FIELDS if not isinstance(data, dict) or k not in data]
+    if missing:
+        raise UserError(
+            f"{path}: field(s) {', '.join(missing)} missing; write it with `adaptiveload "
+            "budgets --calibration CAL --manifest M > budgets.json`"
+        )
+    if cal is None:
+        named = data["calibration"]
+        if not (Path(named).exists() or named in shipped_calibrations()):
+            raise UserError(
+                f"{path}: its calibration {named!r} is not found from here; "
+                "give it with --calibration"
+            )
+        cal = Calibration.load(named)
+    elif data.get("model", cal.model) != cal.model:
+        raise UserError(
+            f"{path}: budgets derived for model {data['model']!r}, the calibration is of "
+            f"{cal.model!r}; derive them with this calibration (`adaptiveload budgets`)"
+        )
+    derivation = {k: data[k] for k in ("ref_tokens", "ref_batch", "s_lo", "s_hi") if k in data}
+    return replace(
+        cal,
+        p=float(data["p"]),
+        m_mem=float(data["m_mem"]),
+        m_comp=float(data["m_comp"]),
+        m_tok=float(data["m_tok"]),
+        capacity_bytes=float(data["capacity_gb"]) * 1e9,
+        extra={**cal.extra, "budgets": derivation, "headroom": data["headroom"]},
+    )

@@ -5,8 +5,9 @@ from adaptiveload.data.bucketing import DEFAULT_GRID, DEFAULT_MAX_FRAMES, DEFAUL
 from adaptiveload.data.dataset import CONTENTS
 from adaptiveload.errors import UserError
 from adaptiveload.pipeline import MAX_EMULATED_WORLD_SIZE, SWEEP_VARIANTS
+from adaptiveload.planning.budgets import MAX_BUDGET, P_RANGE
 from adaptiveload.planning.plan import FREE, STEP_MODES
-from adaptiveload.planning.policies import MAX_BUDGET, P_RANGE, POLICIES
+from adaptiveload.planning.policies import POLICIES
 from adaptiveload.planning.simulate import DEFAULT_ALLREDUCE_GBPS
 from adaptiveload.training.settings import (
     AUTO_LAYOUT,

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -11,6 +13,7 @@ from planning_data import bucketed
 
 from adaptiveload.costmodel import Calibration, CostModel
 from adaptiveload.errors import UserError
+from adaptiveload.planning import plan as plan_module
 from adaptiveload.planning.plan import build_plan
 from adaptiveload.planning.policies import POLICIES, AdaptiveLoad, Budgets, batch_size
 from adaptiveload.planning.simulate import simulate
@@ -96,6 +99,30 @@ def test_adding_a_policy_is_one_class_and_one_entry(monkeypatch):
         build_plan(df, "halved", bud, 4, 0).summary["batches"]
         > build_plan(df, "adaptiveload", bud, 4, 0).summary["batches"]
     )
+
+
+def test_a_policy_forms_and_deals_its_own_micro_batches(monkeypatch):
+    """A new way of dealing (or forming) batches is a policy of its own: build_plan asks the
+    policy for its micro-batches and branches on none of its attributes."""
+
+    class Reversed(AdaptiveLoad):
+        name = "reversed"
+
+        def deal(self, batches, slots, epoch):
+            return np.arange(slots.size)[::-1], "reversed slots"
+
+    monkeypatch.setitem(POLICIES, "reversed", Reversed)
+    df, bud = bucketed(200), Budgets(m_mem=1e5, m_comp=1e5, p=1.0)
+    mine, base = build_plan(df, "reversed", bud, 4, 0), build_plan(df, "adaptiveload", bud, 4, 0)
+    assert (mine.summary["deal_cost"], mine.summary["window_steps"]) == ("reversed slots", 128)
+    assert base.summary["deal_cost"] is None and base.summary["window_steps"] is None
+    # the same cuts, the slot list reversed: the last slot of the base plan runs first
+    cell = ["step", "rank"]
+    first = mine.table.groupby(cell, sort=True)["sample_id"].apply(sorted).iloc[0]
+    last = base.table.groupby(cell, sort=True)["sample_id"].apply(sorted).iloc[-1]
+    assert first == last
+    source = Path(plan_module.__file__).read_text()
+    assert not re.search(r"\.(packed|balanced)\b", source)
 
 
 def test_padding_when_ranks_outnumber_batches():

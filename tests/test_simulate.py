@@ -161,10 +161,11 @@ def test_554_samples_on_1000_ranks_count_554_real_samples_per_policy():
     whose step is the shortest, look ~65% slower."""
     from adaptiveload.data.bucketing import bucketize
     from adaptiveload.data.mixtures import synthesize
-    from adaptiveload.planning.compare import compare_policies
+    from adaptiveload.planning.compare import CompareConfig, compare_policies
 
     cal = Calibration.load(CALIBRATIONS / "h200-wan2.1-t2v-1.3b.json")
-    rows = compare_policies(bucketize(synthesize("paper-mixed", 554, seed=0)), cal, 1000)
+    samples = bucketize(synthesize("paper-mixed", 554, seed=0))
+    rows = compare_policies(samples, CompareConfig(cal, 1000))
     by = {r["policy"]: r for r in rows}
     for r in rows:
         wall = 554 / r["predicted_samples_per_s"]

@@ -10,11 +10,8 @@ import numpy as np
 
 from adaptiveload.costmodel import CostModel
 from adaptiveload.errors import UserError
-from adaptiveload.experiment import schema_default
 from adaptiveload.tokens import FRAME_STEP, PIXEL_STEP
 
-DEFAULT_BATCH_SIZES = tuple(schema_default("calibration.batch_sizes"))
-DEFAULT_TOKENS = tuple(schema_default("calibration.tokens"))
 MAX_AXIS = 1024  # Wan's RoPE tables cover 1024 positions per axis
 MIN_PASSES = 2  # a single pass cannot tell a point's spread, nor survive one burst of load
 

@@ -135,6 +135,25 @@ def _write(output: Path, cal: Any) -> None:
     _report(output, cal)
 
 
+# measure_cmd's own options whose declarations span lines
+Device = Annotated[
+    str | None,
+    Opt(help="cpu | cuda", show_default=f"--config's, else {schema_default('calibration.device')}"),
+]
+Packs = Annotated[
+    list[str] | None,
+    Opt(metavar="NAME=S1,S2,...",
+        help="a pack of samples of these token counts, timed as one packed "
+             "micro-batch and held out of the fit (repeatable; replaces --config's packs)",
+        show_default="--config's, else none"),
+]
+ActivationCheckpointing = Annotated[
+    bool | None,
+    Opt("--activation-checkpointing/--no-activation-checkpointing",
+        help="checkpoint every block", show_default="--config's train section, else off"),
+]
+
+
 @calibrate.command("measure", epilog=examples(
     "adaptiveload calibrate measure --model wan2.1-tiny --mixture tiny-cpu --capacity-gb 0.15 "
     "-o calibration.json",
@@ -146,11 +165,7 @@ def measure_cmd(
     output: Output,
     config: Config = None,
     model: Model = None,
-    device: Annotated[
-        str | None,
-        Opt(help="cpu | cuda",
-            show_default=f"--config's, else {schema_default('calibration.device')}"),
-    ] = None,
+    device: Device = None,
     batch_sizes: Annotated[str | None, Opt(help="grid batch sizes, e.g. 1,2,4")] = None,
     tokens: Annotated[str | None, Opt(help="grid token counts, e.g. 16,64,256,1024,4096")] = None,
     max_batch_tokens: Annotated[
@@ -160,22 +175,12 @@ def measure_cmd(
         int | None, Opt(help="timed passes over the grid, >= 2 (a point's time: the minimum)")
     ] = None,
     warmup: Annotated[int | None, Opt(help="warm-up steps per grid point")] = None,
-    pack: Annotated[
-        list[str] | None,
-        Opt(metavar="NAME=S1,S2,...",
-            help="a pack of samples of these token counts, timed as one packed "
-                 "micro-batch and held out of the fit (repeatable; replaces --config's packs)",
-            show_default="--config's, else none"),
-    ] = None,
+    pack: Packs = None,
     threads: Annotated[int | None, Opt(help="torch CPU threads while measuring")] = None,
     timer: Annotated[
         str | None, Opt(help="auto (cpu on a CPU with one thread, wall on CUDA) | wall | cpu")
     ] = None,
-    activation_checkpointing: Annotated[
-        bool | None,
-        Opt("--activation-checkpointing/--no-activation-checkpointing",
-            help="checkpoint every block", show_default="--config's train section, else off"),
-    ] = None,
+    activation_checkpointing: ActivationCheckpointing = None,
     manifest: Manifest = None,
     mixture: Mixture = None,
     num_samples: NumSamples = None,
@@ -316,7 +321,7 @@ def budgets_cmd(
     import json
 
     from adaptiveload.calibration.mix import manifest_token_mix, mixture_token_mix
-    from adaptiveload.costmodel import Calibration, capacity_for, derive_budgets
+    from adaptiveload.costmodel import Calibration, budgets_record, capacity_for, derive_budgets
 
     cal = Calibration.load(calibration)
     if (manifest is None) == (mixture is None):
@@ -338,7 +343,5 @@ def budgets_cmd(
     else:
         raise UserError(f"{calibration}: no capacity_bytes; give --capacity-gb or --m-mem")
     derived = derive_budgets(cal.cost, mix.tokens, capacity, head)
-    out = {"calibration": str(calibration), "label": cal.label, "model": cal.model,
-           "manifest": mix.to_dict(),
-           "capacity_gb": capacity / 1e9, "headroom": head, **derived.to_dict()}  # fmt: skip
-    typer.echo(json.dumps(out, indent=2))
+    record = budgets_record(calibration, cal, mix.to_dict(), capacity, head, derived)
+    typer.echo(json.dumps(record, indent=2))

@@ -7,17 +7,15 @@ from typing import Annotated, Any
 
 import typer
 
+from adaptiveload.cli import options as o
 from adaptiveload.cli.app import app, examples, report_note, report_warnings
 from adaptiveload.data.bucketing import (
     DEFAULT_GRID,
     DEFAULT_MAX_FRAMES,
     DEFAULT_MODE,
-    GRIDS,
-    MODES,
     cut_note,
 )
 from adaptiveload.errors import UserError
-from adaptiveload.planning.dealing import DEFAULT_WINDOW_STEPS
 
 Opt = typer.Option
 
@@ -34,10 +32,7 @@ def compare_cmd(
     manifest: Annotated[Path | None, Opt(help="your manifest (CSV/Parquet)")] = None,
     mixture: Annotated[str | None, Opt(help="or a named synthetic mixture")] = None,
     num_samples: Annotated[int, Opt(help="samples drawn from --mixture")] = 20000,
-    calibration: Annotated[
-        Path | None,
-        Opt(help="calibration JSON, or a shipped one by name (h200-wan2.1-t2v-1.3b, ...)"),
-    ] = None,
+    calibration: o.CalibrationFile = None,
     prior: Annotated[
         str | None, Opt(help="or a device prior (h200): the analytic cost model of --model")
     ] = None,
@@ -49,22 +44,16 @@ def compare_cmd(
     headroom: Annotated[
         float | None, Opt(help="fraction of capacity kept free", show_default="the calibration's")
     ] = None,
-    budgets_file: Annotated[
-        Path | None,
-        Opt("--budgets", help="budgets JSON of `adaptiveload budgets` (p and budgets derived for "
-            "your data), as `plan --budgets` reads it"),
-    ] = None,
+    budgets_file: o.BudgetsFile = None,
     policies: Annotated[
         str | None, Opt(help="comma-separated policies", show_default="every registered one")
     ] = None,
     seed: Annotated[int, Opt(help="plan seed")] = 0,
-    bucketing: Annotated[str, Opt(help=" | ".join(MODES))] = DEFAULT_MODE,
-    grid: Annotated[str, Opt(help=" | ".join(GRIDS))] = DEFAULT_GRID,
-    max_frames: Annotated[int, Opt(help="frames cap of the bucket grid")] = DEFAULT_MAX_FRAMES,
+    bucketing: o.Bucketing = DEFAULT_MODE,
+    grid: o.Grid = DEFAULT_GRID,
+    max_frames: o.MaxFrames = DEFAULT_MAX_FRAMES,
     output: Annotated[Path | None, Opt("-o", "--output", help="also write it as JSON")] = None,
-    strict: Annotated[
-        bool, Opt("--strict", help="refuse unusual plans (budgets below every sample, ...)")
-    ] = False,
+    strict: o.Strict = False,
 ) -> None:
     """Predict every policy's imbalance, idle fraction, VRAM utilization and samples/s on your
     data (all `model`, through one cost model), with the budgets `adaptiveload plan` would use.
@@ -75,7 +64,7 @@ def compare_cmd(
     they are derived for this data, at --capacity-gb.
     """
     from adaptiveload.io import write_json
-    from adaptiveload.planning.compare import compare_policies, comparison_rows
+    from adaptiveload.planning.compare import CompareConfig, compare_policies, comparison_rows
     from adaptiveload.planning.plan import plan_warnings, without_over_capacity
 
     bucketed, origin = _bucketed(manifest, mixture, num_samples, bucketing, grid, max_frames)
@@ -84,17 +73,37 @@ def compare_cmd(
     cal, source = _budgets(cal, budgets_file, prior, capacity_gb, headroom, tokens)
     bucketed = without_over_capacity(bucketed, cal)  # the header counts what the plans leave out
     names = [p.strip() for p in policies.split(",") if p.strip()] if policies else None
-    summaries = compare_policies(bucketed, cal, world_size, seed, names, DEFAULT_WINDOW_STEPS)
+    config = CompareConfig(cal, world_size, seed, names)
+    summaries = compare_policies(bucketed, config)
     for s in summaries:
         found = plan_warnings(s, bucketed.excluded_ids.tolist())
         report_warnings(f"plan ({s['policy']})", found, strict)
     report_note(cut_note(bucketed.samples))
+    data = {"origin": origin, "bucketing": bucketing, "grid": grid}
+    report = _report(config, bucketed, data, calibration, prior, source, summaries)
+    if output is not None:
+        write_json(output, report)
+    typer.echo(_text(report, comparison_rows(summaries)))
+
+
+def _report(
+    config: Any,
+    bucketed: Any,
+    data: dict[str, Any],
+    calibration: Path | None,
+    prior: str | None,
+    source: str,
+    summaries: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """What `compare -o` writes: the data, ranks and seed, the cost model, the budgets every
+    policy planned with (and where they come from), each policy's plan summary."""
+    cal = config.calibration
     derivation = cal.extra.get("budgets") or {}
-    report = {
-        "data": {"origin": origin, "num_samples": bucketed.num_samples,
-                 "num_excluded": bucketed.num_excluded, "bucketing": bucketing, "grid": grid},
-        "world_size": world_size,
-        "seed": seed,
+    counts = {"num_samples": bucketed.num_samples, "num_excluded": bucketed.num_excluded}
+    return {
+        "data": {"origin": data["origin"], **counts, **{k: data[k] for k in ("bucketing", "grid")}},
+        "world_size": config.world_size,
+        "seed": config.seed,
         "calibration": {"file": str(calibration) if calibration else None, "prior": prior,
                         "model": cal.model, "label": cal.label,
                         "capacity_gb": cal.capacity_bytes / 1e9,
@@ -104,9 +113,6 @@ def compare_cmd(
                     **{k: derivation.get(k) for k in ("ref_tokens", "ref_batch")}},
         "policies": summaries,
     }  # fmt: skip
-    if output is not None:
-        write_json(output, report)
-    typer.echo(_text(report, comparison_rows(summaries)))
 
 
 def _budgets(
@@ -115,7 +121,7 @@ def _budgets(
 ) -> tuple[Any, str]:  # fmt: skip
     """The cost model with the budgets `plan` would use (the rule in compare_cmd's help), and
     where they come from."""
-    from adaptiveload.cli.plan import read_budgets
+    from adaptiveload.costmodel import read_budgets
 
     rederive = capacity_gb is not None or headroom is not None
     if budgets_file is not None or prior is None:

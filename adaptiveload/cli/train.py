@@ -31,6 +31,18 @@ def _steps(text: str | None) -> int | str | None:
         raise UserError(f"--steps {text!r}: expected a step count or '{WHOLE_EPOCH}'") from None
 
 
+def _start_process() -> None:
+    """What a training process sets up before it imports torch: signals that end its run
+    FAILED (not RUNNING), dying with a Snakemake parent, the tracking environment."""
+    from adaptiveload.lifecycle import die_with_parent, stop_on_signals
+    from adaptiveload.tracking.store import configure_environment
+
+    stop_on_signals()  # a stopped run ends FAILED in MLflow, not RUNNING
+    if os.environ.get(DIE_WITH_PARENT) == "1":
+        die_with_parent()
+    configure_environment()
+
+
 @app.command("train", epilog=examples(
     "adaptiveload train --config experiments/default.yaml --policy adaptiveload --seed 0",
     "torchrun --nproc-per-node 8 -m adaptiveload train --config results/paper/config.yaml "
@@ -49,12 +61,8 @@ def train(
         typer.Option("--emulate-world-size", help="run N ranks in turn on one device"),
     ] = None,
     kernel: Annotated[str | None, typer.Option("--kernel", help="eager | fused")] = None,
-    calibration: Annotated[
-        Path | None, typer.Option("--calibration", help="calibration JSON")
-    ] = None,
-    manifest: Annotated[
-        Path | None, typer.Option("--manifest", help="manifest instead of the mixture")
-    ] = None,
+    calibration: Annotated[Path | None, typer.Option(help="calibration JSON")] = None,
+    manifest: Annotated[Path | None, typer.Option(help="manifest instead of the mixture")] = None,
     plan: Annotated[
         Path | None,
         typer.Option("--plan", help="plan summary JSON (adaptiveload plan) to match"),
@@ -77,17 +85,10 @@ def train(
     Under `torchrun --nproc-per-node N -m adaptiveload train ...` each process is one rank
     (DDP; gloo on CPU, NCCL on CUDA); otherwise one process emulates the ranks in turn.
     """
-    from adaptiveload.lifecycle import die_with_parent, stop_on_signals
-
-    stop_on_signals()  # a stopped run ends FAILED in MLflow, not RUNNING
-    if os.environ.get(DIE_WITH_PARENT) == "1":
-        die_with_parent()
+    _start_process()
     from adaptiveload.tracking.run import RunTracker
-    from adaptiveload.tracking.store import configure_environment
     from adaptiveload.training.session import Request
     from adaptiveload.training.session import train as run
-
-    configure_environment()
 
     summary = run(
         Request(

@@ -56,7 +56,6 @@ SEQ_LENS = (8192, 16384, 32768, 65536, 75600)
 # Open-Sora 1152, Wan 2.1 1.3B 1536, 2048, HunyuanVideo-class 3072, 4096, Wan 2.1 14B 5120
 DIMS = (1152, 1536, 2048, 3072, 4096, 5120)
 IMPLS = ("fused", "eager", "compile")
-PHASES = ("fwd", "bwd", "fwd_bwd")
 SEGMENT_COUNTS = (1, 8, 64)
 SEGMENT_DIMS = (1536, 5120)  # Wan 2.1 1.3B and 14B
 SEGMENT_LENS = (16384, 75600)  # L, the tokens of a pack (75,600: one 81-frame 720p clip)

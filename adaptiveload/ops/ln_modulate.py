@@ -53,7 +53,6 @@ SEG_BWD_SCHEMA = (
     "(Tensor, Tensor, Tensor)"
 )
 FWD_OP = "adaptiveload::ln_modulate_fwd"
-BWD_OP = "adaptiveload::ln_modulate_bwd"
 SEG_FWD_OP = "adaptiveload::ln_modulate_seg_fwd"
 SEG_BWD_OP = "adaptiveload::ln_modulate_seg_bwd"
 # The kernels' limits (kernels/ln_modulate_dispatch.h: kPack, kMaxD; the resource check test

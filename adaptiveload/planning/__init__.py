@@ -1,8 +1,12 @@
 """Batch planning: which samples form each micro-batch, and which rank runs it in which step.
 
-- ``policies``: B(S) rules (``equal-token``, ``adaptiveload``, ``adaptiveload-balanced``),
-  the ``Budgets`` they read and the ``POLICIES`` registry;
-- ``plan``: ``build_plan`` -> ``Plan(table, summary)``, one epoch, identical on every rank;
+- ``budgets``: the ``Budgets`` every policy reads (``Budgets.resolve``: from a calibration);
+- ``policies``: B(S) rules (``equal-token``, ``adaptiveload``, ``adaptiveload-balanced``,
+  ``adaptiveload-packed``), each forming and dealing its own micro-batches
+  (``Policy.micro_batches``), and the ``POLICIES`` registry;
+- ``batches``: what a policy forms micro-batches from and hands back; the bucket cuts;
+- ``plan``: ``PlanConfig`` (what a plan is made from) and ``build_plan`` ->
+  ``Plan(table, summary)``, one epoch, identical on every rank;
 - ``dealing``: how batches are dealt to (step, rank) slots (balanced: sort-and-chunk);
 - ``sampler``: ``PlanBatchSampler``, a ``torch.utils.data`` batch sampler over a plan, whose
   batches carry a ``BatchInfo`` (step, padding, the step's samples);

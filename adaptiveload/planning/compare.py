@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from adaptiveload.costmodel import Calibration
 from adaptiveload.data.bucketing import Bucketed
 from adaptiveload.planning.dealing import DEFAULT_WINDOW_STEPS
-from adaptiveload.planning.plan import build_plan
+from adaptiveload.planning.plan import PlanConfig
 from adaptiveload.planning.policies import POLICIES, Budgets
 
 # (summary key, column title, format) of the printed table; a key no summary has (a metric
@@ -52,25 +53,32 @@ COLUMNS = (
 )
 
 
-def compare_policies(
-    bucketed: Bucketed,
-    calibration: Calibration,
-    world_size: int,
-    seed: int = 0,
-    policies: Sequence[str] | None = None,
-    window_steps: int | None = DEFAULT_WINDOW_STEPS,
-) -> list[dict[str, Any]]:
-    """One plan summary per policy (default: every registered one, in registry order) of
-    `bucketed` on `world_size` ranks, all with the budgets and cost model of `calibration`;
-    each has ``samples_per_s_vs_first``, its predicted samples/s relative to the first's."""
-    budgets = Budgets.resolve(calibration=calibration)
-    rows = []
-    for name in policies or list(POLICIES):
-        plan = build_plan(
-            bucketed, name, budgets, world_size, seed, cost_model=calibration,
-            window_steps=window_steps,
-        )  # fmt: skip
-        rows.append(dict(plan.summary))
+@dataclass(frozen=True)
+class CompareConfig:
+    """What a comparison is made from, the samples aside: one calibration (the cost model and
+    the budgets every policy plans with), the ranks and seed, the policies (None: every
+    registered one, in registry order) and the cost-aware deal's window. Each policy's plan is
+    made from the ``PlanConfig`` `adaptiveload plan` would build from the same inputs."""
+
+    calibration: Calibration
+    world_size: int
+    seed: int = 0
+    policies: Sequence[str] | None = None
+    window_steps: int | None = DEFAULT_WINDOW_STEPS
+
+    def plan_configs(self) -> list[PlanConfig]:
+        budgets = Budgets.resolve(calibration=self.calibration)
+        cal, n, seed, window = self.calibration, self.world_size, self.seed, self.window_steps
+        return [
+            PlanConfig(name, budgets, n, seed, cost_model=cal, window_steps=window)
+            for name in self.policies or list(POLICIES)
+        ]
+
+
+def compare_policies(bucketed: Bucketed, config: CompareConfig) -> list[dict[str, Any]]:
+    """One plan summary per policy of `config` for `bucketed`; each has
+    ``samples_per_s_vs_first``, its predicted samples/s relative to the first's."""
+    rows = [dict(plan_config.plan(bucketed).summary) for plan_config in config.plan_configs()]
     first = rows[0].get("predicted_samples_per_s", math.nan)
     for row in rows:
         row["samples_per_s_vs_first"] = row.get("predicted_samples_per_s", math.nan) / first - 1

@@ -65,8 +65,8 @@ import pandas as pd
 
 from adaptiveload.costmodel import Calibration, CostModel, EpochLimits
 from adaptiveload.errors import UserError
+from adaptiveload.planning.budgets import Budgets
 from adaptiveload.planning.dealing import deal_in_windows, narrow, shuffled_by_code
-from adaptiveload.planning.policies import Budgets
 
 # a pack fills a limit whose uses are not whole numbers (bytes, S^p) to at most
 # (1 - FILL_MARGIN) of its cap: sums over a pack taken in another order than the packer's

@@ -51,7 +51,13 @@ from adaptiveload.data.mixtures import synthesize
 from adaptiveload.errors import UserError
 from adaptiveload.planning.dealing import DEFAULT_WINDOW_STEPS
 from adaptiveload.planning.plan import build_plan
-from adaptiveload.planning.policies import AdaptiveLoad, AdaptiveLoadBalanced, Budgets, EqualToken
+from adaptiveload.planning.policies import (
+    AdaptiveLoad,
+    AdaptiveLoadBalanced,
+    BalancedDeal,
+    Budgets,
+    EqualToken,
+)
 from adaptiveload.planning.simulate import simulate
 
 AXES = ("mixture", "reference", "m_comp_scale", "calibration", "world_size", "dealing")
@@ -59,12 +65,11 @@ DEALINGS = ("open-sora", "sorted", "balanced")
 MANIFEST_SEED = 0  # as the pipeline's simulations: runs vary by plan seed
 
 
-class _EqualTokenBalanced(EqualToken):
+class _EqualTokenBalanced(BalancedDeal, EqualToken):
     """The baseline's batches dealt by cost, so that a dealing axis compares like with like
     (not a registered policy: the paper's baseline is cost-blind)."""
 
     name = "equal-token-balanced"
-    balanced = True
 
 
 # (baseline, AdaptiveLoad) policy objects and how build_plan deals them, per dealing

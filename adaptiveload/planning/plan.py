@@ -3,7 +3,9 @@
 Every rank calls ``build_plan`` with the same arguments and gets the identical plan: all
 randomness comes from one numpy Generator seeded by (seed, epoch), nothing is communicated.
 
-Per epoch (everything vectorised; 1M samples at N = 1024 plan in about a second):
+Per epoch (everything vectorised; 1M samples at N = 1024 plan in about a second) the policy
+forms and deals its micro-batches (``Policy.micro_batches``: the plan branches on no policy);
+the homogeneous policies (``batches.bucket_cuts``):
 
 1. shuffle the samples within each bucket shape;
 2. cut each bucket into micro-batches of B(S) samples (the policy's rule); a bucket's last
@@ -15,13 +17,12 @@ Per epoch (everything vectorised; 1M samples at N = 1024 plan in about a second)
    replacement only if K < missing ranks). Their rows carry ``is_padding=True`` and are
    counted in ``num_padding``; every rank thus runs the same number of steps (what DDP
    needs), and the repeats are never hidden;
-5. deal: slot j -> step j // N, rank j % N (Open-Sora style); balanced policies first
-   reorder the slots with ``dealing.deal_balanced`` on predicted cost.
+5. deal: slot j -> step j // N, rank j % N (Open-Sora style); ``adaptiveload-balanced``
+   first reorders the slots with ``dealing.deal_balanced`` on predicted cost.
 
-The packed policy replaces steps 1-5 with ``packing.make_packs``: packs of samples of any
-lengths under the memory and compute limits, dealt by predicted cost; it pads only where a
-window has fewer samples than packs (fewer samples than ranks, or samples that each need a
-pack of their own).
+The packed policy forms packs instead (``packing.make_packs``): samples of any lengths under
+the memory and compute limits, dealt by predicted cost; it pads only where a window has fewer
+samples than packs (fewer samples than ranks, or samples that each need a pack of their own).
 
 A sample over a budget on its own forms B = 1 and is counted in ``num_oversize``. A sample
 that cannot run on one device at all (a Calibration's predicted memory of B = 1 above its
@@ -54,13 +55,9 @@ from adaptiveload import metrics
 from adaptiveload.costmodel import Calibration, CostModel
 from adaptiveload.data.bucketing import Bucketed
 from adaptiveload.errors import UserError
-from adaptiveload.planning.dealing import (
-    DEFAULT_WINDOW_STEPS,
-    deal_balanced,
-    narrow,
-    shuffled_by_code,
-)
-from adaptiveload.planning.packing import Packs, epoch_limits, make_packs
+from adaptiveload.planning.batches import Batches, Buckets, EpochInputs, starts
+from adaptiveload.planning.dealing import DEFAULT_WINDOW_STEPS, narrow
+from adaptiveload.planning.packing import epoch_limits
 from adaptiveload.planning.policies import Budgets, Policy, get_policy
 from adaptiveload.planning.simulate import (
     DEFAULT_ALLREDUCE_GBPS,
@@ -106,15 +103,44 @@ class Plan:
     simulation: Simulation | None = None
 
 
-@dataclass(frozen=True)
-class _Batches:
-    """The epoch's micro-batches: batch k holds samples ``order[start[k] : start[k] + size[k]]``
-    (row positions), all with ``tokens[k]`` tokens (None for packs, which mix lengths)."""
 
-    order: np.ndarray
-    start: np.ndarray
-    size: np.ndarray
-    tokens: np.ndarray | None = None
+
+@dataclass(frozen=True)
+class PlanConfig:
+    """What an epoch's plan is made from, the samples aside: the policy (a name is looked up,
+    and its budgets checked, once, here), its budgets, the ranks and seed, the epoch, the cost
+    model (None: proxies, no predictions), the cost-aware deal's window (None: whole epoch),
+    the step count (``free``: the policy's own, ``match``: equal-token's, or K) and the
+    all-reduce bandwidth the predictions assume. ``adaptiveload plan``, ``compare`` (so the
+    pipeline's plan and simulate jobs) and training (``sampler.PlanBuilder``) build one alike;
+    ``config.plan(samples)`` is the plan, identical on every rank."""
+
+    policy: Policy | str
+    budgets: Budgets
+    world_size: int
+    seed: int
+    epoch: int = 0
+    cost_model: CostModel | Calibration | None = None
+    window_steps: int | None = DEFAULT_WINDOW_STEPS
+    steps_per_epoch: str | int = FREE
+    allreduce_gbps: float = DEFAULT_ALLREDUCE_GBPS
+
+    def __post_init__(self) -> None:
+        policy = get_policy(self.policy)
+        policy.check(self.budgets)
+        object.__setattr__(self, "policy", policy)  # a frozen dataclass: set once, here
+        _check_ints(
+            world_size=(self.world_size, 1),
+            seed=(self.seed, 0),
+            epoch=(self.epoch, 0),
+            window_steps=(self.window_steps, 1),
+        )
+
+    def plan(
+        self, samples: Any, num_excluded: int | None = None, num_over_capacity: int | None = None
+    ) -> Plan:
+        """This epoch's plan of `samples` (``build_plan``'s)."""
+        return _plan(self, samples, num_excluded, num_over_capacity)
 
 
 def build_plan(
@@ -132,40 +158,54 @@ def build_plan(
     num_over_capacity: int | None = None,
 ) -> Plan:
     """Plan one epoch of `samples` (a bucketed DataFrame, or a ``Bucketed`` with ``.samples``
-    and ``.num_excluded``) for `world_size` ranks. `num_over_capacity`: of `num_excluded`,
-    the samples already taken out as over the device's capacity (``without_over_capacity``);
-    any left in `samples` are taken out here. Balanced policies deal on
-    ``cost_model.step_time`` when given, else on the proxy B * S^p; `window_steps` (None =
-    whole epoch) bounds how far they move a batch; `steps_per_epoch`: ``free`` (the policy's
-    own count), ``match`` (equal-token's) or K."""
+    and ``.num_excluded``) for `world_size` ranks: ``PlanConfig(...).plan(samples)``.
+    `num_over_capacity`: of `num_excluded`, the samples already taken out as over the device's
+    capacity (``without_over_capacity``); any left in `samples` are taken out here. Balanced
+    policies deal on ``cost_model.step_time`` when given, else on the proxy B * S^p;
+    `window_steps` (None = whole epoch) bounds how far they move a batch; `steps_per_epoch`:
+    ``free`` (the policy's own count), ``match`` (equal-token's) or K."""
+    config = PlanConfig(
+        policy,
+        budgets,
+        world_size,
+        seed,
+        epoch,
+        cost_model,
+        window_steps,
+        steps_per_epoch,
+        allreduce_gbps,
+    )
+    return config.plan(samples, num_excluded, num_over_capacity)
+
+
+def _plan(
+    config: PlanConfig, samples: Any, num_excluded: int | None, num_over_capacity: int | None
+) -> Plan:
+    """`config`'s plan of `samples` (build_plan's docstring)."""
+    pol, budgets, cost_model = config.policy, config.budgets, config.cost_model
+    world_size, seed, epoch = config.world_size, config.seed, config.epoch
+    window_steps, steps_per_epoch = config.window_steps, config.steps_per_epoch
     frame, excluded, over_capacity = _unpack(samples, num_excluded, num_over_capacity, cost_model)
-    pol = get_policy(policy)
-    pol.check(budgets)
-    _check_ints(world_size=(world_size, 1), seed=(seed, 0), epoch=(epoch, 0),
-                window_steps=(window_steps, 1))
-    cost = cost_model.cost if isinstance(cost_model, Calibration) else cost_model
     rng = np.random.default_rng([seed, epoch])
     tokens = frame["tokens"].to_numpy(np.int64)
     buckets = _buckets(frame, tokens)
 
     target = _target_steps(steps_per_epoch, buckets, budgets, world_size)
-    batches, slots, slot_pad, packs = _micro_batches(
-        pol, budgets, buckets, tokens, cost_model, world_size, window_steps, rng, target
+    formed = pol.micro_batches(
+        EpochInputs(buckets, tokens, budgets, cost_model, world_size, window_steps, rng, target)
     )
+    batches, slots, slot_pad = formed.batches, formed.slots, formed.slot_pad
     table, row_sample = _rows(frame, buckets, batches, slots, slot_pad, world_size)
 
     real = ~table["is_padding"].to_numpy()
     seen = np.bincount(row_sample[real], minlength=len(frame))
-    by_cost = pol.balanced or pol.packed
     summary: dict[str, Any] = {
         "policy": pol.name,
         "world_size": world_size,
         "num_samples": len(frame) + excluded,
         "num_planned": int((seen > 0).sum()),
         "num_excluded": excluded,
-        "num_oversize": int(
-            (packs.oversize if packs is not None else pol.oversize(tokens, budgets)).sum()
-        ),
+        "num_oversize": int(formed.oversize.sum()),
         "num_over_capacity": over_capacity,
         "num_padding": int((~real).sum()),
         "num_padding_batches": int(slot_pad.sum()),
@@ -175,67 +215,30 @@ def build_plan(
         "batches": int(batches.size.size),
         "min_sample_tokens": int(tokens.min()),
         "max_tokens_per_batch": int(np.add.reduceat(tokens[batches.order], batches.start).max()),
-        "constraint_violations": _violations(pol, budgets, batches, packs),
+        "constraint_violations": formed.violations,
         **budgets.as_dict(),
         "seed": seed,
         "epoch": epoch,
         "steps_per_epoch": steps_per_epoch,
-        "window_steps": window_steps if by_cost else None,
-        "deal_cost": _deal_cost(pol, cost),
+        "window_steps": window_steps if formed.dealt_on else None,
+        "deal_cost": formed.dealt_on,
         **_digests(frame, row_sample, batches.size[slots], slot_pad, world_size),
     }
     summary.update(_batch_spread(table))
-    if packs is not None:
-        summary["pack_limits"] = packs.limits.as_dict()
-        fill = zip(packs.limits.names, packs.fill.mean(axis=0), strict=True)
-        summary["pack_fill_mean"] = {name: float(f) for name, f in fill}
+    summary.update(formed.summary)
     table.attrs["plan"] = dict(summary)
     sim = None
     if cost_model is not None:
-        sim = simulate(table, cost_model, allreduce_gbps=allreduce_gbps, world_size=world_size)
+        sim = simulate(
+            table, cost_model, allreduce_gbps=config.allreduce_gbps, world_size=world_size
+        )
         summary.update({f"predicted_{k}": sim.summary[k] for k in PREDICTED if k in sim.summary})
         summary["predicted_source"] = "model"
         summary.update({k: sim.summary[k] for k in MEMORY_FIELDS})
     return Plan(table=table, summary=summary, simulation=sim)
 
 
-def _micro_batches(
-    pol: Policy, budgets: Budgets, buckets: _Buckets, tokens: np.ndarray,
-    cost_model: CostModel | Calibration | None, world_size: int, window_steps: int | None,
-    rng: np.random.Generator, steps: int | None,
-) -> tuple[_Batches, np.ndarray, np.ndarray, Packs | None]:  # fmt: skip
-    """Steps 1-5 (the packed policy: its packs) in `steps` steps (None: the policy's own
-    count): the batches, the slot list (the batch each slot runs) and its padding flags, and
-    the packs if the policy packs."""
-    if pol.packed:
-        packs = make_packs(tokens, budgets, cost_model, world_size, window_steps, rng, steps)
-        batches = _Batches(order=packs.order, start=packs.start, size=packs.size)
-        return batches, packs.slots, packs.slot_pad, packs
-    cost = cost_model.cost if isinstance(cost_model, Calibration) else cost_model
-    counts = _batch_counts(buckets, pol, budgets, cost, world_size, steps)
-    batches = _make_batches(buckets, pol, budgets, rng, counts)
-    slots, slot_pad = _shuffle_and_pad(batches.size.size, world_size, rng)
-    if pol.balanced:
-        size, tok = batches.size[slots], batches.tokens[slots]
-        slot_cost = (
-            cost.step_time(size, tok) if cost is not None else size * tok.astype(float) ** budgets.p
-        )
-        deal = deal_balanced(slot_cost, world_size, window_steps, rng)
-        slots, slot_pad = slots[deal], slot_pad[deal]
-    return batches, slots, slot_pad, None
-
-
-@dataclass(frozen=True)
-class _Buckets:
-    """Each sample's bucket index `of`; each bucket's `shape` [buckets, 3] (frames, height,
-    width) and `tokens` (checked: one count per shape, shapes positive, < 2^20)."""
-
-    of: np.ndarray
-    shape: np.ndarray
-    tokens: np.ndarray
-
-
-def _buckets(frame: pd.DataFrame, tokens: np.ndarray) -> _Buckets:
+def _buckets(frame: pd.DataFrame, tokens: np.ndarray) -> Buckets:
     shape = np.stack([frame[c].to_numpy(np.int64) for c in REQUIRED_COLUMNS[1:4]], axis=1)
     if shape.min() < 1 or shape.max() >= 1 << 20 or tokens.min() < 1:
         raise UserError("bucketed samples: bucket shapes and tokens must be positive (< 2^20)")
@@ -247,7 +250,7 @@ def _buckets(frame: pd.DataFrame, tokens: np.ndarray) -> _Buckets:
         raise UserError("bucketed samples: column tokens differs within one bucket shape")
     keys = np.asarray(keys, dtype=np.int64)
     bucket_shape = np.stack([keys >> 40, (keys >> 20) & MAX_TOKENS, keys & MAX_TOKENS], axis=1)
-    return _Buckets(of=bucket, shape=bucket_shape, tokens=bucket_tokens)
+    return Buckets(of=bucket, shape=bucket_shape, tokens=bucket_tokens)
 
 
 def _min_steps(
@@ -274,22 +277,8 @@ def _batch_spread(table: pd.DataFrame) -> dict[str, float]:
     )
 
 
-def _deal_cost(pol: Policy, cost: CostModel | None) -> str | None:
-    """What a cost-aware policy dealt on: the cost model, else its proxy."""
-    if not (pol.balanced or pol.packed):
-        return None
-    return "cost_model" if cost is not None else ("sum S^p" if pol.packed else "B*S^p")
-
-
-def _violations(pol: Policy, budgets: Budgets, batches: _Batches, packs: Packs | None) -> int:
-    """Micro-batches of more than one sample over a budget (a pack: over one of its limits)."""
-    if packs is None:
-        return int(pol.violates(batches.size, batches.tokens, budgets).sum())
-    return int(((packs.fill > 1).any(axis=1) & (packs.size > 1)).sum())
-
-
 def _target_steps(
-    steps_per_epoch: str | int, buckets: _Buckets, budgets: Budgets, world_size: int
+    steps_per_epoch: str | int, buckets: Buckets, budgets: Budgets, world_size: int
 ) -> int | None:
     """The step count `steps_per_epoch` asks for: None for ``free``; for ``match``
     equal-token's, ⌈Σ_b ⌈n_b / B_tok(S_b)⌉ / N⌉ over the buckets (it needs M_tok)."""
@@ -312,82 +301,14 @@ def _target_steps(
     return int(steps_per_epoch)
 
 
-def _batch_counts(
-    buckets: _Buckets, pol: Policy, budgets: Budgets, cost: CostModel | None, world_size: int,
-    steps: int | None,
-) -> np.ndarray:  # fmt: skip
-    """How many batches each bucket is cut into: ⌈n_b / B(S_b)⌉ (the policy's rule), or, for
-    `steps` steps, more where the rule gives fewer than (steps - 1) N + 1 batches: the epoch
-    then gets min(steps N, samples) batches, each new one split off a bucket whose batches
-    are costliest (water-filling on the predicted batch time n_b w_b / k_b, w_b the
-    per-sample cost, or S^p without a cost model), and a bucket's batches are as equal as
-    whole samples allow. Batches only shrink, so no budget is broken."""
-    count = np.bincount(buckets.of, minlength=buckets.tokens.size)
-    k = -(-count // pol.batch_size(buckets.tokens, budgets))
-    if steps is None or -(-int(k.sum()) // world_size) == steps:
-        return k
-    if -(-int(k.sum()) // world_size) > steps:
-        raise UserError(
-            f"steps_per_epoch={steps}: policy {pol.name} needs at least "
-            f"{-(-int(k.sum()) // world_size)} steps for these samples on {world_size} ranks "
-            "under its budgets; give more steps or free"
-        )
-    target = min(steps * world_size, int(count.sum()))
-    if target <= (steps - 1) * world_size:
-        raise UserError(
-            f"steps_per_epoch={steps}: {int(count.sum())} samples fill at most "
-            f"{-(-int(count.sum()) // world_size)} steps on {world_size} ranks; give fewer steps"
-        )
-    tok = buckets.tokens.astype(np.float64)
-    w = cost.per_sample_time(tok) if cost is not None else tok ** (budgets.p or 1.0)
-    work = count * w
-    while k.sum() < target:  # a round splits one more batch off each of the costliest buckets
-        per_batch = np.where(k < count, work / k, -1.0)
-        take = min(target - int(k.sum()), int((per_batch >= 0).sum()))
-        k[np.argsort(-per_batch, kind="stable")[:take]] += 1
-    return k
 
 
-def _make_batches(
-    buckets: _Buckets, pol: Policy, budgets: Budgets, rng: np.random.Generator,
-    n_batches: np.ndarray,
-) -> _Batches:  # fmt: skip
-    """Steps 1-2: shuffle within each bucket shape, cut each bucket into its `n_batches`:
-    batches of B(S) (the last one the rest), or, where steps were matched, as equal as
-    whole samples allow."""
-    bucket, bucket_tokens = buckets.of, buckets.tokens
-    n_buckets = bucket_tokens.size
-    order = shuffled_by_code(bucket, n_buckets, rng)  # grouped by bucket, random inside
-    count = np.bincount(bucket, minlength=n_buckets)
-    b_size = pol.batch_size(bucket_tokens, budgets)
-    split = n_batches > -(-count // b_size)  # more batches than the rule: equal sizes
-    sorted_bucket = bucket[order]
-    pos = np.arange(bucket.size) - _starts(count)[sorted_bucket]
-    within = np.where(
-        split[sorted_bucket],
-        pos * n_batches[sorted_bucket] // np.maximum(count[sorted_bucket], 1),
-        pos // b_size[sorted_bucket],
-    )
-    batch_of_sorted = _starts(n_batches)[sorted_bucket] + within
-    size = np.bincount(batch_of_sorted, minlength=int(n_batches.sum()))
-    batch_bucket = np.repeat(np.arange(n_buckets), n_batches)
-    return _Batches(order=order, start=_starts(size), size=size, tokens=bucket_tokens[batch_bucket])
 
 
-def _shuffle_and_pad(
-    n_batches: int, world_size: int, rng: np.random.Generator
-) -> tuple[np.ndarray, np.ndarray]:
-    """Steps 3-4: the shuffled batch list, padded to whole steps with flagged repeats."""
-    missing = -(-n_batches // world_size) * world_size - n_batches
-    pad = rng.choice(n_batches, missing, replace=missing > n_batches)
-    slots = np.concatenate((rng.permutation(n_batches), pad))
-    slot_pad = np.zeros(slots.size, dtype=bool)
-    slot_pad[n_batches:] = True
-    return slots, slot_pad
 
 
 def _rows(
-    frame: pd.DataFrame, buckets: _Buckets, batches: _Batches, slots: np.ndarray,
+    frame: pd.DataFrame, buckets: Buckets, batches: Batches, slots: np.ndarray,
     slot_pad: np.ndarray, world_size: int,
 ) -> tuple[pd.DataFrame, np.ndarray]:  # fmt: skip
     """The plan table (one row per sample of each slot) and each row's sample position.
@@ -397,7 +318,7 @@ def _rows(
     slot_size = batches.size[slots]
     n = int(slot_size.sum())
     # each row's place in `batches.order`: its slot's batch start plus its place in the slot
-    first = batches.start[slots] - _starts(slot_size)
+    first = batches.start[slots] - starts(slot_size)
     row_sample = batches.order[np.repeat(first, slot_size) + np.arange(n)]
     ints = np.empty((6, n), dtype=np.int64)
     slot = np.arange(slots.size)
@@ -413,6 +334,8 @@ def _rows(
     table["batch_id"] = np.repeat(slots, slot_size)
     table["is_padding"] = np.repeat(slot_pad, slot_size)
     return table, row_sample
+
+
 
 
 MAX_TOKENS = (1 << 20) - 1  # bucket shapes and tokens are packed in 20 bits (_buckets)
@@ -577,9 +500,6 @@ def plan_warnings(summary: dict[str, Any], excluded_ids: Sequence[str] = ()) -> 
     return found
 
 
-def _starts(counts: np.ndarray) -> np.ndarray:
-    """Exclusive prefix sum: where each run of `counts` begins."""
-    return np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
 
 
 def _unpack(

@@ -1,5 +1,5 @@
-"""Batch-size policies: how many samples of S tokens one micro-batch holds, and how batches
-are dealt to ranks.
+"""Batch-size policies: how many samples of S tokens one micro-batch holds, how an epoch's
+micro-batches are formed and how they are dealt to ranks (``Policy.micro_batches``).
 
 - ``equal-token`` (the Open-Sora / VideoX-Fun baseline): ``B(S) = max(1, floor(M_tok / S))``.
 - ``adaptiveload`` (the paper): ``B(S) = max(1, min(floor(M_mem / S), floor(M_comp / S^p)))``.
@@ -10,123 +10,25 @@ are dealt to ranks.
   predicted cost (see ``adaptiveload.planning.packing``); it needs a model that runs packed
   micro-batches.
 
-Budgets are in tokens (``M_tok``, ``M_mem``, ``pack_tokens``) and tokens^p (``M_comp``). A
-calibration derives all but ``pack_tokens`` (a user's cap on a pack's tokens) from one
-reference batch (``costmodel.BUDGET_RULES``): equal-token equalises tokens to it, AdaptiveLoad
-compute. Adding a policy is one subclass of ``Policy`` and one entry in
-``POLICIES``.
+Budgets (``budgets.Budgets``, imported from here too) are in tokens (``M_tok``, ``M_mem``,
+``pack_tokens``) and tokens^p (``M_comp``). A calibration derives all but ``pack_tokens`` (a
+user's cap on a pack's tokens) from one reference batch (``costmodel.BUDGET_RULES``):
+equal-token equalises tokens to it, AdaptiveLoad compute. Adding a policy is one subclass of
+``Policy`` (its B(S) rule, and ``micro_batches`` or ``deal`` where it forms or deals batches
+its own way) and one entry in ``POLICIES``; ``plan.build_plan`` stays as it is.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 
-from adaptiveload.costmodel import Calibration
 from adaptiveload.errors import UserError
-
-AUTO = "auto"
-P_RANGE = (1.0, 3.0)
-# a sanity bound on M_tok, M_mem, M_comp (the schema's budget maximum is the same): far above
-# any real budget (a 14B model's M_comp at p = 3 is ~1e14), far below where B = M / S^p
-# overflows an int64 batch size
-MAX_BUDGET = 1e18
-
-
-@dataclass(frozen=True)
-class Budgets:
-    """The per-micro-batch budgets a policy reads. Unused ones may be None."""
-
-    m_tok: float | None = None
-    m_mem: float | None = None
-    m_comp: float | None = None
-    p: float | None = None
-    # the packed policy's cap on tokens per pack (None: packs fill toward the memory budget);
-    # a user holds it lower to keep the global batch an optimizer recipe was tuned for
-    pack_tokens: float | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("p", "m_mem", "m_comp", "m_tok", "pack_tokens"):
-            value = getattr(self, name)
-            if value is not None and (
-                isinstance(value, bool) or not isinstance(value, (int, float, np.number))
-            ):
-                example = 1.2 if name == "p" else 6144
-                raise UserError(
-                    f"budget {name}={value!r}: must be a number, not {type(value).__name__} "
-                    f"(e.g. Budgets({name}={example}))"
-                )
-        _check_exponent(self.p)
-        # m_tok may be m_mem's value: name m_mem
-        for name in ("m_mem", "m_comp", "m_tok", "pack_tokens"):
-            value = getattr(self, name)
-            if value is not None and not (math.isfinite(value) and 0 < value <= MAX_BUDGET):
-                raise UserError(
-                    f"budget {name}={value}: must be a positive number up to {MAX_BUDGET:g}"
-                )
-
-    def as_dict(self) -> dict[str, float | None]:
-        return asdict(self)
-
-    @classmethod
-    def resolve(
-        cls,
-        m_tok: float | str | None = AUTO,
-        m_mem: float | str | None = AUTO,
-        m_comp: float | str | None = AUTO,
-        p: float | str | None = AUTO,
-        calibration: Calibration | None = None,
-        m_comp_scale: float = 1.0,
-        pack_tokens: float | str | None = None,
-    ) -> Budgets:
-        """Budgets from explicit numbers, with ``"auto"``/None taken from `calibration`.
-
-        All four come from the calibration file, ``m_tok`` being the equal-token budget it
-        derived from the same reference batch as ``m_comp``. Where there is none (calibration
-        files older than that rule, or no calibration but an explicit ``m_mem``), ``m_tok``
-        falls back to the resolved ``m_mem``: the baseline then gets AdaptiveLoad's memory
-        budget. An ``"auto"`` ``m_comp`` is the calibration's at the resolved ``p``, times
-        `m_comp_scale` (``Calibration.m_comp_at``: an explicit ``p`` keeps the reference
-        batch, as the p sweep does). Without a calibration, other ``"auto"`` values stay unset
-        and the policy reports which one it needs. `pack_tokens` is never derived: None (or
-        ``"auto"``) leaves packs uncapped in tokens.
-        """
-
-        def pick(name: str, value: Any, from_calibration: float | None) -> float | None:
-            if value is None or value == AUTO:
-                return from_calibration
-            try:
-                return float(value)
-            except (TypeError, ValueError):
-                raise UserError(f"budget {name}={value!r}: expected a number or 'auto'") from None
-
-        cal = calibration
-        mem = pick("m_mem", m_mem, cal.m_mem if cal else None)
-        tok = cal.m_tok if cal and cal.m_tok is not None else mem
-        exponent = pick("p", p, cal.p if cal else None)
-        comp_auto = m_comp is None or m_comp == AUTO
-        if m_comp_scale != 1.0 and not (cal and comp_auto):
-            raise UserError(
-                f"m_comp_scale={m_comp_scale} scales the calibration's M_comp: it needs a "
-                "calibration and m_comp 'auto'"
-            )
-        if cal and comp_auto:
-            _check_exponent(exponent)
-            comp = cal.m_comp_at(exponent, m_comp_scale)
-        else:
-            comp = pick("m_comp", m_comp, None)
-        return cls(
-            m_tok=pick("m_tok", m_tok, tok), m_mem=mem, m_comp=comp, p=exponent,
-            pack_tokens=pick("pack_tokens", pack_tokens, None),
-        )  # fmt: skip
-
-
-def _check_exponent(p: float | None) -> None:
-    if p is not None and not (P_RANGE[0] <= p <= P_RANGE[1]):
-        raise UserError(f"budget p={p}: must lie in [{P_RANGE[0]:g}, {P_RANGE[1]:g}]")
+from adaptiveload.planning.batches import Batches, EpochInputs, MicroBatches, bucket_cuts
+from adaptiveload.planning.budgets import MAX_BUDGET, Budgets
+from adaptiveload.planning.dealing import deal_balanced
+from adaptiveload.planning.packing import make_packs
 
 
 class MissingBudgetError(UserError):
@@ -138,15 +40,38 @@ class MissingBudgetError(UserError):
 
 
 class Policy:
-    """A batch-size rule plus a dealing mode. Subclasses set `name`, `requires`, `balanced`
-    and `packed`."""
+    """A batch-size rule B(S) and how an epoch's micro-batches are formed and dealt
+    (``micro_batches``: by default the homogeneous bucket cuts, dealt as shuffled). Subclasses
+    set `name` and `requires`."""
 
     name: ClassVar[str]
     requires: ClassVar[tuple[str, ...]]
-    balanced: ClassVar[bool] = False  # deal batches by predicted cost (dealing.deal_balanced)
-    # micro-batches mix lengths (planning.packing); the B(S) rule then only says which samples
-    # are oversize under the homogeneous budgets
+    # its micro-batches mix lengths: the model runs them packed (what training's batch layout
+    # and the calibration's checks read; planning asks the policy for its batches instead)
     packed: ClassVar[bool] = False
+
+    def micro_batches(self, epoch: EpochInputs) -> MicroBatches:
+        """Steps 1-5 of ``plan``: each bucket cut into B(S) batches (``batches.bucket_cuts``),
+        shuffled, padded to whole steps and dealt (``deal``)."""
+        budgets = epoch.budgets
+        b_size = self.batch_size(epoch.buckets.tokens, budgets)
+        batches, slots, slot_pad = bucket_cuts(epoch, b_size, self.name)
+        order, dealt_on = self.deal(batches, slots, epoch)
+        return MicroBatches(
+            batches=batches,
+            slots=slots[order],
+            slot_pad=slot_pad[order],
+            oversize=self.oversize(epoch.tokens, budgets),
+            violations=int(self.violates(batches.size, batches.tokens, budgets).sum()),
+            dealt_on=dealt_on,
+        )
+
+    def deal(
+        self, batches: Batches, slots: np.ndarray, epoch: EpochInputs
+    ) -> tuple[np.ndarray, str | None]:
+        """Step 5: the order of `slots` that deals them (slot j: step j // N, rank j % N) and
+        what it was ordered by. Open-Sora's: as shuffled."""
+        return np.arange(slots.size), None
 
     def check(self, budgets: Budgets) -> None:
         """UserError naming the budget(s) this policy needs but `budgets` lacks."""
@@ -218,17 +143,56 @@ class AdaptiveLoad(Policy):
         return (batch * s > budgets.m_mem) | (batch * s**budgets.p > budgets.m_comp)
 
 
-class AdaptiveLoadBalanced(AdaptiveLoad):
+class BalancedDeal:
+    """A policy's batches dealt so that each step's ranks hold near-equal predicted cost:
+    sort-and-chunk (``dealing.deal_balanced``) within windows of `window_steps`, on each
+    slot's predicted time (``cost.step_time``), else on the proxy B * S^p. Mixed in before
+    the policy whose batches it deals."""
+
+    def deal(
+        self, batches: Batches, slots: np.ndarray, epoch: EpochInputs
+    ) -> tuple[np.ndarray, str | None]:
+        size, tok, cost = batches.size[slots], batches.tokens[slots], epoch.cost
+        if cost is not None:
+            slot_cost, dealt_on = cost.step_time(size, tok), "cost_model"
+        else:
+            slot_cost, dealt_on = size * tok.astype(float) ** epoch.budgets.p, "B*S^p"
+        return deal_balanced(slot_cost, epoch.world_size, epoch.window_steps, epoch.rng), dealt_on
+
+
+class AdaptiveLoadBalanced(BalancedDeal, AdaptiveLoad):
+    """The ``adaptiveload`` batches, dealt by predicted cost (``BalancedDeal``)."""
+
     name = "adaptiveload-balanced"
-    balanced = True
 
 
 class AdaptiveLoadPacked(AdaptiveLoad):
     """Packs under M_mem (as predicted memory where a calibration knows its device), M_comp
-    and `pack_tokens`, dealt by predicted cost: ``adaptiveload.planning.packing``."""
+    and `pack_tokens`, dealt by predicted cost: ``adaptiveload.planning.packing``. Its B(S)
+    rule only says which samples are oversize under the homogeneous budgets."""
 
     name = "adaptiveload-packed"
     packed = True
+
+    def micro_batches(self, epoch: EpochInputs) -> MicroBatches:
+        """The epoch's packs (``packing.make_packs``), formed and dealt in one."""
+        e = epoch
+        packs = make_packs(
+            e.tokens, e.budgets, e.cost_model, e.world_size, e.window_steps, e.rng, e.steps
+        )
+        fill = zip(packs.limits.names, packs.fill.mean(axis=0), strict=True)
+        return MicroBatches(
+            batches=Batches(order=packs.order, start=packs.start, size=packs.size),
+            slots=packs.slots,
+            slot_pad=packs.slot_pad,
+            oversize=packs.oversize,
+            violations=int(((packs.fill > 1).any(axis=1) & (packs.size > 1)).sum()),
+            dealt_on="cost_model" if e.cost is not None else "sum S^p",
+            summary={
+                "pack_limits": packs.limits.as_dict(),
+                "pack_fill_mean": {name: float(f) for name, f in fill},
+            },
+        )
 
 
 POLICIES: dict[str, type[Policy]] = {

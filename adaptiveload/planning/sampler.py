@@ -48,7 +48,7 @@ from adaptiveload.planning.plan import (
     PLAN_INPUTS,
     SHOW_IDS,
     Plan,
-    build_plan,
+    PlanConfig,
     over_capacity,
     plan_difference,
     plan_warnings,
@@ -132,17 +132,27 @@ class PlanBuilder:
 
     def __call__(self, epoch: int) -> Plan:
         if self._cache.get("epoch") != epoch:
-            plan = build_plan(
-                self.samples, self.policy, self.budgets, self.world_size, self.seed, epoch,
-                cost_model=self.cost_model, window_steps=self.window_steps,
-                num_excluded=self.num_excluded, num_over_capacity=self.num_over_capacity,
-                steps_per_epoch=self.steps_per_epoch,
-            )  # fmt: skip
+            plan = self.config(epoch).plan(
+                self.samples, self.num_excluded, self.num_over_capacity
+            )
             self._cache.update(epoch=epoch, plan=plan)
             if not self._cache.get("warned"):
                 self._cache["warned"] = True
                 self._warn(plan.summary)
         return self._cache["plan"]
+
+    def config(self, epoch: int) -> PlanConfig:
+        """What `epoch`'s plan is made from, as `adaptiveload plan` builds it."""
+        return PlanConfig(
+            self.policy,
+            self.budgets,
+            self.world_size,
+            self.seed,
+            epoch,
+            cost_model=self.cost_model,
+            window_steps=self.window_steps,
+            steps_per_epoch=self.steps_per_epoch,
+        )
 
     def _warn(self, summary: Mapping[str, Any]) -> None:
         found = plan_warnings(dict(summary), list(self.excluded_ids))

@@ -30,7 +30,7 @@ from adaptiveload.data.bucketing import bucketize
 from adaptiveload.data.mixtures import synthesize
 from adaptiveload.io import write_json
 from adaptiveload.planning.plan import build_plan
-from adaptiveload.planning.policies import POLICIES, Budgets
+from adaptiveload.planning.policies import POLICIES, BalancedDeal, Budgets
 from adaptiveload.planning.sampler import PlanBatchSampler
 from adaptiveload.planning.simulate import DEFAULT_ALLREDUCE_GBPS, simulate
 
@@ -73,7 +73,7 @@ def bench_speed(
         results=[],
     )
     for policy in POLICIES:
-        cost = cal if (cal and POLICIES[policy].balanced) else None
+        cost = cal if (cal and isinstance(POLICIES[policy](), BalancedDeal)) else None
 
         def run(policy=policy, cost=cost):
             return build_plan(bucketed, policy, budgets, SPEED_N, seed=0, cost_model=cost)
