@@ -1,8 +1,9 @@
 """What the pipeline's rules (Snakefile, workflow/rules/*.smk) and the package must agree on,
 written once here and called from both: where an experiment's files go (`Layout`), the names
 of sweep points (`variants`, `parse_variant`, `sweep_point`), the ranks a run may emulate
-(`check_world_size`), the index of every run the analysis reads (`run_index`) and the fields
-of the experiment each stage reads (`STAGE_FIELDS`).
+(`check_world_size`), the step modes training runs at (`train_variants`), the index of every
+run the analysis reads (`run_index`) and the fields of the experiment each stage reads
+(`STAGE_FIELDS`).
 
 Layout of one experiment (one never overwrites another; README "Where results land"):
 
@@ -67,9 +68,10 @@ class Layout:
         """The resolved experiment (defaults filled) that every stage reads."""
         return f"{self.root}/config.yaml"
 
-    def view(self, stage: str) -> str:
-        """A stage's view of the resolved experiment: the fields it reads (`STAGE_FIELDS`)."""
-        return f"{self.root}/config/{stage}.yaml"
+    def view(self, stage: str, level: str = "") -> str:
+        """A stage's view of the resolved experiment: the fields it reads (`STAGE_FIELDS`);
+        `level`: a training variant's folder level (`variant_level`)."""
+        return f"{self.root}/config/{level}{stage}.yaml"
 
     @property
     def calibration(self) -> str:
@@ -118,13 +120,15 @@ class Layout:
     def analysis(self) -> str:
         return f"{self.root}/analysis"
 
-    def plan(self, policy: str, seed: int | str) -> str:
-        """The summary of a training plan (what `train --plan` checks its plan against)."""
-        return f"{self.root}/plans/{policy}/seed{seed}.json"
+    def plan(self, policy: str, seed: int | str, level: str = "") -> str:
+        """The summary of a training plan (what `train --plan` checks its plan against);
+        `level`: its training variant's folder level (`variant_level`)."""
+        return f"{self.root}/plans/{level}{policy}/seed{seed}.json"
 
-    def run_dir(self, policy: str, seed: int | str, kernel: str) -> str:
-        """A training run's folder: steps.parquet, summary.json, checkpoints/."""
-        return f"{self.root}/runs/{policy}/seed{seed}/{kernel}"
+    def run_dir(self, policy: str, seed: int | str, kernel: str, level: str = "") -> str:
+        """A training run's folder: steps.parquet, summary.json, checkpoints/; `level`: its
+        training variant's folder level (`variant_level`)."""
+        return f"{self.root}/runs/{level}{policy}/seed{seed}/{kernel}"
 
     def sim_manifest(self, sim: str, mixture: str) -> str:
         return f"{self.root}/sim/{sim}/manifests/{mixture}.parquet"
@@ -153,9 +157,10 @@ STAGE_FIELDS: dict[str, tuple[str, ...]] = {
 }  # fmt: skip
 
 
-def stage_view(config: dict[str, Any], stage: str) -> dict[str, Any]:
-    """The content of `stage`'s view of the validated experiment `config` (`Layout.view`)."""
-    return experiment.view(config, STAGE_FIELDS[stage])
+def stage_view(config: dict[str, Any], stage: str, variant: str = "base") -> dict[str, Any]:
+    """The content of `stage`'s view of the validated experiment `config` (`Layout.view`), for
+    a training variant `variant` at its step mode (`at_variant`)."""
+    return experiment.view(at_variant(config, variant), STAGE_FIELDS[stage])
 
 
 # ---------------------------------------------------------------- sweep points
@@ -163,10 +168,13 @@ BASE_VARIANT = "base"
 # a `sweeps:` axis of the experiment -> the name of its points, "<name>=<value>"
 SWEEP_VARIANTS = {"p": "p", "m_comp_scale": "m_comp", "world_sizes": "world_size",
                   "mixtures": "mixture"}  # fmt: skip
+# a training variant: the runs at a step mode of `train.step_modes` other than the plan's
+STEP_MODE_AXIS = "steps_per_epoch"
 _VALUES = {"p": r"[0-9.]+", "m_comp": r"[0-9.e+-]+", "world_size": r"\d+",
            "mixture": r"[A-Za-z0-9_.-]+"}  # fmt: skip
+_VALUES[STEP_MODE_AXIS] = r"free|match|[1-9]\d*"
 # every variant name (the `variant` wildcard of the rules)
-VARIANT_PATTERN = "|".join([BASE_VARIANT, *(f"{n}={v}" for n, v in _VALUES.items())])
+VARIANT_PATTERN = "|".join([BASE_VARIANT, *(f"{n}=(?:{v})" for n, v in _VALUES.items())])
 
 
 def variants(sweeps: dict[str, list[Any]]) -> list[str]:
@@ -216,6 +224,43 @@ def steps_per_epoch(config: dict[str, Any], sim: dict[str, Any] | None = None) -
     return own if own is not None else config["plan"]["steps_per_epoch"]
 
 
+# ---------------------------------------------------------------- training variants
+def train_variants(config: dict[str, Any]) -> list[str]:
+    """The variants every policy, seed and kernel of the validated experiment `config` trains
+    at, one per step mode of `train.step_modes` (null: the plan's mode alone): the plan's
+    own mode (`plan.steps_per_epoch`) is the base, any other "steps_per_epoch=<mode>", so
+    the analysis compares the policies within each mode (a comparison group per variant)."""
+    own = steps_per_epoch(config)
+    modes = config["train"]["step_modes"] or [own]
+    return [BASE_VARIANT if mode == own else f"{STEP_MODE_AXIS}={mode}" for mode in modes]
+
+
+def at_variant(config: dict[str, Any], variant: str) -> dict[str, Any]:
+    """The validated experiment `config` as the training variant `variant` runs it: its
+    step mode in `plan.steps_per_epoch`, which the plan stage and training both read."""
+    axis, value = parse_variant(variant)
+    if axis != STEP_MODE_AXIS:
+        return config
+    mode: str | int = int(value) if value.isdigit() else value
+    return {**config, "plan": {**config["plan"], "steps_per_epoch": mode}}
+
+
+# The folder level of a training variant in its plan, view and run paths: none for the base
+# (an experiment at one step mode keeps its paths), "<variant>/" else. The rules' `level`
+# wildcard takes these values (the empty one included).
+LEVEL_PATTERN = rf"(|{STEP_MODE_AXIS}=({_VALUES[STEP_MODE_AXIS]})/)"
+
+
+def variant_level(variant: str) -> str:
+    """The folder level of the training variant `variant` (`LEVEL_PATTERN`)."""
+    return "" if variant == BASE_VARIANT else f"{variant}/"
+
+
+def level_variant(level: str) -> str:
+    """The training variant whose folder level is `level` (`variant_level` inverted)."""
+    return level.removesuffix("/") or BASE_VARIANT
+
+
 # ---------------------------------------------------------------- ranks
 MAX_EMULATED_WORLD_SIZE = 1024  # train.world_size's maximum in the schema (a test checks)
 
@@ -234,12 +279,12 @@ def run_index(config: dict[str, Any]) -> list[dict[str, Any]]:
     the calibration whose capacity scales its memory (`analysis.aggregate.parse_index`)."""
     out = Layout(config["name"])
     runs = []
-    if config["train"]["enabled"]:
+    for variant in train_variants(config) if config["train"]["enabled"] else []:
         for policy in config["policies"]:
             for seed in config["seeds"]:
                 for kernel in config["model"]["kernels"]:
-                    d = out.run_dir(policy, seed, kernel)
-                    runs.append({"setup": "train", "variant": BASE_VARIANT,
+                    d = out.run_dir(policy, seed, kernel, variant_level(variant))
+                    runs.append({"setup": "train", "variant": variant,
                                  "summary": f"{d}/summary.json", "steps": f"{d}/steps.parquet",
                                  "calibration": out.calibration})  # fmt: skip
     for sim in config["simulate"]:

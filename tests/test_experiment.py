@@ -48,6 +48,8 @@ def test_shipped_experiments_validate():
         ("name: x\nunknown_section: 1\n", "(top level)"),
         ("name: x\nplan: {steps_per_epoch: matched}\n", "plan.steps_per_epoch"),
         ("name: x\nplan: {steps_per_epoch: 0}\n", "plan.steps_per_epoch"),
+        ("name: x\ntrain: {step_modes: [free, free]}\n", "train.step_modes"),
+        ("name: x\ntrain: {step_modes: [matched]}\n", "train.step_modes"),
     ],
 )
 def test_bad_field_is_named(tmp_path, text, field):

@@ -4,6 +4,8 @@ index; the rules call these, so a command run by hand lands where the pipeline l
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from adaptiveload import experiment, pipeline
@@ -68,3 +70,51 @@ def test_run_index_lists_every_training_run_and_simulation(tmp_path):
     assert train[0]["summary"] == "results/idx/runs/equal-token/seed0/eager/summary.json"
     assert all(r["calibration"] == "c.json" for r in sims)
     assert len(pipeline.run_files(index)) == 2 * len(index)
+
+
+def _load(tmp_path, text: str) -> dict:
+    path = tmp_path / "x.yaml"
+    path.write_text(text)
+    return experiment.load(path)
+
+
+STEP_MODES = "name: sm\nseeds: [0]\npolicies: [equal-token, adaptiveload]\n" + (
+    "train: {step_modes: [free, match, 30]}\n"
+)
+
+
+def test_step_modes_are_training_variants_and_the_plans_own_mode_keeps_its_paths(tmp_path):
+    config = _load(tmp_path, STEP_MODES)
+    variants = pipeline.train_variants(config)
+    assert variants == ["base", "steps_per_epoch=match", "steps_per_epoch=30"]
+    parsed = [pipeline.parse_variant(v) for v in variants[1:]]
+    assert parsed == [("steps_per_epoch", "match"), ("steps_per_epoch", "30")]
+    levels = [pipeline.variant_level(v) for v in variants]
+    assert [pipeline.level_variant(lv) for lv in levels] == variants  # one inverts the other
+    assert all(re.fullmatch(pipeline.LEVEL_PATTERN, lv) for lv in levels)
+    out = pipeline.Layout("sm")
+    runs = "results/sm/runs"
+    assert out.run_dir("adaptiveload", 0, "eager", levels[0]) == f"{runs}/adaptiveload/seed0/eager"
+    matched = out.run_dir("adaptiveload", 0, "eager", levels[1])
+    assert matched == f"{runs}/steps_per_epoch=match/adaptiveload/seed0/eager"
+    plan = out.plan("adaptiveload", 0, levels[2])
+    assert plan == "results/sm/plans/steps_per_epoch=30/adaptiveload/seed0.json"
+    # the mode reaches the plan stage and training through the variant's view of the config
+    modes = [pipeline.steps_per_epoch(pipeline.at_variant(config, v)) for v in variants]
+    assert modes == ["free", "match", 30]
+    view = pipeline.stage_view(config, "train", variants[1])
+    assert view["plan"] == {"steps_per_epoch": "match"}
+    assert config["plan"]["steps_per_epoch"] == "free"  # the variant's view copies, never edits
+    index = pipeline.run_index(config)
+    assert len(index) == 3 * 2 and {r["variant"] for r in index} == set(variants)
+    assert index[2]["steps"] == f"{matched.replace('adaptiveload', 'equal-token')}/steps.parquet"
+
+
+def test_without_step_modes_training_runs_at_the_plans_mode_alone(tmp_path):
+    matched = "name: m\nplan: {steps_per_epoch: match}\n"
+    assert pipeline.train_variants(_load(tmp_path, matched)) == ["base"]
+    both = _load(tmp_path, matched + "train: {step_modes: [free, match]}\n")
+    assert pipeline.train_variants(both) == ["steps_per_epoch=free", "base"]
+    assert not re.fullmatch(pipeline.LEVEL_PATTERN, "steps_per_epoch=many/")
+    with pytest.raises(UserError, match="variant"):
+        pipeline.parse_variant("steps_per_epoch=0")

@@ -46,6 +46,9 @@ SIMS = {s["name"]: s for s in config["simulate"]}
 # the trained runs score a held-out validation set: the time-to-quality table and figure
 VALIDATION = TRAIN and config["train"]["val_every"] > 0
 SWEEPS = config["sweeps"]
+# the step modes training runs at, as folder levels of their plans, views and runs ("" for the
+# plan's own mode: adaptiveload.pipeline.train_variants, variant_level)
+LEVELS = [pipeline.variant_level(v) for v in pipeline.train_variants(config)] if TRAIN else []
 
 # timing jobs (calibrate, train) take the whole machine; Snakemake caps this at --cores
 ALL_CORES = os.cpu_count() or 1
@@ -76,6 +79,7 @@ wildcard_constraints:
     kernel="eager|fused",
     sim="|".join(SIMS) if SIMS else "NO_SIMULATION",
     variant=pipeline.VARIANT_PATTERN,
+    level=pipeline.LEVEL_PATTERN,
     mixture=r"[A-Za-z0-9_.-]+",
 
 
@@ -160,7 +164,14 @@ CONVERGENCE_FILES = [f"{TABLES}/convergence.{ext}" for ext in ("csv", "md")] if 
 
 def run_dirs():
     """Every training run's folder (the tracking check's arguments)."""
-    return [OUT.run_dir(p, s, k) for p in POLICIES for s in SEEDS for k in KERNELS]
+    runs = [(lv, p, s, k) for lv in LEVELS for p in POLICIES for s in SEEDS for k in KERNELS]
+    return [OUT.run_dir(p, s, k, lv) for lv, p, s, k in runs]
+
+
+def step_mode(wildcards):
+    """The steps per epoch of the training variant of a job's `level` wildcard."""
+    variant = pipeline.level_variant(wildcards.level)
+    return pipeline.steps_per_epoch(pipeline.at_variant(config, variant))
 
 
 def all_targets():
@@ -181,7 +192,7 @@ def all_targets():
     if PAPER_MAP:
         targets += [VIEWS["paper_map"], MAP_POINTS, MAP_SUMMARY, f"{FIGS}/paper_map.png"]
     if TRAIN:
-        targets += [VIEWS["calibrate"], VIEWS["train"], CALIBRATION, MANIFEST,
-                    OUT.tracking_check]
-        targets += [OUT.plan(policy, seed) for policy in POLICIES for seed in SEEDS]
+        targets += [VIEWS["calibrate"], CALIBRATION, MANIFEST, OUT.tracking_check]
+        targets += [OUT.view("train", level) for level in LEVELS]
+        targets += [OUT.plan(p, s, level) for level in LEVELS for p in POLICIES for s in SEEDS]
     return list(dict.fromkeys(targets))

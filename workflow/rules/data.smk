@@ -44,16 +44,20 @@ rule config_resolved:
 
 rule config_view:
     """A stage's view of the resolved experiment: the fields it reads (adaptiveload.pipeline.
-    STAGE_FIELDS). Rewritten only when those fields change, so the stage reruns only then."""
+    STAGE_FIELDS), at a training variant's step mode (level). Rewritten only when those
+    fields change, so the stage reruns only then."""
     output:
-        OUT.view("{stage}"),
+        OUT.view("{stage}", "{level}"),
     params:
         # sorted: the order in which config files were layered must not count as a change
-        text=lambda w: yaml.safe_dump(pipeline.stage_view(config, w.stage), sort_keys=True),
+        text=lambda w: yaml.safe_dump(
+            pipeline.stage_view(config, w.stage, pipeline.level_variant(w.level)),
+            sort_keys=True,
+        ),
     log:
-        f"{LOGS}/config_view/{{stage}}.log",
+        f"{LOGS}/config_view/{{level}}{{stage}}.log",
     benchmark:
-        f"{BENCH}/config_view/{{stage}}.tsv"
+        f"{BENCH}/config_view/{{level}}{{stage}}.tsv"
     wildcard_constraints:
         stage="|".join(pipeline.STAGE_FIELDS),
     conda:

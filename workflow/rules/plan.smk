@@ -6,27 +6,27 @@
 
 
 rule plan:
-    """The training plan of one policy and seed: its summary (what `train --plan` checks the
-    plan it executes against, with the cost model's predictions)."""
+    """The training plan of one policy and seed at one step mode (level): its summary (what
+    `train --plan` checks the plan it executes against, with the cost model's predictions)."""
     input:
         manifest=MANIFEST,
         calibration=CALIBRATION,
     output:
-        summary=OUT.plan("{policy}", "{seed}"),
+        summary=OUT.plan("{policy}", "{seed}", "{level}"),
     params:
         flags=f"--world-size {config['train']['world_size']} {bucket_flags(config['data'])} "
-        f"{budget_flags()} --allreduce-gbps {config['train']['allreduce_gbps']} "
-        f"--steps-per-epoch {pipeline.steps_per_epoch(config)}",
+        f"{budget_flags()} --allreduce-gbps {config['train']['allreduce_gbps']}",
+        steps=step_mode,
     log:
-        f"{LOGS}/plan/{{policy}}/seed{{seed}}.log",
+        f"{LOGS}/plan/{{level}}{{policy}}/seed{{seed}}.log",
     benchmark:
-        f"{BENCH}/plan/{{policy}}/seed{{seed}}.tsv"
+        f"{BENCH}/plan/{{level}}{{policy}}/seed{{seed}}.tsv"
     conda:
         CONDA_ENV
     shell:
         "adaptiveload plan --manifest {input.manifest} --policy {wildcards.policy} "
         "--seed {wildcards.seed} --calibration {input.calibration} {params.flags} "
-        "--summary {output.summary} > {log} 2>&1"
+        "--steps-per-epoch {params.steps} --summary {output.summary} > {log} 2>&1"
 
 
 rule simulate:

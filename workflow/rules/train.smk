@@ -4,28 +4,28 @@
 
 
 rule train:
-    """Measured run. On CUDA it takes the whole machine. On a CPU its ranks are emulated in one
+    """Measured run at one step mode (level: its view holds the mode). On CUDA it takes the whole machine. On a CPU its ranks are emulated in one
     thread timed by that thread's CPU time, which runs beside it do not disturb: one core
     each, so runs go side by side."""
     input:
-        config=VIEWS["train"],
+        config=OUT.view("train", "{level}"),
         manifest=MANIFEST,
         calibration=CALIBRATION,
-        plan=OUT.plan("{policy}", "{seed}"),
+        plan=OUT.plan("{policy}", "{seed}", "{level}"),
         store=STORE,
         kernel=lambda w: KERNEL_BUILD if w.kernel == "fused" else [],
     output:
-        steps=f"{OUT.run_dir('{policy}', '{seed}', '{kernel}')}/steps.parquet",
-        summary=f"{OUT.run_dir('{policy}', '{seed}', '{kernel}')}/summary.json",
+        steps=f"{OUT.run_dir('{policy}', '{seed}', '{kernel}', '{level}')}/steps.parquet",
+        summary=f"{OUT.run_dir('{policy}', '{seed}', '{kernel}', '{level}')}/summary.json",
     params:
         out=lambda w, output: os.path.dirname(output.summary),
     threads: ALL_CORES if config["calibration"]["device"] == "cuda" else 1
     resources:
         gpu=1 if config["calibration"]["device"] == "cuda" else 0,
     log:
-        f"{LOGS}/train/{{policy}}/seed{{seed}}/{{kernel}}.log",
+        f"{LOGS}/train/{{level}}{{policy}}/seed{{seed}}/{{kernel}}.log",
     benchmark:
-        f"{BENCH}/train/{{policy}}/seed{{seed}}/{{kernel}}.tsv"
+        f"{BENCH}/train/{{level}}{{policy}}/seed{{seed}}/{{kernel}}.tsv"
     conda:
         CONDA_ENV
     shell:
