@@ -4,6 +4,7 @@ from adaptiveload import experiment
 from adaptiveload.data.bucketing import DEFAULT_GRID, DEFAULT_MAX_FRAMES, DEFAULT_MODE, GRIDS, MODES
 from adaptiveload.data.dataset import CONTENTS
 from adaptiveload.errors import UserError
+from adaptiveload.model.attention import LAYOUTS
 from adaptiveload.pipeline import MAX_EMULATED_WORLD_SIZE, SWEEP_VARIANTS
 from adaptiveload.planning.budgets import MAX_BUDGET, P_RANGE
 from adaptiveload.planning.plan import FREE, STEP_MODES
@@ -11,7 +12,6 @@ from adaptiveload.planning.policies import POLICIES
 from adaptiveload.planning.simulate import DEFAULT_ALLREDUCE_GBPS
 from adaptiveload.training.settings import (
     AUTO_LAYOUT,
-    BATCH_LAYOUTS,
     DEVICES,
     KERNELS,
     TrainConfig,
@@ -106,7 +106,7 @@ def test_schema_copies_of_code_constants():
     for field in ("train", "simulate", "paper_map"):
         assert experiment.schema_default(f"{field}.allreduce_gbps") == DEFAULT_ALLREDUCE_GBPS
     assert props["model"]["properties"]["kernels"]["items"]["enum"] == list(KERNELS)
-    assert props["model"]["properties"]["batch_layout"]["enum"] == [AUTO_LAYOUT, *BATCH_LAYOUTS]
+    assert props["model"]["properties"]["batch_layout"]["enum"] == [AUTO_LAYOUT, *LAYOUTS]
     assert props["calibration"]["properties"]["device"]["enum"] == list(DEVICES)
     assert props["train"]["properties"]["world_size"]["maximum"] == MAX_EMULATED_WORLD_SIZE
     assert list(props["sweeps"]["properties"]) == list(SWEEP_VARIANTS)  # every axis is named

@@ -2,7 +2,7 @@
 
 Per step, every rank this process runs (all N when emulated, its own when distributed) takes
 its micro-batch from its PlanBatchSampler (collated by `data.packed.collate`, fed to the model
-dense or as shape groups of one token stream by `model.batch_layout`, docs/packing.md), runs
+dense or as shape groups of one token stream by the run's `Execution`, docs/packing.md), runs
 forward+backward with its loss scaled so that the step's gradient is the mean over ALL
 samples of the step (docs/definitions.md, loss weighting):
 
@@ -94,6 +94,7 @@ def build_model(cfg: TrainConfig, device: torch.device) -> WanModel:
             get_config(cfg.model),
             ln_modulate_impl=cfg.kernel,
             activation_checkpointing=cfg.activation_checkpointing,
+            execution=cfg.execution,
         )
     return model.to(device)
 
@@ -283,7 +284,7 @@ class Trainer:
         indices = self._next_batch(rank)
         global_samples, padding = indices.info.step_samples, indices.info.is_padding
         batch = collate([self.data.dataset[i] for i in indices]).to(self.device, self.dtype)
-        x0 = batch.latents if self.cfg.batch_layout == "packed" else batch.dense()
+        x0 = batch.latents if self.cfg.execution.packed else batch.dense()
         tokens = self._tokens[indices]
         b = len(indices)
         # a cell of several shapes is reported by its largest sample's bucket shape

@@ -12,19 +12,22 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from typing import Any
+
+import torch
 
 from adaptiveload.errors import UserError
 from adaptiveload.experiment import schema_default
+from adaptiveload.model.attention import LAYOUTS, Execution
 from adaptiveload.pipeline import check_world_size
 from adaptiveload.planning.policies import get_policy
 from adaptiveload.step_table import WHOLE_EPOCH, window_kind
 
 LAUNCH_MODES = ("emulated", "distributed")
 KERNELS = ("eager", "fused")
-# dense: one bucket shape per micro-batch, a [B, C, T', H', W'] tensor; packed: any shapes as
-# one token stream (docs/packing.md); auto: packed for a policy that plans packs, else dense
-BATCH_LAYOUTS = ("dense", "packed")
+# model.batch_layout: one of the model's LAYOUTS, or auto: packed for a policy that plans
+# packs, else dense
 AUTO_LAYOUT = "auto"
 DEVICES = ("cpu", "cuda")
 
@@ -91,7 +94,7 @@ class TrainConfig:
         for name, allowed in (
             ("launch_mode", LAUNCH_MODES),
             ("kernel", KERNELS),
-            ("batch_layout", BATCH_LAYOUTS),
+            ("batch_layout", LAYOUTS),
             ("device", DEVICES),
         ):
             if getattr(self, name) not in allowed:
@@ -115,6 +118,14 @@ class TrainConfig:
                 f"train.warmup_steps={self.warmup_steps} must be below steps={self.steps}: "
                 "metrics are computed over the steps after warm-up"
             )
+
+    @cached_property
+    def execution(self) -> Execution:
+        """The layout and attention backend of this run, chosen here once from the config and
+        the device: the model runs them, the loop feeds them, the run's tags record them (not
+        a field: the choice follows from `batch_layout` and `device`, already in the
+        fingerprint)."""
+        return Execution.on(self.batch_layout, torch.device(self.device))
 
     @property
     def timed_window(self) -> str:
