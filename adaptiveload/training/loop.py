@@ -183,13 +183,15 @@ class Trainer:
             torch.set_num_threads(1)
         model = build_model(cfg, self.device)
         self.dtype = next(model.parameters()).dtype
-        self.model = dd.wrap(model, self.ranks, self.device, cfg.fsdp)
+        self.model = dd.wrap(model, self.ranks, self.device, cfg.fsdp, cfg.autocast_dtype)
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(),
             lr=cfg.optim.lr,
             betas=cfg.optim.betas,
             weight_decay=cfg.optim.weight_decay,
         )
+        # fp16 gradients underflow without loss scaling; disabled, the scaler passes through
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=cfg.precision == "fp16")
         self.samplers = {r: PlanBatchSampler(data.builder, r) for r in self.ranks.local}
         if self.ranks.distributed:  # processes that read their inputs differently stop here
             next(iter(self.samplers.values())).check_ranks()
@@ -275,9 +277,9 @@ class Trainer:
         return batch
 
     def _autocast(self):
-        if self.device.type == "cuda":
-            return torch.autocast("cuda", dtype=torch.bfloat16)
-        return nullcontext()
+        """Forward and backward in the run's `train.precision` (fp32: no autocast)."""
+        dtype = self.cfg.autocast_dtype
+        return torch.autocast(self.device.type, dtype=dtype) if dtype else nullcontext()
 
     def _micro_batch(self, step: int, rank: int) -> dict[str, Any]:
         w_load, t_load = self.clock.both()
@@ -303,7 +305,7 @@ class Trainer:
         with self._autocast():
             gen = step_generator(self.cfg.seed, step, rank)
             losses = per_sample_loss(self.model, x0, batch.context, self.cfg.objective, gen)
-        (losses.sum() * scale).backward()
+        self.scaler.scale(losses.sum() * scale).backward()
         if cuda:
             end.record()
             end.synchronize()
@@ -351,10 +353,12 @@ class Trainer:
         return [self._micro_batch(step, r) for r in self.ranks.local]
 
     def optimizer_step(self, step: int) -> None:
+        self.scaler.unscale_(self.optimizer)  # clip the true gradients
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.grad_clip)
         for group in self.optimizer.param_groups:
             group["lr"] = self.cfg.optim.lr_at(step)
-        self.optimizer.step()
+        self.scaler.step(self.optimizer)  # skips a step of non-finite fp16 gradients
+        self.scaler.update()
 
     def _step(self, step: int) -> list[dict[str, Any]]:
         t_step = self.clock.now()

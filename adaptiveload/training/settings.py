@@ -30,6 +30,10 @@ KERNELS = ("eager", "fused")
 # packs, else dense
 AUTO_LAYOUT = "auto"
 DEVICES = ("cpu", "cuda")
+# train.precision -> the autocast dtype of forward and backward: the one home of the mapping
+# (fp32: no autocast); auto resolves to bf16 on CUDA (Wan's), fp32 on CPU
+PRECISIONS = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+AUTO_PRECISION = "auto"
 
 
 @dataclass(frozen=True)
@@ -76,6 +80,7 @@ class TrainConfig:
     launch_mode: str = "emulated"
     world_size: int = schema_default("train.world_size")
     device: str = schema_default("calibration.device")
+    precision: str = schema_default("train.precision")
     steps: int | str = schema_default("train.steps")  # or WHOLE_EPOCH: one whole epoch timed
     warmup_steps: int = schema_default("train.warmup_steps")
     epochs: int = schema_default("train.epochs")  # whole epochs of `steps: epoch`
@@ -99,6 +104,7 @@ class TrainConfig:
         ):
             if getattr(self, name) not in allowed:
                 raise UserError(f"{name} '{getattr(self, name)}': expected one of {allowed}")
+        self._resolve_precision()
         check_world_size(self.world_size)
         if not 0 <= self.seed < 2**32:
             raise UserError(f"--seed {self.seed}: must be between 0 and {2**32 - 1}")
@@ -118,6 +124,24 @@ class TrainConfig:
                 f"train.warmup_steps={self.warmup_steps} must be below steps={self.steps}: "
                 "metrics are computed over the steps after warm-up"
             )
+
+    def _resolve_precision(self) -> None:
+        if self.precision == AUTO_PRECISION:  # the run records the precision it runs
+            auto = "bf16" if self.device == "cuda" else "fp32"
+            object.__setattr__(self, "precision", auto)
+        if self.precision not in PRECISIONS:
+            allowed = [AUTO_PRECISION, *PRECISIONS]
+            raise UserError(f"train.precision '{self.precision}': expected one of {allowed}")
+        if self.precision == "fp16" and self.device != "cuda":
+            raise UserError(
+                "train.precision fp16: CUDA only (loss-scaled fp16 autocast); "
+                "use bf16 or fp32 on cpu"
+            )
+
+    @property
+    def autocast_dtype(self) -> torch.dtype | None:
+        """The dtype forward and backward run in under autocast; None: fp32, no autocast."""
+        return None if self.precision == "fp32" else PRECISIONS[self.precision]
 
     @cached_property
     def execution(self) -> Execution:
@@ -176,7 +200,8 @@ def from_experiment(
         batch_layout=experiment["model"]["batch_layout"],
         launch_mode=launch_mode,
         world_size=world_size,
-        device=device or experiment["calibration"]["device"],
+        device=device or train["device"] or experiment["calibration"]["device"],
+        precision=train["precision"],
         steps=steps if steps is not None else train["steps"],
         warmup_steps=train["warmup_steps"],
         epochs=train["epochs"],

@@ -141,6 +141,7 @@ def run_summary(
         "kernel": cfg.kernel,
         "batch_layout": cfg.execution.layout,
         "attention_backend": cfg.execution.attention,
+        "precision": cfg.precision,
         "ln_modulate_impl": ln_modulate_impl(cfg),
         "launch_mode": cfg.launch_mode,
         "world_size": cfg.world_size,
