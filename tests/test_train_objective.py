@@ -100,7 +100,7 @@ def test_emulated_gradient_is_mean_over_all_samples(tmp_path):
     model.zero_grad(set_to_none=True)
     torch.stack([loss.mean() for loss in losses]).mean().backward()
     mean_of_means = _flat_grad(model)
-    assert [row["samples"] for row in rows] == sizes.loc[step].tolist()
+    assert [m.row["samples"] for m in rows] == sizes.loc[step].tolist()
     torch.testing.assert_close(emulated, reference, rtol=1e-5, atol=1e-7)
     assert not torch.allclose(emulated, mean_of_means, rtol=1e-2, atol=0)
 
