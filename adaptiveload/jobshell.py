@@ -9,7 +9,7 @@ own, and
   `lifecycle.die_with_parent`), and starts nothing if Snakemake died while this program was
   starting (it is not its parent any more; Snakemake exports its pid as `PARENT_ENV`);
 * passes SIGTERM, SIGINT and SIGHUP on to the whole group (bash and everything it started:
-  a compiler, both commands of an `a && b`), and SIGKILLs what is left `GRACE_S` seconds
+  a compiler, both commands of an `a && b`), and SIGKILLs what is left `KILL_AFTER_S` seconds
   later, so a job that ignores them cannot linger either;
 * exits with bash's status, or 128 + n after signal n, as a shell does.
 
@@ -30,7 +30,8 @@ from typing import NoReturn
 
 from adaptiveload.lifecycle import STOP_SIGNALS, die_with_parent
 
-GRACE_S = 30  # seconds a stopped job gets to end cleanly (a trainer marks its MLflow run FAILED)
+# seconds a stopped job gets to end cleanly (a trainer marks its MLflow run FAILED) before SIGKILL
+KILL_AFTER_S = 30
 PARENT_ENV = "ADAPTIVELOAD_JOB_PARENT"  # the pid of the Snakemake that starts the jobs
 
 
@@ -42,7 +43,7 @@ def main() -> NoReturn:
     def stop(signum: int, _frame: object) -> None:
         if not stopped:
             stopped.append(signum)
-            signal.alarm(GRACE_S)
+            signal.alarm(KILL_AFTER_S)
         _signal_group(group, signum)
 
     for signum in STOP_SIGNALS:

@@ -19,20 +19,20 @@ import signal
 import sys
 import time
 
-GRACE_S = 10.0  # seconds after the first stop signal during which more are ignored
+REPEAT_SIGNAL_IGNORED_S = 10.0  # after the first stop signal, a SIGINT this soon is ignored
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
-def stop_on_signals(grace_s: float = GRACE_S) -> None:
+def stop_on_signals(ignore_s: float = REPEAT_SIGNAL_IGNORED_S) -> None:
     """Turn the first SIGTERM/SIGHUP into SystemExit and SIGINT into KeyboardInterrupt. After
     it, SIGTERM and SIGHUP are ignored (`SIG_IGN`, which also holds while the interpreter
-    shuts down), and SIGINT within `grace_s` seconds is too; a later SIGINT interrupts the
+    shuts down), and SIGINT within `ignore_s` seconds is too; a later SIGINT interrupts the
     clean-up (the user pressing Ctrl-C again). Main thread only, as Python's handlers are."""
     first: list[float] = []
 
     def handler(signum: int, _frame: object) -> None:
         now = time.monotonic()
-        if first and (signum != signal.SIGINT or now - first[0] < grace_s):
+        if first and (signum != signal.SIGINT or now - first[0] < ignore_s):
             return  # the clean-up of the first signal is running: let it finish
         if not first:
             first.append(now)

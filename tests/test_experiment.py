@@ -1,9 +1,11 @@
 import pytest
+import torch
 
 from adaptiveload import experiment
 from adaptiveload.data.bucketing import DEFAULT_GRID, DEFAULT_MAX_FRAMES, DEFAULT_MODE, GRIDS, MODES
 from adaptiveload.data.dataset import CONTENTS
 from adaptiveload.errors import UserError
+from adaptiveload.model.attention import LAYOUTS
 from adaptiveload.pipeline import MAX_EMULATED_WORLD_SIZE, SWEEP_VARIANTS
 from adaptiveload.planning.budgets import MAX_BUDGET, P_RANGE
 from adaptiveload.planning.plan import FREE, STEP_MODES
@@ -11,9 +13,10 @@ from adaptiveload.planning.policies import POLICIES
 from adaptiveload.planning.simulate import DEFAULT_ALLREDUCE_GBPS
 from adaptiveload.training.settings import (
     AUTO_LAYOUT,
-    BATCH_LAYOUTS,
+    AUTO_PRECISION,
     DEVICES,
     KERNELS,
+    PRECISIONS,
     TrainConfig,
     from_experiment,
 )
@@ -77,6 +80,26 @@ def test_train_config_defaults_are_the_schemas():
     assert bare == from_file
 
 
+def test_training_has_its_own_device_and_precision():
+    """train.device (null: calibration.device, as before it existed) and train.precision
+    (auto: bf16 on CUDA, fp32 on CPU, what the trainer hard-coded before)."""
+
+    def cfg(**sections):
+        exp = experiment.validate({"name": "x", **sections}, "test")
+        return from_experiment(exp, "adaptiveload", 0, launch_mode="emulated", world_size=1)
+
+    assert (cfg().device, cfg().precision, cfg().autocast_dtype) == ("cpu", "fp32", None)
+    on_gpu = cfg(calibration={"device": "cuda"})
+    assert (on_gpu.device, on_gpu.precision) == ("cuda", "bf16")
+    assert on_gpu.autocast_dtype == torch.bfloat16
+    assert cfg(calibration={"device": "cuda"}, train={"device": "cpu"}).device == "cpu"
+    assert cfg(train={"precision": "bf16"}).autocast_dtype == torch.bfloat16
+    assert cfg(train={"device": "cuda", "precision": "fp16"}).autocast_dtype == torch.float16
+    with pytest.raises(UserError, match=r"train\.precision fp16: CUDA only") as err:
+        cfg(train={"precision": "fp16"})
+    assert "\n" not in str(err.value)
+
+
 def test_schema_default_reads_nested_and_list_fields():
     filled = experiment.validate({"name": "x"}, "test")
     assert experiment.schema_default("train.steps") == filled["train"]["steps"]
@@ -108,8 +131,10 @@ def test_schema_copies_of_code_constants():
     for field in ("train", "simulate", "paper_map"):
         assert experiment.schema_default(f"{field}.allreduce_gbps") == DEFAULT_ALLREDUCE_GBPS
     assert props["model"]["properties"]["kernels"]["items"]["enum"] == list(KERNELS)
-    assert props["model"]["properties"]["batch_layout"]["enum"] == [AUTO_LAYOUT, *BATCH_LAYOUTS]
+    assert props["model"]["properties"]["batch_layout"]["enum"] == [AUTO_LAYOUT, *LAYOUTS]
     assert props["calibration"]["properties"]["device"]["enum"] == list(DEVICES)
+    assert props["train"]["properties"]["device"]["enum"] == [*DEVICES, None]
+    assert props["train"]["properties"]["precision"]["enum"] == [AUTO_PRECISION, *PRECISIONS]
     assert props["train"]["properties"]["world_size"]["maximum"] == MAX_EMULATED_WORLD_SIZE
     assert list(props["sweeps"]["properties"]) == list(SWEEP_VARIANTS)  # every axis is named
     budgets = props["budgets"]["properties"]

@@ -212,7 +212,7 @@ def test_sdpa_runs_equal_a_block_diagonal_mask_and_per_segment_cross_attention()
     lengths = [48, 48, 24, 24, 24, 6]
     gen = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(seg.num_tokens, 2, 16, generator=gen) for _ in range(3))
-    assert attn.packed_backend(torch.device("cpu")) == "sdpa-runs"
+    assert attn.choose_backend("packed", torch.device("cpu")) == "sdpa-runs"
     got = attn.attention(q, k, v, seg)
     assert _rel(got, _block_diagonal_reference(q, k, v, lengths)) <= RTOL
 

@@ -100,6 +100,29 @@ def test_emulated_gradient_is_mean_over_all_samples(tmp_path):
     model.zero_grad(set_to_none=True)
     torch.stack([loss.mean() for loss in losses]).mean().backward()
     mean_of_means = _flat_grad(model)
-    assert [row["samples"] for row in rows] == sizes.loc[step].tolist()
+    assert [m.row["samples"] for m in rows] == sizes.loc[step].tolist()
     torch.testing.assert_close(emulated, reference, rtol=1e-5, atol=1e-7)
     assert not torch.allclose(emulated, mean_of_means, rtol=1e-2, atol=0)
+
+
+def test_train_precision_sets_the_autocast_of_forward_and_backward(tmp_path):
+    """train.precision reaches the step: bf16 on CPU runs forward and backward under bf16
+    autocast (its gradients differ from fp32's, close to them; the zero-initialised head
+    makes step 0's loss the same), fp32 (CPU's default) runs none; parameters stay fp32."""
+    torch.set_num_threads(1)
+    grads = {}
+    for precision in ("fp32", "bf16"):
+        exp = experiment.load(write_experiment(tmp_path, name=precision, precision=precision))
+        cfg = from_experiment(exp, "adaptiveload", 0, launch_mode="emulated", world_size=1)
+        trainer = Trainer(cfg, prepare_data(exp, cfg), None, Ranks.emulated(1), progress=False)
+        try:
+            with trainer._autocast():
+                assert torch.is_autocast_enabled("cpu") == (precision == "bf16")
+            trainer.forward_backward(0)
+            grads[precision] = _flat_grad(trainer.model)
+            assert {p.dtype for p in trainer.model.parameters()} == {torch.float32}
+        finally:
+            trainer.close()
+    assert not torch.equal(grads["bf16"], grads["fp32"])
+    error = (grads["bf16"] - grads["fp32"]).norm() / grads["fp32"].norm()
+    assert 0 < error < 0.1

@@ -30,6 +30,7 @@ from adaptiveload.training.distributed import Ranks
 from adaptiveload.training.inputs import check_layout, prepare_data
 from adaptiveload.training.loop import TrainData, Trainer
 from adaptiveload.training.objective import per_sample_loss, step_generator
+from adaptiveload.training.session import run_tags
 from adaptiveload.training.settings import from_experiment
 
 TORCHRUN = Path(sys.executable).parent / "torchrun"
@@ -125,6 +126,30 @@ def test_the_gradient_of_a_mixed_step_is_the_mean_over_all_its_samples(tmp_path)
     finally:
         trainer.close()
     torch.testing.assert_close(emulated, reference, rtol=1e-5, atol=1e-7)
+
+
+def test_the_run_tags_name_the_layout_and_backend_the_model_ran(tmp_path):
+    """The layout and attention backend are chosen once (`TrainConfig.execution`): in a
+    trained step the model dispatched to the backend the run's tags record (CPU: SDPA), and
+    it refuses a micro-batch of the other layout."""
+    torch.set_num_threads(1)
+    for layout, want in (("dense", "sdpa"), ("packed", "sdpa-runs")):
+        path = write_experiment(tmp_path, name=layout, model={"batch_layout": layout}, steps=2)
+        exp = experiment_config.load(path)
+        cfg = from_experiment(exp, "adaptiveload", 0, launch_mode="emulated", world_size=1)
+        trainer = Trainer(cfg, prepare_data(exp, cfg), None, Ranks.emulated(1), progress=False)
+        try:
+            assert trainer.model.attention_ran is None
+            trainer.forward_backward(0)
+        finally:
+            trainer.close()
+        tags = run_tags(cfg)
+        assert (tags["batch_layout"], tags["attention_backend"]) == (layout, want)
+        assert trainer.model.attention_ran == tags["attention_backend"]
+        batch = collate([trainer.data.dataset[0]])
+        other = batch.dense() if layout == "packed" else batch.latents
+        with pytest.raises(ValueError, match=f"to a model that runs {layout} ones"):
+            trainer.model(other, torch.zeros(1), batch.context)
 
 
 def test_a_dense_run_refuses_a_plan_of_mixed_cells(tmp_path):

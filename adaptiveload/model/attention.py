@@ -1,4 +1,4 @@
-"""Attention over a dense micro-batch or a packed token stream, backend chosen at run time.
+"""Attention over a dense micro-batch or a packed token stream, on a backend chosen once.
 
 Dense (one bucket shape, no padding, no masks): q/k/v [B, L, heads, head_dim], FlashAttention
 (`flash_attn_func`) on CUDA when installed, else PyTorch SDPA.
@@ -6,7 +6,8 @@ Dense (one bucket shape, no padding, no masks): q/k/v [B, L, heads, head_dim], F
 Packed (`Segments`): q [L, heads, head_dim] holds every segment's queries; keys and values are
 either per token, [L, heads, head_dim] (self-attention: each segment attends to itself), or
 per segment, [G, L_k, heads, head_dim] (cross-attention: each segment attends to its own text
-context). Backends, the first that applies (`packed_backend`; the run's tags record it):
+context). Backends, the first that applies (`choose_backend`; a training run chooses once,
+in its `Execution`, which the model runs and the run's tags record):
 
 - ``flash-attn-varlen``: flash-attn's `flash_attn_varlen_func`, when installed, on CUDA;
 - ``torch-varlen``: torch's own `torch.nn.attention.varlen.varlen_attn` (its flash/cuDNN
@@ -23,6 +24,7 @@ autocast) and anything else to bf16.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -40,15 +42,16 @@ except ImportError:  # pragma: no cover - depends on the torch version
     varlen_attn = None
 
 HALF = (torch.float16, torch.bfloat16)
+# dense: one bucket shape per micro-batch, a [B, C, T', H', W'] tensor; packed: any shapes as
+# one token stream (docs/packing.md)
+LAYOUTS = ("dense", "packed")
 
 
-def dense_backend(device: torch.device) -> str:
-    """The backend `attention` uses for a dense micro-batch on `device`."""
-    return "flash-attn" if flash_attn_func is not None and device.type == "cuda" else "sdpa"
-
-
-def packed_backend(device: torch.device) -> str:
-    """The backend `attention` uses for a packed stream on `device` (module docstring)."""
+def choose_backend(layout: str, device: torch.device) -> str:
+    """The attention backend for micro-batches of `layout` on `device` (module docstring):
+    the one home of the choice."""
+    if layout == "dense":
+        return "flash-attn" if flash_attn_func is not None and device.type == "cuda" else "sdpa"
     if device.type == "cuda":
         if flash_attn_varlen_func is not None:
             return "flash-attn-varlen"
@@ -57,22 +60,47 @@ def packed_backend(device: torch.device) -> str:
     return "sdpa-runs"
 
 
+@dataclass(frozen=True)
+class Execution:
+    """How a run feeds and computes its micro-batches, decided once from its config and
+    device: the layout of the model's input and the attention backend it runs on. The model
+    runs exactly this backend and the run's tags record it, so the two cannot disagree."""
+
+    layout: str
+    attention: str
+
+    @classmethod
+    def on(cls, layout: str, device: torch.device) -> Execution:
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout '{layout}': expected one of {LAYOUTS}")
+        return cls(layout, choose_backend(layout, device))
+
+    @property
+    def packed(self) -> bool:
+        return self.layout == "packed"
+
+
 def attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segments: Segments | None = None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    segments: Segments | None = None,
+    backend: str | None = None,
 ) -> torch.Tensor:
     """softmax(q k^T / sqrt(d)) v per sample; returns q's layout.
 
     Dense (`segments` None): q/k/v [B, L, heads, head_dim]. Packed: q [L, heads, head_dim];
     k/v per token (self-attention within each segment) or per segment [G, L_k, heads,
     head_dim] (cross-attention to each segment's own keys). q and k arrive in fp32 (after
-    RMSNorm and RoPE); like Wan they are cast to v's dtype.
+    RMSNorm and RoPE); like Wan they are cast to v's dtype. `backend`: the run's choice
+    (`Execution.attention`); None chooses for this call's layout and device.
     """
     q, k = q.to(v.dtype), k.to(v.dtype)
-    if segments is not None:
-        return PACKED[packed_backend(q.device)](q, k, v, segments)
-    if dense_backend(q.device) == "flash-attn":
-        return _half(flash_attn_func, q, k, v)
-    return _sdpa(q, k, v)
+    layout, table = ("dense", DENSE) if segments is None else ("packed", PACKED)
+    backend = backend or choose_backend(layout, q.device)
+    if backend not in table:
+        raise ValueError(f"attention backend '{backend}' does not run a {layout} micro-batch")
+    return table[backend](q, k, v) if segments is None else table[backend](q, k, v, segments)
 
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -114,6 +142,11 @@ def _sdpa_runs(q, k, v, segments: Segments) -> torch.Tensor:
     return segments.per_run(_sdpa, [q, k, v])
 
 
+def _flash_attn(q, k, v) -> torch.Tensor:
+    return _half(flash_attn_func, q, k, v)
+
+
+DENSE: dict[str, Callable[..., torch.Tensor]] = {"flash-attn": _flash_attn, "sdpa": _sdpa}
 PACKED: dict[str, Callable[..., torch.Tensor]] = {
     "flash-attn-varlen": _flash_attn_varlen,
     "torch-varlen": _torch_varlen,

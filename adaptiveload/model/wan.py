@@ -29,7 +29,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from adaptiveload.model.architectures import WanConfig
-from adaptiveload.model.attention import attention
+from adaptiveload.model.attention import Execution, attention, choose_backend
 from adaptiveload.model.modulate import LnModulate, resolve
 from adaptiveload.model.rope import apply_rope, rope_angles
 from adaptiveload.model.segments import Grid, Segments
@@ -96,6 +96,7 @@ class Attention(nn.Module):
         context: torch.Tensor | None = None,
         rope: tuple[torch.Tensor, torch.Tensor] | None = None,
         segments: Segments | None = None,
+        backend: str | None = None,
     ) -> torch.Tensor:
         kv = x if context is None else context
         heads = (self.num_heads, -1)
@@ -104,7 +105,7 @@ class Attention(nn.Module):
         v = self.v(kv).unflatten(-1, heads)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        return self.o(attention(q, k, v, segments).flatten(-2))
+        return self.o(attention(q, k, v, segments, backend).flatten(-2))
 
 
 class Block(nn.Module):
@@ -131,16 +132,19 @@ class Block(nn.Module):
         context: torch.Tensor,
         rope: tuple[torch.Tensor, torch.Tensor],
         segments: Segments | None = None,
+        backend: str | None = None,
     ) -> torch.Tensor:
         with fp32_region(x):
             shift_msa, scale_msa, gate_msa, shift_ffn, scale_ffn, gate_ffn = (
                 self.modulation + e0
             ).chunk(6, dim=1)
         y = self.self_attn(self.norm1(x, scale_msa, shift_msa, segments), rope=rope,
-                           segments=segments)  # fmt: skip
+                           segments=segments, backend=backend)  # fmt: skip
         with fp32_region(x):
             x = x + gated(y, gate_msa, segments)
-        x = x + self.cross_attn(self.norm3(x), context=context, segments=segments)
+        x = x + self.cross_attn(
+            self.norm3(x), context=context, segments=segments, backend=backend
+        )
         y = self.ffn(self.norm2(x, scale_ffn, shift_ffn, segments))
         with fp32_region(x):
             x = x + gated(y, gate_ffn, segments)
@@ -167,16 +171,24 @@ class Head(nn.Module):
 class WanModel(nn.Module):
     """Wan 2.1 T2V DiT: latent [B, C, T', H', W'] + timesteps [B] + text [B, L, text_dim]
     -> predicted velocity [B, C_out, T', H', W'] (fp32); or a packed micro-batch: a list of
-    such latents of different shapes, with timesteps and text of all their samples."""
+    such latents of different shapes, with timesteps and text of all their samples.
+
+    `execution` (a training run's, chosen once from its config and device) fixes the layout
+    the model accepts and the attention backend it runs; without it each call takes either
+    layout and chooses the backend for its device. `attention_ran` records the backend of the
+    last forward, what a run's tag must name."""
 
     def __init__(
         self,
         cfg: WanConfig,
         ln_modulate_impl: str = "eager",
         activation_checkpointing: bool = False,
+        execution: Execution | None = None,
     ) -> None:
         super().__init__()
         self.cfg = cfg
+        self.execution = execution
+        self.attention_ran: str | None = None
         self.activation_checkpointing = activation_checkpointing
         dim = cfg.dim
         self.patch_embedding = nn.Conv3d(
@@ -223,6 +235,7 @@ class WanModel(nn.Module):
         """Dense: x [B, C, T', H', W'] -> [B, C_out, T', H', W']. Packed: x a list of dense
         latents of different bucket shapes, t [G] and context [G, L, text_dim] for their G
         samples in list order -> the list of their predictions; inside, one token stream."""
+        backend = self._attention_backend(x)
         groups = [x] if isinstance(x, torch.Tensor) else list(x)
         grids = [self._grid(g) for g in groups]
         tokens = [self.patch_embedding(g).flatten(2).transpose(1, 2) for g in groups]  # f-h-w
@@ -240,15 +253,30 @@ class WanModel(nn.Module):
 
         for block in self.blocks:
             if self.activation_checkpointing and torch.is_grad_enabled():
-                x = checkpoint(block, x, e0, context, rope, segments, use_reentrant=False)
+                args = (x, e0, context, rope, segments, backend)
+                x = checkpoint(block, *args, use_reentrant=False)
             else:
-                x = block(x, e0, context, rope, segments)
+                x = block(x, e0, context, rope, segments, backend)
+        self.attention_ran = backend
 
         x = self.head(x, e, segments)
         if segments is None:
             return self.unpatchify(x, grids[0]).float()
         parts = segments.split_groups(x)
         return [self.unpatchify(p, g).float() for p, g in zip(parts, grids, strict=True)]
+
+    def _attention_backend(self, x: Latents) -> str:
+        """The run's backend (`execution`), refusing input of the other layout; without an
+        execution, the backend for this input's layout on its device."""
+        layout = "dense" if isinstance(x, torch.Tensor) else "packed"
+        if self.execution is None:
+            device = x.device if isinstance(x, torch.Tensor) else x[0].device
+            return choose_backend(layout, device)
+        if layout != self.execution.layout:
+            raise ValueError(
+                f"a {layout} micro-batch given to a model that runs {self.execution.layout} ones"
+            )
+        return self.execution.attention
 
     def _grid(self, x: torch.Tensor) -> Grid:
         if x.ndim != 5 or x.shape[1] != self.cfg.in_dim:

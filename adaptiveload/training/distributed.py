@@ -9,7 +9,7 @@ Two launch modes, one loop:
   single GPU, not a measurement. The model is wrapped in DDP (gradients all-reduced
   in buckets during backward, overlapping communication with compute), or sharded with FSDP2
   `fully_shard` per block (`train.fsdp`, meant for the 14B config: parameters, gradients and
-  optimizer state sharded, bf16 parameters, fp32 reduction).
+  optimizer state sharded, parameters gathered in `train.precision`, fp32 reduction).
 - **emulated**: one process plays all N ranks in turn on one device; no process group.
 
 Timing in distributed mode: a rank's compute time ends when its last parameter gradient is
@@ -120,16 +120,19 @@ def teardown(ranks: Ranks) -> None:
         dist.destroy_process_group()
 
 
-def wrap(model: nn.Module, ranks: Ranks, device: torch.device, fsdp: bool) -> nn.Module:
-    """DDP or FSDP2 around `model` in distributed mode; the bare model when emulated."""
+def wrap(
+    model: nn.Module, ranks: Ranks, device: torch.device, fsdp: bool, dtype: torch.dtype | None
+) -> nn.Module:
+    """DDP or FSDP2 around `model` in distributed mode; the bare model when emulated. FSDP2
+    gathers parameters in the run's autocast `dtype` (None: fp32) and reduces in fp32."""
     if not ranks.distributed:
         return model
     if fsdp:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        if device.type != "cuda":
-            mp = MixedPrecisionPolicy()
+        mp = MixedPrecisionPolicy()
+        if dtype is not None:
+            mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
         for block in getattr(model, "blocks", []):
             fully_shard(block, mp_policy=mp)
         return fully_shard(model, mp_policy=mp)

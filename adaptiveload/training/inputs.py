@@ -103,7 +103,7 @@ def check_layout(plan: pd.DataFrame, cfg: TrainConfig, origin: str | Path) -> No
     """UserError unless the run's batch layout can hold the plan's micro-batches: a dense
     micro-batch is one [B, C, T', H', W'] tensor, so a cell of several bucket shapes needs
     the packed layout (`origin`: the experiment file, named in the message)."""
-    if cfg.batch_layout == "packed" or plan.empty:
+    if cfg.execution.packed or plan.empty:
         return
     # two shapes differ in frames, height or width: a cell mixes shapes iff a column varies
     varies = plan.groupby(["step", "rank"])[["frames", "height", "width"]].nunique().max(axis=1)

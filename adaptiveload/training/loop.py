@@ -2,7 +2,7 @@
 
 Per step, every rank this process runs (all N when emulated, its own when distributed) takes
 its micro-batch from its PlanBatchSampler (collated by `data.packed.collate`, fed to the model
-dense or as shape groups of one token stream by `model.batch_layout`, docs/packing.md), runs
+dense or as shape groups of one token stream by the run's `Execution`, docs/packing.md), runs
 forward+backward with its loss scaled so that the step's gradient is the mean over ALL
 samples of the step (docs/definitions.md, loss weighting):
 
@@ -83,6 +83,44 @@ class TrainResult:
     steps: pd.DataFrame  # one row per (step, rank), STEP_COLUMNS
 
 
+@dataclass(frozen=True)
+class Loaded:
+    """One rank's micro-batch on the device: its plan indices, the model's input in the run's
+    layout, the text context, and how long loading took (run's timer, wall clock)."""
+
+    indices: PlanBatch
+    x0: Any  # a dense tensor or the packed shape groups (`Execution.layout`)
+    context: torch.Tensor
+    load_s: float
+    load_wall_s: float
+
+    @property
+    def inputs(self) -> tuple[Any, torch.Tensor]:
+        return self.x0, self.context
+
+
+@dataclass(frozen=True)
+class Ran:
+    """One micro-batch's forward and backward: its loss summed over its samples, its compute
+    time (run's timer; under DDP until its gradients are ready), wall time and wait."""
+
+    loss_sum: float
+    compute_s: float
+    compute_wall_s: float
+    wait_s: float
+
+
+@dataclass(frozen=True)
+class MicroBatchTiming:
+    """A measured micro-batch: its row of the per-step table (the columns of STEP_COLUMNS it
+    knows; `Trainer._step` adds the step-wide ones) and the load times that the emulated step
+    time adds, which are no column."""
+
+    row: dict[str, Any]
+    load_s: float  # the run's timer
+    load_wall_s: float  # the wall clock
+
+
 def build_model(cfg: TrainConfig, device: torch.device) -> WanModel:
     """Wan 2.1 with seeded init: every launch mode on one kind of device starts from the same
     weights. Built on `device` itself: the 1.4B parameters of the 1.3B take tens of seconds
@@ -94,6 +132,7 @@ def build_model(cfg: TrainConfig, device: torch.device) -> WanModel:
             get_config(cfg.model),
             ln_modulate_impl=cfg.kernel,
             activation_checkpointing=cfg.activation_checkpointing,
+            execution=cfg.execution,
         )
     return model.to(device)
 
@@ -182,13 +221,15 @@ class Trainer:
             torch.set_num_threads(1)
         model = build_model(cfg, self.device)
         self.dtype = next(model.parameters()).dtype
-        self.model = dd.wrap(model, self.ranks, self.device, cfg.fsdp)
+        self.model = dd.wrap(model, self.ranks, self.device, cfg.fsdp, cfg.autocast_dtype)
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(),
             lr=cfg.optim.lr,
             betas=cfg.optim.betas,
             weight_decay=cfg.optim.weight_decay,
         )
+        # fp16 gradients underflow without loss scaling; disabled, the scaler passes through
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=cfg.precision == "fp16")
         self.samplers = {r: PlanBatchSampler(data.builder, r) for r in self.ranks.local}
         if self.ranks.distributed:  # processes that read their inputs differently stop here
             next(iter(self.samplers.values())).check_ranks()
@@ -274,21 +315,25 @@ class Trainer:
         return batch
 
     def _autocast(self):
-        if self.device.type == "cuda":
-            return torch.autocast("cuda", dtype=torch.bfloat16)
-        return nullcontext()
+        """Forward and backward in the run's `train.precision` (fp32: no autocast)."""
+        dtype = self.cfg.autocast_dtype
+        return torch.autocast(self.device.type, dtype=dtype) if dtype else nullcontext()
 
-    def _micro_batch(self, step: int, rank: int) -> dict[str, Any]:
-        w_load, t_load = self.clock.both()
+    def _load(self, rank: int) -> Loaded:
+        """`rank`'s next micro-batch on the device, in the run's layout, its load timed."""
+        w0, t0 = self.clock.both()
         indices = self._next_batch(rank)
-        global_samples, padding = indices.info.step_samples, indices.info.is_padding
         batch = collate([self.data.dataset[i] for i in indices]).to(self.device, self.dtype)
-        x0 = batch.latents if self.cfg.batch_layout == "packed" else batch.dense()
-        tokens = self._tokens[indices]
-        b = len(indices)
-        # a cell of several shapes is reported by its largest sample's bucket shape
-        frames, height, width = self.data.dataset.shapes[indices[int(np.argmax(tokens))]]
-        scale = (self.ranks.world_size if self.ranks.distributed else 1) / global_samples
+        x0 = batch.latents if self.cfg.execution.packed else batch.dense()
+        w1, t1 = self.clock.both()
+        return Loaded(indices, x0, batch.context, load_s=t1 - t0, load_wall_s=w1 - w0)
+
+    def _run(self, step: int, rank: int, loaded: Loaded) -> Ran:
+        """Forward and backward of one micro-batch, its loss scaled for the step's mean
+        (module docstring), timed by the run's timer and the wall clock."""
+        scale = (self.ranks.world_size if self.ranks.distributed else 1) / (
+            loaded.indices.info.step_samples
+        )
         cuda = self.device.type == "cuda"
         if cuda:
             torch.cuda.reset_peak_memory_stats(self.device)
@@ -299,17 +344,16 @@ class Trainer:
         if cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
+        gen = step_generator(self.cfg.seed, step, rank)
         with self._autocast():
-            gen = step_generator(self.cfg.seed, step, rank)
-            losses = per_sample_loss(self.model, x0, batch.context, self.cfg.objective, gen)
-        (losses.sum() * scale).backward()
+            losses = per_sample_loss(self.model, *loaded.inputs, self.cfg.objective, gen)
+        self.scaler.scale(losses.sum() * scale).backward()
         if cuda:
             end.record()
             end.synchronize()
         w1, t1 = self.clock.both()
         fwd_bwd = start.elapsed_time(end) / 1000.0 if cuda else t1 - t0
-        compute = fwd_bwd
-        wait = 0.0
+        compute, wait = fwd_bwd, 0.0
         if self.ranks.distributed:
             ready = self.grad_clock.elapsed_since(start) if self.grad_clock else None
             if ready is not None:
@@ -318,13 +362,25 @@ class Trainer:
                 t_b = self.clock.now()
                 dd.barrier(self.ranks)
                 wait = self.clock.now() - t_b
-        loss_sum = float(losses.detach().sum())  # the table keeps the mean over the samples
-        return {
+        loss_sum = float(losses.detach().sum())
+        return Ran(loss_sum=loss_sum, compute_s=compute, compute_wall_s=w1 - w0, wait_s=wait)
+
+    def _measure(self, step: int, rank: int, loaded: Loaded, ran: Ran) -> MicroBatchTiming:
+        """The micro-batch's row of the per-step table (its step-wide columns follow in
+        `_step`) and the load times the emulated step time adds."""
+        indices = loaded.indices
+        tokens = self._tokens[indices]
+        b = len(indices)
+        # a cell of several shapes is reported by its largest sample's bucket shape
+        frames, height, width = self.data.dataset.shapes[indices[int(np.argmax(tokens))]]
+        cuda = self.device.type == "cuda"
+        padding = indices.info.is_padding
+        row = {
             "step": step,
             "rank": rank,
-            "compute_s": compute,
-            "compute_wall_s": w1 - w0,
-            "wait_s": wait,
+            "compute_s": ran.compute_s,
+            "compute_wall_s": ran.compute_wall_s,
+            "wait_s": ran.wait_s,
             "samples": b,
             "tokens": int(tokens.sum()),
             "tokens_sq": int((tokens * tokens).sum()),
@@ -335,25 +391,30 @@ class Trainer:
             "peak_bytes_model": (
                 self.data.calibration.cost.set_memory(tokens) if self.data.calibration else None
             ),
-            "loss": loss_sum / b,
+            "loss": ran.loss_sum / b,  # the table keeps the mean over the samples
             "lower_bound_s": None,  # a simulation's column: no model number in a measured row
             # a padding repeat trains (its gradient counts) but is no new data: not throughput
             "padding_samples": b if padding else 0,
             "padding_tokens": int(tokens.sum()) if padding else 0,
-            "_load_s": t0 - t_load,
-            "_load_wall_s": w0 - w_load,
         }
+        return MicroBatchTiming(row, load_s=loaded.load_s, load_wall_s=loaded.load_wall_s)
 
-    def forward_backward(self, step: int) -> list[dict[str, Any]]:
-        """Every local rank's micro-batch of `step`: gradients accumulated, rows returned."""
+    def _micro_batch(self, step: int, rank: int) -> MicroBatchTiming:
+        loaded = self._load(rank)
+        return self._measure(step, rank, loaded, self._run(step, rank, loaded))
+
+    def forward_backward(self, step: int) -> list[MicroBatchTiming]:
+        """Every local rank's micro-batch of `step`: gradients accumulated, timings returned."""
         self.optimizer.zero_grad(set_to_none=True)
         return [self._micro_batch(step, r) for r in self.ranks.local]
 
     def optimizer_step(self, step: int) -> None:
+        self.scaler.unscale_(self.optimizer)  # clip the true gradients
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.grad_clip)
         for group in self.optimizer.param_groups:
             group["lr"] = self.cfg.optim.lr_at(step)
-        self.optimizer.step()
+        self.scaler.step(self.optimizer)  # skips a step of non-finite fp16 gradients
+        self.scaler.update()
 
     def _step(self, step: int) -> list[dict[str, Any]]:
         t_step = self.clock.now()
@@ -361,17 +422,17 @@ class Trainer:
         w_opt, t_opt = self.clock.both()
         self.optimizer_step(step)
         w_end, t_end = self.clock.both()
-        if self.ranks.distributed:
-            local[0]["_wall"] = w_end - t_step
-            rows = [row for part in dd.all_gather(local, self.ranks) for row in part]
-            step_time = step_wall = max(row["_wall"] for row in rows)
+        if self.ranks.distributed:  # the step's wall on each process, the slowest counts
+            parts = dd.all_gather((w_end - t_step, [m.row for m in local]), self.ranks)
+            rows = [row for _, part in parts for row in part]
+            step_time = step_wall = max(wall for wall, _ in parts)
         else:
-            rows = local
+            rows = [m.row for m in local]
             compute_max = max(row["compute_s"] for row in rows)
             for row in rows:
                 row["wait_s"] = compute_max - row["compute_s"]
-            step_time = max(r["_load_s"] + r["compute_s"] for r in rows) + (t_end - t_opt)
-            step_wall = max(r["_load_wall_s"] + r["compute_wall_s"] for r in rows) + (
+            step_time = max(m.load_s + m.row["compute_s"] for m in local) + (t_end - t_opt)
+            step_wall = max(m.load_wall_s + m.row["compute_wall_s"] for m in local) + (
                 w_end - w_opt
             )
         self.seen += sum(row["samples"] - row["padding_samples"] for row in rows)

@@ -43,7 +43,7 @@ from adaptiveload.training.distributed import Ranks, resolve_ranks, timer_of
 from adaptiveload.training.inputs import check_layout, prepare_data, run_identity
 from adaptiveload.training.loop import StepSink, TrainData, Trainer, total_steps
 from adaptiveload.training.settings import TrainConfig, from_experiment
-from adaptiveload.training.summary import attention_backend, ln_modulate_impl, run_summary
+from adaptiveload.training.summary import ln_modulate_impl, run_summary
 
 
 @dataclass
@@ -149,8 +149,9 @@ def run_tags(cfg: TrainConfig) -> dict[str, str]:
         "policy": cfg.policy,
         "seed": str(cfg.seed),
         "kernel": cfg.kernel,
-        "batch_layout": cfg.batch_layout,
-        "attention_backend": attention_backend(cfg),
+        "batch_layout": cfg.execution.layout,
+        "attention_backend": cfg.execution.attention,
+        "precision": cfg.precision,
         "ln_modulate_impl": ln_modulate_impl(cfg),
         "launch_mode": cfg.launch_mode,
         "world_size": str(cfg.world_size),

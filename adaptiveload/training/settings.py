@@ -12,21 +12,28 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from typing import Any
+
+import torch
 
 from adaptiveload.errors import UserError
 from adaptiveload.experiment import schema_default
+from adaptiveload.model.attention import LAYOUTS, Execution
 from adaptiveload.pipeline import check_world_size
 from adaptiveload.planning.policies import get_policy
 from adaptiveload.step_table import WHOLE_EPOCH, window_kind
 
 LAUNCH_MODES = ("emulated", "distributed")
 KERNELS = ("eager", "fused")
-# dense: one bucket shape per micro-batch, a [B, C, T', H', W'] tensor; packed: any shapes as
-# one token stream (docs/packing.md); auto: packed for a policy that plans packs, else dense
-BATCH_LAYOUTS = ("dense", "packed")
+# model.batch_layout: one of the model's LAYOUTS, or auto: packed for a policy that plans
+# packs, else dense
 AUTO_LAYOUT = "auto"
 DEVICES = ("cpu", "cuda")
+# train.precision -> the autocast dtype of forward and backward: the one home of the mapping
+# (fp32: no autocast); auto resolves to bf16 on CUDA (Wan's), fp32 on CPU
+PRECISIONS = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+AUTO_PRECISION = "auto"
 
 
 @dataclass(frozen=True)
@@ -73,6 +80,7 @@ class TrainConfig:
     launch_mode: str = "emulated"
     world_size: int = schema_default("train.world_size")
     device: str = schema_default("calibration.device")
+    precision: str = schema_default("train.precision")
     steps: int | str = schema_default("train.steps")  # or WHOLE_EPOCH: one whole epoch timed
     warmup_steps: int = schema_default("train.warmup_steps")
     epochs: int = schema_default("train.epochs")  # whole epochs of `steps: epoch`
@@ -91,11 +99,12 @@ class TrainConfig:
         for name, allowed in (
             ("launch_mode", LAUNCH_MODES),
             ("kernel", KERNELS),
-            ("batch_layout", BATCH_LAYOUTS),
+            ("batch_layout", LAYOUTS),
             ("device", DEVICES),
         ):
             if getattr(self, name) not in allowed:
                 raise UserError(f"{name} '{getattr(self, name)}': expected one of {allowed}")
+        self._resolve_precision()
         check_world_size(self.world_size)
         if not 0 <= self.seed < 2**32:
             raise UserError(f"--seed {self.seed}: must be between 0 and {2**32 - 1}")
@@ -115,6 +124,32 @@ class TrainConfig:
                 f"train.warmup_steps={self.warmup_steps} must be below steps={self.steps}: "
                 "metrics are computed over the steps after warm-up"
             )
+
+    def _resolve_precision(self) -> None:
+        if self.precision == AUTO_PRECISION:  # the run records the precision it runs
+            auto = "bf16" if self.device == "cuda" else "fp32"
+            object.__setattr__(self, "precision", auto)
+        if self.precision not in PRECISIONS:
+            allowed = [AUTO_PRECISION, *PRECISIONS]
+            raise UserError(f"train.precision '{self.precision}': expected one of {allowed}")
+        if self.precision == "fp16" and self.device != "cuda":
+            raise UserError(
+                "train.precision fp16: CUDA only (loss-scaled fp16 autocast); "
+                "use bf16 or fp32 on cpu"
+            )
+
+    @property
+    def autocast_dtype(self) -> torch.dtype | None:
+        """The dtype forward and backward run in under autocast; None: fp32, no autocast."""
+        return None if self.precision == "fp32" else PRECISIONS[self.precision]
+
+    @cached_property
+    def execution(self) -> Execution:
+        """The layout and attention backend of this run, chosen here once from the config and
+        the device: the model runs them, the loop feeds them, the run's tags record them (not
+        a field: the choice follows from `batch_layout` and `device`, already in the
+        fingerprint)."""
+        return Execution.on(self.batch_layout, torch.device(self.device))
 
     @property
     def timed_window(self) -> str:
@@ -165,7 +200,8 @@ def from_experiment(
         batch_layout=experiment["model"]["batch_layout"],
         launch_mode=launch_mode,
         world_size=world_size,
-        device=device or experiment["calibration"]["device"],
+        device=device or train["device"] or experiment["calibration"]["device"],
+        precision=train["precision"],
         steps=steps if steps is not None else train["steps"],
         warmup_steps=train["warmup_steps"],
         epochs=train["epochs"],

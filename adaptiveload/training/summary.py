@@ -19,7 +19,6 @@ import torch
 
 from adaptiveload import metrics
 from adaptiveload.costmodel import Calibration
-from adaptiveload.model.attention import dense_backend, packed_backend
 from adaptiveload.ops import ln_modulate as lm
 from adaptiveload.planning.sampler import PlanBuilder
 from adaptiveload.planning.simulate import simulate
@@ -27,12 +26,6 @@ from adaptiveload.provenance import device_name
 from adaptiveload.step_table import WHOLE_EPOCH, real_counts, timed
 from adaptiveload.training.distributed import timer_of
 from adaptiveload.training.settings import TrainConfig
-
-
-def attention_backend(cfg: TrainConfig) -> str:
-    """The attention backend the run's layout uses on its device (model.attention)."""
-    device = torch.device(cfg.device)
-    return packed_backend(device) if cfg.batch_layout == "packed" else dense_backend(device)
 
 
 def ln_modulate_impl(cfg: TrainConfig) -> str:
@@ -146,8 +139,9 @@ def run_summary(
         "policy": cfg.policy,
         "seed": cfg.seed,
         "kernel": cfg.kernel,
-        "batch_layout": cfg.batch_layout,
-        "attention_backend": attention_backend(cfg),
+        "batch_layout": cfg.execution.layout,
+        "attention_backend": cfg.execution.attention,
+        "precision": cfg.precision,
         "ln_modulate_impl": ln_modulate_impl(cfg),
         "launch_mode": cfg.launch_mode,
         "world_size": cfg.world_size,

@@ -36,7 +36,7 @@ from adaptiveload.data.packed import PackedBatch, collate
 from adaptiveload.experiment import load
 from adaptiveload.io import write_json
 from adaptiveload.model.architectures import get_config
-from adaptiveload.model.attention import packed_backend
+from adaptiveload.model.attention import choose_backend
 from adaptiveload.model.wan import WanModel
 from adaptiveload.training.objective import per_sample_loss, step_generator
 from adaptiveload.training.settings import ObjectiveConfig
@@ -171,7 +171,7 @@ def main() -> None:
         "pack_budget_tokens": args.budget,
         "packs_count": len(packs),
         "repeats": args.repeats,
-        "attention_backend": packed_backend(torch.device("cpu")),
+        "attention_backend": choose_backend("packed", torch.device("cpu")),
         "target_ratio": TARGET,
         "load_average_before": load_before,
         "load_average_after": os.getloadavg(),
