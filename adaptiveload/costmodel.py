@@ -352,7 +352,7 @@ class Calibration:
         return replace(
             self, p=derived.p, m_mem=derived.m_mem, m_comp=derived.m_comp, m_tok=derived.m_tok,
             capacity_bytes=float(capacity), extra=extra,
-        )  # fmt: skip
+        )
 
     def require_model(self, model: str, origin: str | Path) -> None:
         """UserError unless this calibration was made for `model`: the same name and, where
@@ -533,7 +533,7 @@ def derive_budgets(
         p_unclamped=float(p_raw),
         s_lo=s_lo, s_hi=s_hi,
         ref_tokens=float(ref_tokens), ref_batch=int(ref_batch), max_fits=max_fits,
-    )  # fmt: skip
+    )
 
 
 def memory_budget(cost: CostModel, capacity_bytes: float, headroom: float, s_min: float) -> float:

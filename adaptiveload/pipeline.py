@@ -154,7 +154,7 @@ STAGE_FIELDS: dict[str, tuple[str, ...]] = {
     "train": ("name", "model.config", "model.batch_layout", "data", "budgets", "plan", "train",
               "calibration.device", "calibration.file"),
     "paper_map": ("name", "paper_map"),
-}  # fmt: skip
+}
 
 
 def stage_view(config: dict[str, Any], stage: str, variant: str = "base") -> dict[str, Any]:
@@ -167,11 +167,11 @@ def stage_view(config: dict[str, Any], stage: str, variant: str = "base") -> dic
 BASE_VARIANT = "base"
 # a `sweeps:` axis of the experiment -> the name of its points, "<name>=<value>"
 SWEEP_VARIANTS = {"p": "p", "m_comp_scale": "m_comp", "world_sizes": "world_size",
-                  "mixtures": "mixture"}  # fmt: skip
+                  "mixtures": "mixture"}
 # a training variant: the runs at a step mode of `train.step_modes` other than the plan's
 STEP_MODE_AXIS = "steps_per_epoch"
 _VALUES = {"p": r"[0-9.]+", "m_comp": r"[0-9.e+-]+", "world_size": r"\d+",
-           "mixture": r"[A-Za-z0-9_.-]+"}  # fmt: skip
+           "mixture": r"[A-Za-z0-9_.-]+"}
 _VALUES[STEP_MODE_AXIS] = r"free|match|[1-9]\d*"
 # every variant name (the `variant` wildcard of the rules)
 VARIANT_PATTERN = "|".join([BASE_VARIANT, *(f"{n}=(?:{v})" for n, v in _VALUES.items())])
@@ -189,7 +189,7 @@ def parse_variant(variant: str) -> tuple[str, str]:
     """(axis name, value) of a sweep point, ("", "") for the base; UserError for anything else."""
     if not re.fullmatch(VARIANT_PATTERN, variant):
         raise UserError(f"variant {variant!r}: expected {BASE_VARIANT} or one of "
-                        f"{', '.join(f'{n}=VALUE' for n in _VALUES)}")  # fmt: skip
+                        f"{', '.join(f'{n}=VALUE' for n in _VALUES)}")
     axis, _, value = variant.partition("=")
     return (axis, value) if value else ("", "")
 
@@ -286,7 +286,7 @@ def run_index(config: dict[str, Any]) -> list[dict[str, Any]]:
                     d = out.run_dir(policy, seed, kernel, variant_level(variant))
                     runs.append({"setup": "train", "variant": variant,
                                  "summary": f"{d}/summary.json", "steps": f"{d}/steps.parquet",
-                                 "calibration": out.calibration})  # fmt: skip
+                                 "calibration": out.calibration})
     for sim in config["simulate"]:
         for variant in variants(config["sweeps"]):
             for policy in config["policies"]:
@@ -295,7 +295,7 @@ def run_index(config: dict[str, Any]) -> list[dict[str, Any]]:
                     runs.append({"setup": f"sim/{sim['name']}", "variant": variant,
                                  "experiment": config["name"], "kernel": "none",
                                  "summary": f"{d}/summary.json", "steps": f"{d}/steps.parquet",
-                                 "calibration": sim["calibration"]})  # fmt: skip
+                                 "calibration": sim["calibration"]})
     return runs
 
 

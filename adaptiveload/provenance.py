@@ -39,13 +39,13 @@ def git_commit() -> str:
         out = subprocess.run(
             ["git", "ls-files", "--error-unmatch", here.name],
             capture_output=True, text=True, timeout=10, cwd=here.parent,
-        )  # fmt: skip
+        )
         if out.returncode != 0:
             return "unknown"
         out = subprocess.run(
             ["git", "rev-parse", "HEAD"],
             capture_output=True, text=True, timeout=10, cwd=here.parent,
-        )  # fmt: skip
+        )
         return out.stdout.strip() or "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"

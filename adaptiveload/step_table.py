@@ -39,7 +39,7 @@ STEP_COLUMNS = (
     "frames", "height", "width", "peak_bytes", "peak_bytes_model", "loss", "step_time_s",
     "step_wall_s", "lower_bound_s", "padding_samples", "padding_tokens", "samples_seen",
     *VAL_COLUMNS,
-)  # fmt: skip
+)
 # the columns a table must have to be analysed; a producer may leave the others out
 REQUIRED_STEP_COLUMNS = (
     "step",

@@ -54,7 +54,7 @@ def write_run(
              peak_bytes_model=1e8 * samples[s, r], loss=0.5, step_time_s=step_time[s],
              step_wall_s=step_time[s] * wall[s], padding_samples=0, padding_tokens=0)
         for s in range(steps) for r in range(ranks)
-    ]  # fmt: skip
+    ]
     out = root / setup.replace("/", "_") / variant / policy / f"seed{seed}"
     out.mkdir(parents=True, exist_ok=True)
     pd.DataFrame(rows, columns=list(STEP_COLUMNS)).to_parquet(out / "steps.parquet")
@@ -65,7 +65,7 @@ def write_run(
                    launch_mode="emulated", world_size=ranks, device=device, source=source,
                    warmup_steps=warmup, capacity_bytes=4e9, calibration=calibration,
                    timed_window=timed_window,
-                   **metrics.as_dict())  # fmt: skip
+                   **metrics.as_dict())
     assert set(SUMMARY_KEYS) <= set(summary)  # what the analysis requires of every summary
     (out / "summary.json").write_text(json.dumps(summary))
     return dict(setup=setup, variant=variant, summary=str(out / "summary.json"),

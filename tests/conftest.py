@@ -24,7 +24,7 @@ LONGEST_FIRST = (
     "test_routes.py", "test_sampler_docs.py", "test_train_distributed.py", "test_kernel_ops.py",
     "test_kernel_build.py", "test_train_resume.py", "test_kernel_check.py",
     "test_kernel_segments.py",
-)  # fmt: skip
+)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

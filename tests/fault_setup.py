@@ -31,7 +31,7 @@ def small_disk(path: Path, size_kib: int) -> Iterator[Path]:
     done = subprocess.run(
         ["mount", "-t", "tmpfs", "-o", f"size={size_kib}k", "tmpfs", str(path)],
         capture_output=True, text=True,
-    )  # fmt: skip
+    )
     if done.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()[:200]}")
     try:

@@ -53,7 +53,7 @@ def pipeline_commands(experiment: Path) -> list[list[str]]:
         [str(Path(sys.executable).parent / "snakemake"), "-n", "-p", "-F", "--configfile",
          str(experiment.relative_to(REPO))],
         cwd=REPO, capture_output=True, text=True, check=True, timeout=600,
-    )  # fmt: skip
+    )
     out = []
     for shell in re.findall(r"^Shell command: (.*)$", proc.stdout, re.M):
         shell = re.sub(r"\s*>\s*\S+\s*2>&1\s*$", "", shell).strip().strip("()")
@@ -125,7 +125,7 @@ def plan_name(path: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("experiments", nargs="*", type=Path,
-                        default=sorted((REPO / "experiments").glob("*.yaml")))  # fmt: skip
+                        default=sorted((REPO / "experiments").glob("*.yaml")))
     parser.add_argument("-o", "--out", type=Path, help="write the digests as JSON")
     parser.add_argument("--compare", type=Path, help="digests JSON to compare with")
     args = parser.parse_args(argv)

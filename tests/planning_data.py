@@ -16,7 +16,7 @@ SHAPES = np.array(
         (1, 480, 832), (1, 1024, 1024), (17, 480, 832), (33, 480, 832),
         (49, 480, 832), (81, 480, 832), (81, 720, 1280), (5, 256, 256),
     ]
-)  # fmt: skip
+)
 
 
 def bucketed(n: int, seed: int = 0, shapes: np.ndarray = SHAPES) -> pd.DataFrame:
@@ -26,7 +26,7 @@ def bucketed(n: int, seed: int = 0, shapes: np.ndarray = SHAPES) -> pd.DataFrame
     manifest = pd.DataFrame({
         "sample_id": [f"s{i:07d}" for i in range(n)],
         "num_frames": pick[:, 0], "height": pick[:, 1], "width": pick[:, 2],
-    })  # fmt: skip
+    })
     return bucketize(manifest, mode="exact").samples
 
 

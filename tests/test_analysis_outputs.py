@@ -140,19 +140,19 @@ def test_calibration_fit_marks_the_held_out_packs():
 
     cost = CostModel(c0=0.01, a=1e-4, b=1e-8)
     points = [{"batch": n, "tokens": s, "time_s": float(cost.step_time(n, s))}
-              for n in (1, 2) for s in (100, 1000, 4000)]  # fmt: skip
+              for n in (1, 2) for s in (100, 1000, 4000)]
     packs = [{"pack": "a", "tokens": [1000, 100], "samples": 2, "sum_tokens": 1100,
               "status": "ok", "time_s": 1.25 * cost.set_time([1000, 100])},
              {"pack": "b", "tokens": [4000, 4000, 100], "samples": 3, "sum_tokens": 8100,
-              "status": "oom", "time_s": None}]  # fmt: skip
+              "status": "oom", "time_s": None}]
     cal = {"model": "m", "device": "d", "source": "measured", "p": 1.2, "points": points,
            "cost": {"c0": 0.01, "a": 1e-4, "b": 1e-8},
-           "additivity": held_out(cost, packs, memory_measured=False, timer="cpu")}  # fmt: skip
+           "additivity": held_out(cost, packs, memory_measured=False, timer="cpu")}
     ax = calibration_fit(SimpleNamespace(calibration=cal)).axes[0]
     crosses = [c for c in ax.collections if c.get_label() == "mixed packs (held out)"]
     assert len(crosses) == 1
     np.testing.assert_allclose(crosses[0].get_offsets(),
-                               [[cost.set_time([1000, 100]), packs[0]["time_s"]]])  # fmt: skip
+                               [[cost.set_time([1000, 100]), packs[0]["time_s"]]])
     assert "mixed packs held out (1): median 20.0%, worst 20.0%" in ax.get_title()
 
 
@@ -168,13 +168,13 @@ def test_figure_layouts_name_things_and_do_not_collide(tmp_path):
         for policy in ("equal-token", "adaptiveload"):
             index.append(write_run(tmp_path / "runs", policy, seed, setup="sim/h200-1.3b",
                                    kernel="none", source="model", device="NVIDIA H200 (prior)",
-                                   steps=12))  # fmt: skip
+                                   steps=12))
     agg = aggregate(parse_index(index))
     stats = compare(agg.runs, agg.steps, n_boot=200, seed=0)
     describe = {"manifest": "x/manifest.parquet", "num_samples": 3, "num_excluded": 0,
-                "buckets": [{"tokens": t, "count": 1} for t in (100, 400, 1600)]}  # fmt: skip
+                "buckets": [{"tokens": t, "count": 1} for t in (100, 400, 1600)]}
     inputs = figures.FigureInputs(agg.runs, agg.steps, stats, describe=describe,
-                                  mixture="paper-mixed")  # fmt: skip
+                                  mixture="paper-mixed")
 
     def boxes(artists, fig):
         fig.canvas.draw()
@@ -213,7 +213,7 @@ def test_labels_say_which_clock_measured_and_which_calibration_predicted(tmp_pat
         write_run(runs, "equal-token", 0, setup="sim/prior", kernel="none", source="model",
                   device="NVIDIA H200 (analytic prior)",
                   calibration="model (NVIDIA H200 (analytic prior))"),
-    ]  # fmt: skip
+    ]
     labels = aggregate(parse_index(index)).runs.set_index("setup")["label"]
     assert labels["train"] == "measured (cpu)"
     assert labels["sim/measured"] == "model (measured calibration, cuda:NVIDIA H200)"
@@ -237,16 +237,16 @@ def test_load_vs_lower_bound_draws_each_policy_at_16_and_256_ranks(tmp_path):
     for n in (16, 256):
         for policy in ("adaptiveload-balanced", "adaptiveload-packed"):
             plan = build_plan(samples, policy, Budgets.resolve(calibration=cal), n, 0,
-                              cost_model=cal)  # fmt: skip
+                              cost_model=cal)
             sim = simulate(plan.table, cal)
             out = tmp_path / f"n{n}" / policy
             out.mkdir(parents=True)
             sim.steps.to_parquet(out / "steps.parquet")
             summary = {**sim.summary, "experiment": "t", "policy": policy, "seed": 0,
-                       "kernel": "none"}  # fmt: skip
+                       "kernel": "none"}
             (out / "summary.json").write_text(json.dumps(summary, default=float))
             index.append({"setup": f"sim/n{n}", "summary": str(out / "summary.json"),
-                          "steps": str(out / "steps.parquet")})  # fmt: skip
+                          "steps": str(out / "steps.parquet")})
     agg = aggregate(parse_index(index))
     empty = pd.DataFrame()
     fig = load_vs_lower_bound(FigureInputs(runs=agg.runs, steps=agg.steps, stats=empty))

@@ -110,7 +110,7 @@ def test_whole_epoch_runs_resample_only_the_clock(tmp_path):
         agg = aggregate(parse_index(index))
         assert set(agg.runs["timed_window"]) == {window}
         tables[window] = _get(compare(agg.runs, agg.steps, n_boot=1000, seed=0),
-                              "samples_per_s ratio", HIERARCHICAL)  # fmt: skip
+                              "samples_per_s ratio", HIERARCHICAL)
     steps, epoch = tables["steps"], tables["epoch"]
     assert epoch.estimate == pytest.approx(steps.estimate)
     assert epoch.ci_low > 1.0 and epoch.p_value < 0.01

@@ -40,12 +40,12 @@ GARBAGE = bytes(range(256)) * 4  # not UTF-8: what a binary file given by mistak
 NAN, INF = math.nan, math.inf
 
 TRAIN = ["train", "--config", "{cfg}", "--policy", "adaptiveload", "--seed", "0",
-         "--out", "{out}/run", "--no-track"]  # fmt: skip
+         "--out", "{out}/run", "--no-track"]
 PLAN = ["plan", "--manifest", "{manifest}", "--policy", "adaptiveload", "--world-size", "2",
         "--seed", "0", "-o", "{out}/plan.parquet", "--summary", "{out}/plan.json",
-        "--m-mem", "2048", "--m-comp", "60000", "--p", "1.4"]  # fmt: skip
+        "--m-mem", "2048", "--m-comp", "60000", "--p", "1.4"]
 SIMULATE = ["simulate", "--plan", "{plan}", "--calibration", "{cal}",
-            "-o", "{out}/sim.parquet", "--summary", "{out}/sim.json"]  # fmt: skip
+            "-o", "{out}/sim.parquet", "--summary", "{out}/sim.json"]
 
 
 def _with(base: list[str], flag: str, value: str) -> list[str]:
@@ -61,7 +61,6 @@ def cfg(expect: str, **sections: dict[str, Any]) -> tuple[list[str], dict[str, A
     return TRAIN, {"config": sections}, expect
 
 
-# fmt: off
 BAD_INPUTS: list[tuple[str, list[str], dict[str, Any], str]] = [
     # --- experiment config: numbers JSON Schema bounds cannot catch, absurd sizes
     ("lr-nan", *cfg("train.lr", train={"lr": NAN})),
@@ -202,7 +201,6 @@ BAD_INPUTS: list[tuple[str, list[str], dict[str, Any], str]] = [
      "line 2"),
     ("spool-directory", ["sync", "{dir}"], {}, "directory"),
 ]
-# fmt: on
 
 
 def _write(path: Path, content: str | bytes) -> None:
@@ -220,7 +218,7 @@ def _fixtures(tmp: Path, spec: dict[str, Any]) -> dict[str, str]:
         "cfg": inputs / "exp.yaml", "cal": inputs / "cal.json", "manifest": inputs / "m.csv",
         "plan": inputs / "plan.parquet", "spool": inputs / "tracking.spool.jsonl",
         "plan_summary": inputs / "plan.json",
-    }  # fmt: skip
+    }
     config = spec.get("config")
     if isinstance(config, dict):
         exp = copy.deepcopy(GOOD_EXPERIMENT)

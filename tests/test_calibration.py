@@ -50,7 +50,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "adaptiveload", "calibrate", *args], capture_output=True,
         text=True, cwd=ROOT,
-    )  # fmt: skip
+    )
 
 
 # These tests check what a calibration writes, not how good this machine's timings are (a
@@ -67,7 +67,7 @@ def test_tiny_cpu_calibration_follows_the_grid_rules_and_writes_a_valid_file(tmp
         "--tokens", "16,64,256,1024", "--repeats", "2", "--capacity-gb", "0.5",
         "--max-batch-tokens", "2048", "--mixture", "tiny-cpu", "--num-samples", "300", *ROBUST,
         "-o", str(out),
-    )  # fmt: skip
+    )
     assert proc.returncode == 0, proc.stderr
     cal = Calibration.load(out)
     assert (cal.model, cal.source) == ("wan2.1-tiny", "measured")
@@ -115,7 +115,7 @@ def test_validate_times_micro_batches_drawn_from_every_policys_plan(tmp_path):
         "16,64,256,1024", "--repeats", "2", "--capacity-gb", "0.05", "--mixture", "tiny-cpu",
         "--num-samples", "200", "--validate", "6", "--validate-world-size", "4",
         "--validate-max-seconds", "0.2", *ROBUST, "-o", str(out),
-    )  # fmt: skip
+    )
     assert proc.returncode == 0, proc.stderr
     cal = Calibration.load(out)
     val = cal.extra["validation"]
@@ -145,7 +145,7 @@ def test_calibrate_takes_its_settings_from_an_experiment_file(tmp_path):
                         "capacity_gb": 0.1, "threads": 1, "timer": "cpu", "warmup": 2,
                         "max_loo_error": 10},
         "budgets": {"m_tok": "auto", "m_mem": "auto", "m_comp": "auto", "p": "auto"},
-    }  # fmt: skip
+    }
     path = tmp_path / "exp.yaml"
     path.write_text(yaml.safe_dump(exp))
     out = tmp_path / "cal.json"
@@ -171,7 +171,7 @@ def test_an_experiment_becomes_one_calibration_config():
     exp = validate({"name": "x", "calibration": {"tokens": [16, 64, 256], "capacity_gb": 0.2,
                                                  "ref_tokens": 200, "repeats": 4},
                     "data": {"mixture": "tiny-cpu", "num_samples": 50},
-                    "train": {"activation_checkpointing": True}}, "test")  # fmt: skip
+                    "train": {"activation_checkpointing": True}}, "test")
     cfg = CalibrationConfig.from_experiment(exp)
     assert cfg.grid == Grid(batch_sizes=(1, 2, 4), tokens=(16, 64, 256), repeats=4)
     assert cfg.budgets == BudgetRules(capacity_gb=0.2, ref_tokens=200)
@@ -211,7 +211,7 @@ def test_bad_input_is_refused_before_measuring_and_writes_nothing(tmp_path, args
         base += ["--capacity-gb", "0.1"]
     with pytest.raises(UserError, match=re.escape(message)):
         cli_app()(["calibrate", "measure", *base, *args, "--quiet", "-o", str(out)],
-                  standalone_mode=False)  # fmt: skip
+                  standalone_mode=False)
     assert not out.exists()
 
 
@@ -232,7 +232,7 @@ def test_empty_manifest_is_rejected_before_writing(tmp_path):
     proc = run_cli(
         "measure", "--model", "wan2.1-micro", "--batch-sizes", "1,2", "--tokens", "16,64",
         "--capacity-gb", "0.1", "--manifest", str(manifest), "--quiet", "-o", str(out),
-    )  # fmt: skip
+    )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert not out.exists()
 
@@ -267,7 +267,7 @@ def test_prior_budgets_at_the_capacity_it_is_given(tmp_path):
     without it), as `budgets --capacity-gb` does from the same cost model."""
     out = tmp_path / "p80.json"
     cli_app()(["calibrate", "prior", "--model", "wan2.1-t2v-1.3b", "--mixture", "paper-mixed",
-               "--capacity-gb", "80", "-o", str(out)], standalone_mode=False)  # fmt: skip
+               "--capacity-gb", "80", "-o", str(out)], standalone_mode=False)
     cal = Calibration.load(out)
     assert cal.capacity_bytes == pytest.approx(80e9)
     shipped = Calibration.load(PRIORS / "h200-wan2.1-t2v-1.3b.json")
@@ -308,7 +308,7 @@ def test_shipped_priors_are_reproducible(model):
 def test_cuda_calibration_measures_memory():
     grid = Grid(batch_sizes=(1, 2), tokens=(256, 1024, 4096, 8192), repeats=2)
     cal = calibrate(CalibrationConfig(model="wan2.1-tiny", device="cuda", grid=grid),
-                    progress=False)  # fmt: skip
+                    progress=False)
     assert cal.extra["memory_source"] == "measured" and cal.source == "measured"
     assert all(p["peak_bytes"] > 0 for p in cal.extra["points"])
     assert cal.cost.m_tok > 0 and cal.extra["fit"]["mem_r2"] is not None

@@ -114,7 +114,7 @@ def test_refit_cli_writes_the_shipped_file_and_refuses_another_model(tmp_path):
          "paper-mixed",
          "--num-samples", "20000", "-o", str(out)],
         capture_output=True, text=True, cwd=ROOT,
-    )  # fmt: skip
+    )
     assert proc.returncode == 0, proc.stderr
     assert "floored form, leave-one-out median" in proc.stderr
     fresh, shipped = Calibration.load(out), Calibration.load(SHIPPED)
@@ -124,6 +124,6 @@ def test_refit_cli_writes_the_shipped_file_and_refuses_another_model(tmp_path):
          "wan2.1-t2v-14b",
          "--mixture", "paper-mixed", "-o", str(tmp_path / "x.json")],
         capture_output=True, text=True, cwd=ROOT,
-    )  # fmt: skip
+    )
     assert wrong.returncode == 2 and "calibration is for 'wan2.1-t2v-1.3b'" in wrong.stderr
     assert not (tmp_path / "x.json").exists()

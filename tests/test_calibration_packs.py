@@ -44,7 +44,7 @@ def measured(tmp_path_factory) -> tuple[Calibration, Path]:
     """One real calibration of the micro model on this CPU with two packs, written and read
     back; timing quality is not the point (the leave-one-out gate is opened)."""
     cfg = CalibrationConfig(model="wan2.1-micro", grid=GRID, budgets=BudgetRules(0.05),
-                            threads=1, timer="cpu", max_loo=10.0)  # fmt: skip
+                            threads=1, timer="cpu", max_loo=10.0)
     cal = calibrate(cfg, progress=False)
     path = tmp_path_factory.mktemp("packs") / "cal.json"
     write_json(path, cal.to_dict())
@@ -56,7 +56,7 @@ def test_packs_are_timed_as_one_packed_micro_batch_and_held_out(measured):
     add = cal.extra["additivity"]
     assert [p["pack"] for p in add["packs"]] == ["short", "long"]
     assert cal.extra["grid"]["packs"] == [{"name": "short", "tokens": [221, 64, 16]},
-                                          {"name": "long", "tokens": [1024, 221]}]  # fmt: skip
+                                          {"name": "long", "tokens": [1024, 221]}]
     for row, pack in zip(add["packs"], PACKS, strict=True):
         assert row["status"] == "ok" and row["tokens"] == list(pack.tokens)
         assert row["samples"] == len(pack.tokens) and row["sum_tokens"] == sum(pack.tokens)
@@ -118,7 +118,7 @@ def test_held_out_errors_on_a_known_cost():
          "time_s": pred[1] / 1.2, "peak_bytes": cost.set_memory(tokens[1])},
         {"pack": "c", "tokens": tokens[2], "samples": 2, "sum_tokens": 2050, "status": "oom",
          "time_s": None, "peak_bytes": None},
-    ]  # fmt: skip
+    ]
     add = held_out(cost, packs, memory_measured=True, timer="wall")
     a, b, c = add["packs"]
     assert a["signed_err"] == pytest.approx(-0.1) and a["rel_err"] == pytest.approx(0.1)
@@ -143,7 +143,7 @@ def test_a_pack_runs_as_training_collates_it():
     pt, ph, pw = cfg.patch_size
     assert [tuple(g.shape) for g in x] == [
         (1, cfg.in_dim, pt, 13 * ph, 17 * pw), (2, cfg.in_dim, pt, 4 * ph, 4 * pw),
-    ]  # fmt: skip
+    ]
     assert t.shape == (3,) and context.shape == (3, cfg.text_len, cfg.text_dim)
     assert [tuple(y.shape) for y in target] == [tuple(g.shape) for g in x]
     model = WanModel(cfg)
@@ -170,10 +170,10 @@ def test_bad_packs_are_refused_in_one_line(make, message):
 def test_the_schema_declares_packs_and_refuses_bad_ones():
     assert schema_default("calibration.packs") == [] and Grid().packs == ()
     exp = validate({"name": "x", "calibration": {"packs": [{"name": "m", "tokens": [16, 64]}]}},
-                   "exp.yaml")  # fmt: skip
+                   "exp.yaml")
     assert CalibrationConfig.from_experiment(exp).grid.packs == (Pack("m", (16, 64)),)
     for bad in ([{"name": "m", "tokens": [16]}], [{"name": "m"}], [{"name": "m", "tokens": [16, 64],
-                                                                    "batch": 2}]):  # fmt: skip
+                                                                    "batch": 2}]):
         with pytest.raises(UserError, match=r"exp\.yaml.*calibration\.packs"):
             validate({"name": "x", "calibration": {"packs": bad}}, "exp.yaml")
 
@@ -189,15 +189,15 @@ def test_pack_flags_replace_the_config_packs_and_the_report_shows_them(tmp_path)
         "calibration": {"batch_sizes": [1, 2], "tokens": [16, 64, 256, 1024], "repeats": 2,
                         "capacity_gb": 0.05, "threads": 1, "timer": "cpu", "max_loo_error": 10,
                         "packs": [{"name": "from-file", "tokens": [256, 16]}]},
-    }))  # fmt: skip
+    }))
     out = tmp_path / "cal.json"
     base = [sys.executable, "-m", "adaptiveload", "calibrate", "measure", "--config", str(exp),
-            "--quiet", "-o", str(out)]  # fmt: skip
+            "--quiet", "-o", str(out)]
     bad = subprocess.run([*base, "--pack", "x=64,64"], capture_output=True, text=True, cwd=ROOT)
     assert bad.returncode == 2 and "at least 2 different token counts" in bad.stderr
     assert "Traceback" not in bad.stderr and not out.exists()
     proc = subprocess.run([*base, "--pack", "mix=221,64,16", "--pack", "pair=1024,64"],
-                          capture_output=True, text=True, cwd=ROOT)  # fmt: skip
+                          capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     data = json.loads(out.read_text())
     assert [p["name"] for p in data["grid"]["packs"]] == ["mix", "pair"]

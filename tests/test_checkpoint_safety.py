@@ -114,7 +114,7 @@ def test_planted_checkpoint_in_a_run_folder_does_not_run(tmp_path):
     result = adaptiveload(
         "train", "--config", str(exp), "--policy", "adaptiveload", "--seed", "0",
         "--out", str(out), "--no-track", env=cli_env(), cwd=ROOT, timeout=600,
-    )  # fmt: skip
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert not marker.exists(), "loading the checkpoint ran its payload"
     (note,) = _notes(result.stderr)

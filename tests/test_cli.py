@@ -71,7 +71,7 @@ def test_help_is_plain_text_at_any_width():
     out = subprocess.run(
         [sys.executable, "-m", "adaptiveload", "train", "--help"],
         capture_output=True, text=True, env=env,
-    )  # fmt: skip
+    )
     assert out.returncode == 0
     assert "│" not in out.stdout and "Examples:" in out.stdout
     prose = out.stdout.split("Options:")[0]

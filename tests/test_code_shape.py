@@ -108,3 +108,18 @@ def test_no_module_level_name_is_unused():
 def test_the_unused_name_check_sees_definitions_and_skips_commands():
     source = "X = 1\nclass C: ...\ndef f(): ...\n@app.command('c')\ndef c(): ...\n"
     assert defined_names(source) == ["X", "C", "f"]
+
+
+def test_no_formatter_markers():
+    """No formatter runs on this tree (`make check` is ruff's linter), so a `fmt: skip` or
+    `fmt: off` comment would promise something nothing keeps: none in the code."""
+    marker = re.compile(r"#\s*fmt:\s*(skip|off|on)\b")
+    found = [
+        f"{path.relative_to(REPO)}:{n}"
+        for pattern in USES
+        if not pattern.startswith("docs")
+        for path in REPO.glob(pattern)
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if marker.search(line)
+    ]
+    assert not found, found

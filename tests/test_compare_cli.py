@@ -46,7 +46,7 @@ def test_compare_prints_and_writes_every_policy(data, tmp_path, monkeypatch, cap
     code, stdout, err = run(
         monkeypatch, capsys, "compare", "--manifest", str(data / "mine.csv"), "--world-size",
         "8", "--calibration", "h200-wan2.1-t2v-1.3b", "-o", str(out),
-    )  # fmt: skip
+    )
     assert code == 0, err
     report = json.loads(out.read_text())
     names = [s["policy"] for s in report["policies"]]
@@ -75,7 +75,7 @@ def test_compare_with_a_prior_honours_capacity(data, monkeypatch, capsys, tmp_pa
             monkeypatch, capsys, "compare", "--manifest", str(data / "mine.csv"),
             "--world-size", "8", "--prior", "h200", "--model", "wan2.1-t2v-1.3b",
             "--capacity-gb", gb, "--policies", "equal-token,adaptiveload", "-o", str(out),
-        )  # fmt: skip
+        )
         assert code == 0, err
         reports[gb] = json.loads(out.read_text())
     assert reports["80"]["calibration"]["capacity_gb"] == pytest.approx(80)
@@ -89,7 +89,7 @@ def test_plan_reads_the_budgets_file_and_its_p(data, tmp_path, monkeypatch, caps
     code, stdout, err = run(
         monkeypatch, capsys, "budgets", "--calibration", "h200-wan2.1-t2v-1.3b", "--manifest",
         str(data / "tiny.csv"), "--grid", "tiny", "--capacity-gb", "40",
-    )  # fmt: skip
+    )
     assert code == 0, err
     budgets = tmp_path / "budgets.json"
     budgets.write_text(stdout)
@@ -99,7 +99,7 @@ def test_plan_reads_the_budgets_file_and_its_p(data, tmp_path, monkeypatch, caps
         monkeypatch, capsys, "plan", "--manifest", str(data / "tiny.csv"), "--grid", "tiny",
         "--policy", "adaptiveload", "--world-size", "4", "--seed", "0", "--budgets",
         str(budgets), "-o", str(tmp_path / "plan.parquet"), "--summary", str(summary),
-    )  # fmt: skip
+    )
     assert code == 0, err
     planned = json.loads(summary.read_text())
     for key in ("p", "m_mem", "m_comp", "m_tok"):
@@ -114,24 +114,24 @@ def test_plan_reads_the_budgets_file_and_its_p(data, tmp_path, monkeypatch, caps
         "--policy", "adaptiveload", "--world-size", "4", "--seed", "0", "--budgets",
         str(budgets), "--calibration", "h200-wan2.1-t2v-1.3b", "-o", str(tmp_path / "x.pq"),
         "--summary", str(tmp_path / "x.json"),
-    )  # fmt: skip
+    )
     assert code == 2 and "derived for model 'wan2.1-t2v-14b'" in err
 
 
 def test_budget_below_every_sample_warns_or_refuses(data, tmp_path, monkeypatch, capsys):
     """`plan --m-tok 10` (below every sample) exited 0 with every batch oversize, silently."""
     args = ["plan", "--manifest", str(data / "tiny.csv"), "--grid", "tiny", "--policy",
-            "equal-token", "--world-size", "4", "--seed", "0", "--m-tok", "10"]  # fmt: skip
+            "equal-token", "--world-size", "4", "--seed", "0", "--m-tok", "10"]
     plan = tmp_path / "plan.parquet"
     code, _, err = run(monkeypatch, capsys, *args, "-o", str(plan), "--summary",
-                       str(tmp_path / "s.json"))  # fmt: skip
+                       str(tmp_path / "s.json"))
     assert code == 0 and plan.exists()
     (line,) = [w for w in err.strip().splitlines() if not w.startswith("note: ")]
     assert line.startswith("warning: plan (equal-token): every sample exceeds")
     assert "m_tok=10" in line and "(the smallest has " in line
     strict = tmp_path / "strict.parquet"
     code, _, err = run(monkeypatch, capsys, *args, "-o", str(strict), "--summary",
-                       str(tmp_path / "t.json"), "--strict")  # fmt: skip
+                       str(tmp_path / "t.json"), "--strict")
     assert code == 2 and not strict.exists() and not (tmp_path / "t.json").exists()
     assert err.startswith("error: plan (equal-token): every sample exceeds")
 
@@ -141,16 +141,16 @@ def test_missing_budgets_say_how_to_get_them(data, tmp_path, monkeypatch, capsys
         monkeypatch, capsys, "plan", "--manifest", str(data / "tiny.csv"), "--policy",
         "adaptiveload", "--world-size", "4", "--seed", "0", "-o", str(tmp_path / "p.pq"),
         "--summary", str(tmp_path / "p.json"),
-    )  # fmt: skip
+    )
     assert code == 2
     for hint in ("--m-mem", "--budgets FILE", "adaptiveload budgets", "h200-wan2.1-t2v-1.3b",
-                 "calibrate prior --rates h200"):  # fmt: skip
+                 "calibrate prior --rates h200"):
         assert hint in err, err
 
 
 def test_unknown_calibration_name_lists_the_shipped(tmp_path, monkeypatch, capsys):
     code, _, err = run(monkeypatch, capsys, "compare", "--mixture", "tiny-cpu", "--world-size",
-                       "2", "--calibration", "h100-nope")  # fmt: skip
+                       "2", "--calibration", "h100-nope")
     assert code == 2 and "h200-wan2.1-t2v-1.3b-measured" in err and "\n" not in err.strip()
 
 

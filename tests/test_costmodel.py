@@ -21,7 +21,7 @@ from adaptiveload.model.wan import build_on_meta, count_parameters
 
 TRUE = CostModel(
     c0=0.02, a=3e-6, b=2e-10, m_static=2e9, m_tok=3e5, m_seq=4e6, c_seq=1e-4
-)  # fmt: skip
+)
 
 
 def _grid():
@@ -117,13 +117,13 @@ def test_m_comp_follows_p_along_the_reference_batch_and_scales():
     tokens = np.array([256] * 50 + [1024] * 30 + [4096] * 20)
     d = derive_budgets(TRUE, tokens, capacity_bytes=80e9, headroom=0.1)
     cal = Calibration(model="m", device="d", source="model", cost=TRUE, p=d.p, m_mem=d.m_mem,
-                      m_comp=d.m_comp, m_tok=d.m_tok, extra={"budgets": d.to_dict()})  # fmt: skip
+                      m_comp=d.m_comp, m_tok=d.m_tok, extra={"budgets": d.to_dict()})
     assert cal.m_comp_at() == cal.m_comp_at(d.p) == d.m_comp
     assert cal.m_comp_at(1.8) == d.ref_batch * 4096**1.8
     assert cal.m_comp_at(1.8, scale=0.5) == 0.5 * cal.m_comp_at(1.8)
     assert cal.m_comp_at(scale=4.0) == 4.0 * d.m_comp
     legacy = Calibration(model="m", device="d", source="model", cost=TRUE, p=d.p,
-                         m_mem=d.m_mem, m_comp=d.m_comp)  # fmt: skip
+                         m_mem=d.m_mem, m_comp=d.m_comp)
     assert legacy.m_comp_at(d.p, 2.0) == 2.0 * d.m_comp  # its own p needs no reference
     with pytest.raises(UserError, match="no reference batch"):
         legacy.m_comp_at(1.8)
@@ -291,10 +291,10 @@ def test_samples_over_the_device_capacity_are_excluded_and_counted():
         }
     )
     cal = Calibration(model="m", device="d", source="model", cost=TRUE, p=1.5, m_mem=8192,
-                      m_comp=8192**1.5, m_tok=8192, capacity_bytes=3e9)  # fmt: skip
+                      m_comp=8192**1.5, m_tok=8192, capacity_bytes=3e9)
     assert TRUE.memory(1, 4096) > 3e9 > TRUE.memory(1, 1024)
     plan = build_plan(frame, "adaptiveload", Budgets.resolve(calibration=cal), 4, 0,
-                      cost_model=cal)  # fmt: skip
+                      cost_model=cal)
     real = plan.table[~plan.table["is_padding"]]
     assert plan.summary["num_over_capacity"] == 6 and plan.summary["num_excluded"] == 6
     assert plan.summary["num_samples"] == 66 and plan.summary["num_planned"] == 60
@@ -311,7 +311,7 @@ def test_budgets_cli_sizes_the_device_for_an_m_mem():
 
     cal = "experiments/calibration/h200-wan2.1-t2v-1.3b-measured.json"
     args = [sys.executable, "-m", "adaptiveload", "budgets", "--calibration", cal,
-            "--mixture", "paper-mixed", "--num-samples", "500", "--max-frames", "5"]  # fmt: skip
+            "--mixture", "paper-mixed", "--num-samples", "500", "--max-frames", "5"]
     done = subprocess.run([*args, "--m-mem", "18000"], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout)
@@ -319,7 +319,7 @@ def test_budgets_cli_sizes_the_device_for_an_m_mem():
     assert (out["ref_tokens"], out["ref_batch"]) == (7200, 2) and out["m_tok"] == 14400
     assert 0 < out["capacity_gb"] < 141
     both = subprocess.run([*args, "--m-mem", "1", "--capacity-gb", "1"], capture_output=True,
-                          text=True)  # fmt: skip
+                          text=True)
     assert both.returncode == 2 and "not both" in both.stderr and not both.stdout
 
 

@@ -28,7 +28,7 @@ def test_minimal_file_gets_every_default(tmp_path):
     cfg = experiment.load(path)
     assert cfg["budgets"] == {
         "m_tok": "auto", "m_mem": "auto", "m_comp": "auto", "pack_tokens": None, "p": "auto",
-    }  # fmt: skip
+    }
     assert cfg["train"]["world_size"] >= 1
     assert cfg["data"]["bucketing"] == "aspect"
 

@@ -40,7 +40,7 @@ from adaptiveload.tracking.store import init_store, run_artifact_dir
 
 def _train_cmd(exp: Path, out: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "adaptiveload", "train", "--config", str(exp), "--policy",
-            "adaptiveload", "--seed", "0", "--out", str(out), *extra]  # fmt: skip
+            "adaptiveload", "--seed", "0", "--out", str(out), *extra]
 
 
 def _runs(uri: str, experiment: str = "t") -> list:
@@ -115,7 +115,7 @@ def test_trainer_sent_two_sigterms_ends_its_mlflow_run_failed(tmp_path):
     out = tmp_path / "run"
     env = dict(cli_env(uri), ADAPTIVELOAD_DIE_WITH_PARENT="1")  # as the pipeline starts it
     proc = subprocess.Popen(_train_cmd(exp, out), env=env, cwd=ROOT, stderr=subprocess.PIPE,
-                            text=True)  # fmt: skip
+                            text=True)
     _wait_for(lambda: (out / "checkpoints" / "ckpt-00000001.pt").exists(), proc)
     deadline = time.monotonic() + 5  # SIGTERMs 30 ms apart, as long as it takes to end
     while proc.poll() is None and time.monotonic() < deadline:
@@ -140,7 +140,7 @@ with exclusive(sys.argv[1]):
 def test_a_folder_lock_is_exclusive_and_a_killed_holder_keeps_nothing(tmp_path):
     lock = tmp_path / "run" / ".train.lock"
     holder = subprocess.Popen([sys.executable, "-c", _HOLD, str(lock)], env=cli_env(),
-                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+                              stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(LockHeld) as held, exclusive(lock):
@@ -162,11 +162,11 @@ def test_a_second_trainer_of_a_run_folder_is_refused_in_one_line(tmp_path):
     exp = write_experiment(tmp_path, steps=10000, warmup_steps=1, checkpoint_every=1)
     out = tmp_path / "run"
     first = subprocess.Popen(_train_cmd(exp, out), env=cli_env(uri), cwd=ROOT,
-                             stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL)  # fmt: skip
+                             stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
     try:
         _wait_for(lambda: (out / "checkpoints" / "ckpt-00000001.pt").exists(), first)
         second = subprocess.run(_train_cmd(exp, out), env=cli_env(uri), cwd=ROOT,
-                                capture_output=True, text=True, timeout=300)  # fmt: skip
+                                capture_output=True, text=True, timeout=300)
         _one_line_error(second, str(out), "another `adaptiveload train`", f"pid {first.pid}")
         assert first.poll() is None  # the live run goes on
     finally:
@@ -211,7 +211,7 @@ def test_a_resumed_run_logs_to_mlflow_what_its_table_holds(tmp_path):
     exp = write_experiment(tmp_path, steps=14, warmup_steps=1, checkpoint_every=4)
     out = tmp_path / "run"
     proc = subprocess.Popen(_train_cmd(exp, out), env=cli_env(uri), cwd=ROOT,
-                            stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL)  # fmt: skip
+                            stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
     try:
         while True:  # freeze it the moment the store is ahead of the checkpoint, then kill
             _wait_for(lambda: _store_ahead_of_checkpoint(uri, out), proc)
@@ -256,7 +256,7 @@ def test_checkpoint_write_on_a_full_disk_is_one_line_and_a_failed_run(tmp_path):
     with small_disk(tmp_path / "disk", 256) as disk:  # a checkpoint is ~400 KiB
         out = disk / "run"
         done = subprocess.run(_train_cmd(exp, out), env=cli_env(uri), cwd=ROOT,
-                              capture_output=True, text=True, timeout=600)  # fmt: skip
+                              capture_output=True, text=True, timeout=600)
         line = _one_line_error(done, "ckpt-00000002.pt", "No space left on device", "df -h")
         assert "free space" in line
         assert not list(out.rglob("*.tmp"))  # the partial write is gone
@@ -274,7 +274,7 @@ def test_training_on_a_read_only_store_is_one_line_before_training(tmp_path):
         read_only(disk)  # (from another process: this one holds no open file there)
         out = tmp_path / "run"
         done = subprocess.run(_train_cmd(exp, out), env=cli_env(uri), cwd=ROOT,
-                              capture_output=True, text=True, timeout=600)  # fmt: skip
+                              capture_output=True, text=True, timeout=600)
         _one_line_error(done, "read-only", str(disk / "mlflow.db"))
         assert not out.exists()  # nothing trained, nothing written
 
@@ -289,7 +289,7 @@ def test_a_store_that_refuses_writes_is_one_line_without_mlflow_logs(tmp_path, c
         if command == "train":
             exp = write_experiment(tmp_path, steps=2, warmup_steps=1)
             done = subprocess.run(_train_cmd(exp, tmp_path / "run"), env=cli_env(uri), cwd=ROOT,
-                                  capture_output=True, text=True, timeout=600)  # fmt: skip
+                                  capture_output=True, text=True, timeout=600)
         else:
             done = _record(*_analysis_inputs(tmp_path), tmp_path / "a.json", uri)
         _one_line_error(done, "read-only", str(tmp_path / "mlflow.db"))
@@ -299,7 +299,7 @@ def test_a_store_that_refuses_writes_is_one_line_without_mlflow_logs(tmp_path, c
 def _analysis_inputs(folder: Path) -> tuple[Path, Path]:
     paper = folder / "paper_table.csv"
     pd.DataFrame({"setup": ["train"], "kernel": ["eager"], "policy": ["adaptiveload"],
-                  "samples_per_s": [10.0]}).to_csv(paper, index=False)  # fmt: skip
+                  "samples_per_s": [10.0]}).to_csv(paper, index=False)
     stats = folder / "stats.csv"
     pd.DataFrame({"metric": ["samples_per_s"], "p_value": [0.5]}).to_csv(stats, index=False)
     return paper, stats
@@ -309,7 +309,7 @@ def _record(paper: Path, stats: Path, out: Path, uri: str, *artifacts: Path):
     extra = [a for path in artifacts for a in ("--artifact", str(path))]
     return adaptiveload("analyze", "record", "--experiment", "e", "--paper-table", str(paper),
                         "--stats", str(stats), "-o", str(out), *extra, env=cli_env(uri),
-                        cwd=out.parent, timeout=300)  # fmt: skip
+                        cwd=out.parent, timeout=300)
 
 
 @pytest.mark.slow
@@ -337,7 +337,7 @@ def test_analysis_run_is_replaced_only_once_the_new_one_is_complete(tmp_path):
                      uri={uri!r})
     """)
     done = subprocess.run([sys.executable, "-c", script], env=cli_env(), capture_output=True,
-                          text=True, timeout=300, preexec_fn=limited_writer(2 << 20))  # fmt: skip
+                          text=True, timeout=300, preexec_fn=limited_writer(2 << 20))
     assert done.returncode != 0 and "cannot write it" in done.stderr
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name("e")
@@ -366,7 +366,7 @@ def test_a_stopped_record_deletes_its_new_run_and_keeps_the_previous_analysis(tm
         [sys.executable, "-m", "adaptiveload", "analyze", "record", "--experiment", "e",
          "--paper-table", str(paper), "--stats", str(stats), "-o", str(tmp_path / "b.json"),
          *files], env=cli_env(uri), cwd=tmp_path, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    )
     root = tmp_path / "mlartifacts" / "e"
     _wait_for(lambda: len(list(root.glob("*/artifacts/tables/t*.csv"))) > 10, proc)
     proc.send_signal(signal.SIGTERM)
@@ -414,12 +414,12 @@ def test_truncated_per_step_table_in_aggregate_is_one_line(tmp_path):
     summary.write_text(json.dumps({
         "experiment": "t", "policy": "p", "seed": 0, "kernel": "eager", "world_size": 1,
         "launch_mode": "emulated", "device": "cpu", "source": "measured", "warmup_steps": 0,
-    }))  # fmt: skip
+    }))
     index = tmp_path / "run_index.json"
     index.write_text(json.dumps([{"setup": "train", "summary": str(summary), "steps": str(steps)}]))
     done = adaptiveload("analyze", "aggregate", "--index", str(index), "--runs-out",
                         str(tmp_path / "r.parquet"), "--steps-out", str(tmp_path / "s.parquet"),
-                        env=cli_env(), cwd=tmp_path, timeout=300)  # fmt: skip
+                        env=cli_env(), cwd=tmp_path, timeout=300)
     _one_line_error(done, str(steps), "cannot be read", "delete it and run the pipeline again")
     assert not (tmp_path / "r.parquet").exists()
 
@@ -437,11 +437,11 @@ def test_a_job_and_everything_it_started_die_with_its_killed_parent(tmp_path):
         "p.wait()\n"
     )
     parent = subprocess.Popen([sys.executable, "-c", parent_code], stdout=subprocess.PIPE,
-                              text=True)  # fmt: skip
+                              text=True)
     job = int(parent.stdout.readline())
     deadline = time.monotonic() + 60
     while len([p for p in descendants(job) if b"sleep" in Path(f"/proc/{p}/cmdline")
-               .read_bytes()]) < 2:  # fmt: skip
+               .read_bytes()]) < 2:
         assert time.monotonic() < deadline, "the job did not start"
         time.sleep(0.05)
     started = [job, *descendants(job)]
@@ -471,7 +471,7 @@ def test_the_job_shell_exits_with_the_status_of_its_command(tmp_path):
     shell = str(Path(sys.executable).parent / "adaptiveload-job")
     assert subprocess.run([shell, "-c", "exit 3"]).returncode == 3
     done = subprocess.run([shell, "-c", "set -euo pipefail; false | cat; echo no"],
-                          capture_output=True, text=True)  # fmt: skip
+                          capture_output=True, text=True)
     assert done.returncode == 1 and "no" not in done.stdout
     assert subprocess.run([shell, "-c", "kill -TERM $$"]).returncode == 128 + signal.SIGTERM
 
@@ -486,7 +486,7 @@ def test_a_store_that_filled_up_during_training_fails_the_check_until_it_is_sync
     with small_disk(tmp_path / "disk", 8192) as disk:
         uri = init_store(f"sqlite:///{disk / 'mlflow.db'}")
         tracker = RunTracker.start(uri, "e", "r", {}, {}, run_dir / "tracking.spool.jsonl",
-                                   run_dir=run_dir)  # fmt: skip
+                                   run_dir=run_dir)
         tracker.retry_s = 0.0
         tracker.log_step(0, {"loss": 1.0})
         fill(disk)
@@ -496,7 +496,7 @@ def test_a_store_that_filled_up_during_training_fails_the_check_until_it_is_sync
             assert not tracker.finish()
         assert (run_dir / "tracking.spool.jsonl").exists()
         check = ["tracking", "check", "--experiment", "e", str(run_dir), "-o",
-                 str(tmp_path / "check.json")]  # fmt: skip
+                 str(tmp_path / "check.json")]
         failed = adaptiveload(*check, env=cli_env(uri), cwd=tmp_path, timeout=300)
         _one_line_error(failed, "tracking.spool.jsonl", "full", "run the pipeline again")
         assert not (tmp_path / "check.json").exists()
@@ -529,7 +529,7 @@ def test_a_copied_results_folder_passes_the_check_and_its_runs_are_still_found(t
     uri = init_store(f"sqlite:///{old / 'mlflow.db'}")
     run_dir = old / "e" / "runs" / "a"
     tracker = RunTracker.start(uri, "e", "r", {}, {}, run_dir / "tracking.spool.jsonl",
-                               run_dir=run_dir)  # fmt: skip
+                               run_dir=run_dir)
     tracker.log_step(0, {"loss": 1.0})
     assert tracker.finish()
     new = tmp_path / "new"

@@ -41,7 +41,7 @@ def test_max_batch_tokens_that_leaves_too_few_points_is_refused():
     with pytest.raises(UserError, match="leaves 3 grid point"):
         grid = Grid(batch_sizes=(1, 2), tokens=(16, 64), max_batch_tokens=64)
         calibrate(CalibrationConfig(model="wan2.1-micro", grid=grid, budgets=BudgetRules(0.1)),
-                  progress=False)  # fmt: skip
+                  progress=False)
 
 
 def _script_calibration(variable: str, *extra: str) -> CalibrationConfig:
@@ -56,7 +56,7 @@ def _script_calibration(variable: str, *extra: str) -> CalibrationConfig:
     flags = re.search(rf'^{variable}="(.*?)"$', script, re.S | re.M).group(1)
     measure = typer.main.get_command(app).commands["calibrate"].commands["measure"]
     ctx = measure.make_context("measure", [*shlex.split(flags.replace("\\\n", " ")), *extra,
-                                           "-o", "unused.json"])  # fmt: skip
+                                           "-o", "unused.json"])
     return _settings(None, dict(ctx.params, max_loo=ctx.params["max_loo_error"]))
 
 
@@ -85,7 +85,7 @@ def test_the_device_check_times_mixed_packs_within_the_h200_and_its_part_limit()
 
     points, _ = _checked_grid(grid, largest=75600)
     grid_s = sum(_device_seconds(float(cal.cost.step_time(b, s)), grid)
-                 for b, s in points)  # fmt: skip
+                 for b, s in points)
     limit = int(re.search(r"CALIBRATE_S:-(\d+)", (GPU / "h200.sh").read_text()).group(1))
     # then memory up to the budgets: M_mem and the largest pack of the 16-rank packed plan
     from adaptiveload.calibration.grid import memory_points
@@ -112,7 +112,7 @@ def test_the_summary_reports_the_additivity_of_the_packs(tmp_path, gpu_script):
     rows = [{"pack": "mixed", "tokens": [32760, 1560], "samples": 2, "sum_tokens": 34320,
              "status": "ok", "time_s": 3.3, "peak_bytes": 30e9},
             {"pack": "huge", "tokens": [75600, 75600, 1560], "samples": 3, "sum_tokens": 152760,
-             "status": "oom", "time_s": None, "peak_bytes": None}]  # fmt: skip
+             "status": "oom", "time_s": None, "peak_bytes": None}]
     data = cal.to_dict()
     data["additivity"] = held_out(cal.cost, rows, memory_measured=True, timer="wall")
     (tmp_path / "calibration").mkdir()
@@ -164,7 +164,7 @@ def test_training_without_checkpoints_writes_none(tmp_path):
         [*run, "calibrate", "prior", "--model", "wan2.1-micro", "--mixture",
          "tiny-cpu", "--num-samples", "200", "--grid", "tiny", "-o", str(cal)],
         cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     args = ["--calibration", str(cal), "--config", str(GPU / "dry_train.yaml"), "-o", str(cal_out)]
     assert train_budgets.main(args) == 0
@@ -174,7 +174,7 @@ def test_training_without_checkpoints_writes_none(tmp_path):
          "--seed", "0", "--steps", "2", "--emulate-world-size", "4", "--calibration",
          str(cal_out), "--no-track", "--no-checkpoint", "--out", str(out)],
         cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert not (out / "checkpoints").exists()
     steps = pd.read_parquet(out / "steps.parquet")
@@ -192,7 +192,7 @@ def test_dry_run_of_the_whole_check_imports_back(tmp_path):
     proc = subprocess.run(
         ["bash", str(GPU / "h200.sh"), str(out), str(pack)],
         cwd=ROOT, env=env, capture_output=True, text=True, errors="replace", timeout=1800,
-    )  # fmt: skip
+    )
     parts = dict(line.split("\t")[:2] for line in (out / "steps.tsv").read_text().splitlines()[1:])
     # each part ran under its own limit: the kernel part was cut at 5 s, the others finished
     assert parts.pop("kernel") == "124", proc.stdout[-3000:]
@@ -216,7 +216,7 @@ def test_dry_run_of_the_whole_check_imports_back(tmp_path):
     # them; files over 12 MB (long logs) are left out of the tarballs
     packed = sorted(p.name for p in pack.iterdir())
     assert packed == ["calibration.tar.gz", "dist.tar.gz", "env.tar.gz", "kernel.tar.gz",
-                      "steps.tsv", "summary.txt", "train.tar.gz"]  # fmt: skip
+                      "steps.tsv", "summary.txt", "train.tar.gz"]
     for tarball in pack.glob("*.tar.gz"):
         with tarfile.open(tarball) as tar:
             members = tar.getmembers()

@@ -54,7 +54,7 @@ def wheel(tmp_path_factory) -> Path:
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
          str(src), "-w", str(out)],
         check=True, capture_output=True, text=True,
-    )  # fmt: skip
+    )
     (whl,) = out.glob("adaptiveload-*.whl")
     return whl
 
@@ -87,7 +87,7 @@ def test_wheel_metadata_core_vs_extras(wheel):
     assert "adaptiveload/experiment.schema.yaml" in names
     assert any(n.endswith("licenses/LICENSE") for n in names)
     shipped = {f"adaptiveload/calibration/shipped/{p.name}"
-               for p in (ROOT / "experiments" / "calibration").glob("*.json")}  # fmt: skip
+               for p in (ROOT / "experiments" / "calibration").glob("*.json")}
     assert shipped and shipped <= set(names)  # `--calibration h200-...` works when installed
 
 
@@ -151,12 +151,12 @@ def core_python(wheel, tmp_path_factory) -> Path:
     python = venv / "bin" / "python"
     site = Path(subprocess.check_output(
         [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], text=True
-    ).strip())  # fmt: skip
+    ).strip())
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "-q",
          "--target", str(site), str(wheel)],
         check=True, capture_output=True, text=True,
-    )  # fmt: skip
+    )
     deps = root / "core-deps"
     deps.mkdir()
     reqs = [Requirement(r) for r in _metadata(wheel).get_all("Requires-Dist")]
@@ -174,7 +174,7 @@ def _run(python: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
         [str(python), "-m", "adaptiveload", *args],
         capture_output=True, text=True, cwd=cwd, env=env, timeout=300,
-    )  # fmt: skip
+    )
 
 
 @pytest.mark.slow
@@ -185,7 +185,7 @@ def test_core_venv_plans_a_manifest_with_empty_fps(core_python, tmp_path):
          "print(adaptiveload.__file__)\n"
          "print(*[m for m in ('snakemake','mlflow','seaborn','av','tabulate') if u.find_spec(m)])"],
         capture_output=True, text=True, cwd=tmp_path, env={"PATH": os.environ["PATH"]},
-    )  # fmt: skip
+    )
     assert probe.returncode == 0, probe.stderr
     where, present = probe.stdout.splitlines()
     assert str(ROOT) not in where  # the installed wheel, not this checkout
@@ -195,7 +195,7 @@ def test_core_venv_plans_a_manifest_with_empty_fps(core_python, tmp_path):
     rows = ["sample_id,path,num_frames,height,width,fps"]
     for i in range(60):  # videos with fps, then images with an empty fps cell, interleaved
         rows.append(f"v{i},v{i}.mp4,{4 * (i % 20) + 1},480,832,16" if i % 3 else
-                    f"i{i},i{i}.jpg,1,720,1280,")  # fmt: skip
+                    f"i{i},i{i}.jpg,1,720,1280,")
     manifest.write_text("\n".join(rows) + "\n")
     described = _run(core_python, "manifest", "describe", str(manifest), "--json", cwd=tmp_path)
     assert described.returncode == 0, described.stderr
@@ -204,7 +204,7 @@ def test_core_venv_plans_a_manifest_with_empty_fps(core_python, tmp_path):
         core_python, "plan", "--manifest", str(manifest), "--policy", "adaptiveload",
         "--world-size", "4", "--seed", "0", "--m-mem", "100000", "--m-comp", "3e7",
         "--p", "1.5", "-o", "plan.parquet", "--summary", "plan.json", cwd=tmp_path,
-    )  # fmt: skip
+    )
     assert plan.returncode == 0, plan.stderr
     assert "adaptiveload:" in plan.stdout and (tmp_path / "plan.parquet").stat().st_size > 0
 
@@ -212,7 +212,7 @@ def test_core_venv_plans_a_manifest_with_empty_fps(core_python, tmp_path):
     compared = _run(
         core_python, "compare", "--manifest", str(manifest), "--world-size", "4",
         "--calibration", "h200-wan2.1-t2v-1.3b", "-o", "compare.json", cwd=tmp_path,
-    )  # fmt: skip
+    )
     assert compared.returncode == 0, compared.stderr
     report = json.loads((tmp_path / "compare.json").read_text())
     assert report["calibration"]["label"] == "model (NVIDIA H200 (analytic prior))"
@@ -230,7 +230,7 @@ def test_core_venv_plans_a_manifest_with_empty_fps(core_python, tmp_path):
 def _purelib(python: Path) -> Path:
     return Path(subprocess.check_output(
         [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], text=True
-    ).strip())  # fmt: skip
+    ).strip())
 
 
 @pytest.fixture(scope="module")
@@ -244,7 +244,7 @@ def full_venv(wheel, tmp_path_factory) -> Path:
         [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps",
          "--no-index", "-q", str(wheel)],
         check=True, capture_output=True, text=True,
-    )  # fmt: skip
+    )
     (_purelib(python) / "shared-env.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     return venv
 
@@ -256,7 +256,7 @@ def _venv_env(venv: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in drop}
     env.update(PATH=f"{venv / 'bin'}{os.pathsep}{env['PATH']}", OMP_NUM_THREADS="1",
                MLFLOW_ENABLE_TELEMETRY="false", DO_NOT_TRACK="1", MPLBACKEND="Agg",
-               **extra)  # fmt: skip
+               **extra)
     return env
 
 
@@ -276,7 +276,7 @@ def _stage(env: dict[str, str], cwd: Path, *commands: list[str]) -> list[str]:
     for command, log in zip(commands, logs, strict=True):
         with log.open("w") as f:
             procs.append(subprocess.Popen(["adaptiveload", *command], cwd=cwd, env=env,
-                                          stdout=f, stderr=subprocess.STDOUT))  # fmt: skip
+                                          stdout=f, stderr=subprocess.STDOUT))
     for command, proc, log in zip(commands, procs, logs, strict=True):
         assert proc.wait(timeout=300) == 0, (command, log.read_text()[-3000:])
     return [log.read_text() for log in logs]
@@ -285,7 +285,7 @@ def _stage(env: dict[str, str], cwd: Path, *commands: list[str]) -> list[str]:
 def _assert_imports_the_installed_package(venv: Path, cwd: Path, env: dict[str, str]) -> None:
     code = "import adaptiveload; print(adaptiveload.__file__)"
     probe = subprocess.run(["python", "-c", code], cwd=cwd, env=env, capture_output=True,
-                           text=True, check=True)  # fmt: skip
+                           text=True, check=True)
     where = Path(probe.stdout.strip())
     assert where.is_relative_to(_purelib(venv / "bin" / "python")), where  # not the checkout
 
@@ -326,7 +326,7 @@ def test_installed_package_runs_the_pipelines_commands(full_venv, tmp_path):
             "--seed", "0", "-o", manifest],
            ["manifest", "synth", "--mixture", sim["mixture"], "-n", str(sim["num_samples"]),
             "--seed", "0", "-o", sim_manifest],
-           ["tracking", "init"])  # fmt: skip
+           ["tracking", "init"])
     _stage(env, work,
            ["manifest", "describe", manifest, *bucket, "--json", "-o", "describe.json"],
            ["calibrate", "measure", "--config", "tiny.yaml", "--threads", "1", "--manifest",
@@ -338,17 +338,17 @@ def test_installed_package_runs_the_pipelines_commands(full_venv, tmp_path):
               "--simulation-steps", f"{simd[p]}/steps.parquet",
               "--simulation-summary", f"{simd[p]}/summary.json",
               "--warmup-steps", str(cfg["train"]["warmup_steps"]), "--experiment", cfg["name"]]
-             for p in policies])  # fmt: skip
+             for p in policies])
     _stage(env, work,
            *[["plan", "--manifest", manifest, "--policy", p, "--seed", "0", "--calibration",
               cal, "--world-size", str(cfg["train"]["world_size"]), *bucket, "--allreduce-gbps",
               str(cfg["train"]["allreduce_gbps"]), "--summary", f"plans/{p}.json"]
-             for p in policies])  # fmt: skip
+             for p in policies])
     _stage(env, work,
            *[["train", "--config", "tiny.yaml", "--policy", p, "--seed", "0", "--kernel",
               "eager", "--emulate-world-size", str(cfg["train"]["world_size"]),
               "--calibration", cal, "--manifest", manifest, "--out", run[p]]
-             for p in policies])  # fmt: skip
+             for p in policies])
 
     index = [dict(setup="train", variant="base", summary=f"{run[p]}/summary.json",
                   steps=f"{run[p]}/steps.parquet", calibration=cal) for p in policies]
@@ -357,21 +357,21 @@ def test_installed_package_runs_the_pipelines_commands(full_venv, tmp_path):
                    steps=f"{simd[p]}/steps.parquet", calibration=sim_cal) for p in policies]
     (work / "run_index.json").write_text(json.dumps(index))
     _cli(env, work, "analyze", "aggregate", "--index", "run_index.json",
-         "--runs-out", "runs.parquet", "--steps-out", "steps.parquet")  # fmt: skip
+         "--runs-out", "runs.parquet", "--steps-out", "steps.parquet")
     tables = ["--runs", "runs.parquet", "--steps", "steps.parquet"]
     baseline = ["--baseline", cfg["analysis"]["baseline"]]
     _cli(env, work, "analyze", "stats", *tables, "--csv", "stats.csv", "--md", "stats.md",
-         *baseline, "--n-boot", "200", "--seed", "0")  # fmt: skip
+         *baseline, "--n-boot", "200", "--seed", "0")
     tables += ["--stats", "stats.csv"]
     figures = ["throughput", "calibration_fit", "imbalance_distribution"]
     _stage(env, work,
            ["analyze", "tables", *tables, "--out-dir", "tables", *baseline],
            ["analyze", "figures", *tables, "--describe", "describe.json", "--calibration", cal,
             "--mixture", data["mixture"], "--out-dir", "figures",
-            *[a for f in figures for a in ("--figure", f)]])  # fmt: skip
+            *[a for f in figures for a in ("--figure", f)]])
     _cli(env, work, "analyze", "record", "--experiment", cfg["name"], "--paper-table",
          "tables/paper_table.csv", "--stats", "stats.csv", "--config", "tiny.yaml",
-         "-o", "analysis.json")  # fmt: skip
+         "-o", "analysis.json")
 
     assert len(pd.read_parquet(work / manifest)) == data["num_samples"]
     assert json.loads((work / "describe.json").read_text())["num_samples"] == data["num_samples"]
@@ -411,5 +411,5 @@ def test_installed_package_builds_and_loads_the_kernel_from_the_user_cache(full_
     assert record["sources_digest"] == ks.sources_digest()  # the wheel's copy of kernels/
     code = "from adaptiveload.ops import ln_modulate as lm\nprint(lm._LOAD.loaded, lm._LOAD.path)"
     probe = subprocess.run(["python", "-c", code], cwd=tmp_path, env=env, capture_output=True,
-                           text=True, check=True)  # fmt: skip
+                           text=True, check=True)
     assert probe.stdout.split() == ["True", str(build_dir / "adaptiveload_kernels.so")]

@@ -26,13 +26,13 @@ def test_e2e_dry_run_on_cpu_writes_both_kernels_per_length(tmp_path):
         [sys.executable, "-m", "adaptiveload.calibration.kernel_e2e", "--device", "cpu",
          "--model", "wan2.1-micro", "--seq-lens", "16,48", "--steps", "1", "-o", str(out)],
         capture_output=True, text=True, timeout=600, check=False,
-    )  # fmt: skip
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     df = pd.read_csv(out)
     assert list(df.columns) == list(kernel_e2e.COLUMNS)
     assert sorted(zip(df.S, df.kernel, strict=True)) == [
         (16, "eager"), (16, "fused"), (48, "eager"), (48, "fused")
-    ]  # fmt: skip
+    ]
     assert (df.step_s > 0).all() and df.note.isna().all()
     assert set(df.device) == {"cpu"} and set(df.source) == {"measured"}
     assert set(df.grid) == {"1x4x4", "1x6x8"}  # the calibration's bucket grids
@@ -119,7 +119,7 @@ def test_bench_command_line_refuses_a_bad_list_in_one_line(tmp_path):
         [sys.executable, "-m", "adaptiveload", "kernel", "bench", "--dims", "1536,x",
          "-o", str(tmp_path / "b.csv")],
         capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+    )
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith("error: --dims '1536,x'")
     assert not (tmp_path / "b.csv").exists()
@@ -133,7 +133,7 @@ def test_bench_command_line_takes_the_segment_shapes(tmp_path):
         return subprocess.run(
             [sys.executable, "-m", "adaptiveload", "kernel", "bench", "--skip-ok", *flags],
             capture_output=True, text=True, timeout=120, check=False,
-        )  # fmt: skip
+        )
 
     bad = bench("--segment-counts", "8,0", "-o", str(tmp_path / "bad.csv"))
     assert bad.returncode == 2 and "segment_counts [8, 0]" in bad.stderr.strip().splitlines()[-1]

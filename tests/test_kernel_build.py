@@ -70,7 +70,7 @@ def test_library_loads_and_registers_ops(built: dict) -> None:
     out = _run_with_library(built, code)
     for name, schema in [("ln_modulate_fwd", lm.FWD_SCHEMA), ("ln_modulate_bwd", lm.BWD_SCHEMA),
                          ("ln_modulate_seg_fwd", lm.SEG_FWD_SCHEMA),
-                         ("ln_modulate_seg_bwd", lm.SEG_BWD_SCHEMA)]:  # fmt: skip
+                         ("ln_modulate_seg_bwd", lm.SEG_BWD_SCHEMA)]:
         assert f"adaptiveload::{name}{schema}" in out.stdout
 
 
@@ -83,7 +83,7 @@ def test_build_skips_without_nvcc(tmp_path: Path) -> None:
     out = subprocess.run(
         [sys.executable, "-m", "adaptiveload", "kernel", "build", "--build-dir", str(tmp_path)],
         env=env, capture_output=True, text=True, check=False,
-    )  # fmt: skip
+    )
     assert out.returncode == 0, out.stderr
     record = json.loads((tmp_path / kb.RECORD_NAME).read_text())
     assert record["status"] == "skipped" and "nvcc" in record["reason"]

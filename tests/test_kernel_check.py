@@ -26,19 +26,19 @@ def test_kernel_check_dry_run_packs_every_part(tmp_path: Path) -> None:
         # the suite runs these files itself: here the part's plumbing, on two of their tests
         CPU_OP_TESTS="tests/test_kernel_ops.py::test_opcheck "
         "tests/test_kernel_segments.py::test_homogeneous_pack_equals_the_dense_op",
-    )  # fmt: skip
+    )
     env.pop("ADAPTIVELOAD_BUILD_DIR", None)
     proc = subprocess.run(
         ["bash", str(ROOT / "experiments" / "gpu" / "kernel_check.sh"), str(out)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900, check=False,
-    )  # fmt: skip
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     rows = csv.DictReader((out / "steps.tsv").read_text().splitlines(), delimiter="\t")
     steps = {r["step"]: r for r in rows}
     # background parts (resources, cpu_op_tests) may finish in any order
     assert set(steps) == {"build", "resources", "cpu_op_tests", "cuda_tests",
                           "cuda_segment_tests", "bench", "bench_segments", "bench_widths",
-                          "bench_nopipe", "e2e"}  # fmt: skip
+                          "bench_nopipe", "e2e"}
     assert all(r["status"] == "0" for r in steps.values())
     assert "skipped" in (out / "build.json").read_text()
     assert "resource check skipped: nvcc not found" in (out / "resources.txt").read_text()
@@ -50,7 +50,7 @@ def test_kernel_check_dry_run_packs_every_part(tmp_path: Path) -> None:
     e2e = list(csv.DictReader((out / "e2e.csv").read_text().splitlines()))
     assert {(r["S"], r["kernel"]) for r in e2e} == {
         ("16", "eager"), ("16", "fused"), ("48", "eager"), ("48", "fused")
-    }  # fmt: skip
+    }
     summary = (out / "summary.txt").read_text()
     assert "end to end" in summary and "wan2.1-micro 48 fused" in summary
     assert "packed streams" in summary

@@ -30,7 +30,7 @@ PIPELINE_ENV = "ADAPTIVELOAD_LN_BWD_PIPELINE"
 # every Wan / DiT width (1152 Open-Sora, 1536 Wan 1.3B, 2048, 3072 HunyuanVideo-class, 4096,
 # 5120 Wan 14B), the smallest and the largest supported D, and an odd one
 SHAPES = [(3, 37, 1536), (1, 129, 5120), (5, 3, 8), (2, 17, 264), (3, 11, 4096), (1, 5, 8192),
-          (2, 19, 1152), (2, 23, 2048), (1, 31, 3072)]  # fmt: skip
+          (2, 19, 1152), (2, 23, 2048), (1, 31, 3072)]
 LAYOUTS = ["sample", "token"]
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 
@@ -264,7 +264,7 @@ def test_rejects_unsupported_inputs_clearly():
     segfaulted here); both the public function and the raw op, fwd and bwd, dense and segment
     layouts."""
     out = subprocess.run([sys.executable, "-c", REJECT_SCRIPT], capture_output=True, text=True,
-                         check=False, timeout=300)  # fmt: skip
+                         check=False, timeout=300)
     assert out.returncode == 0, (out.returncode, out.stdout[-2000:], out.stderr[-4000:])
     assert "all rejected" in out.stdout
 

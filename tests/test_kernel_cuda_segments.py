@@ -110,7 +110,7 @@ def _check_fwd_bwd(x, scale, shift, cu):
     dy = torch.randn(x.shape, device="cuda").to(x.dtype)
     got = _grads(x, scale, shift, cu, dy)
     for name, g, w, t in zip(("dx", "dscale", "dshift"), got, _ref_grads(x, scale, shift, cu, dy),
-                             (x, scale, shift), strict=True):  # fmt: skip
+                             (x, scale, shift), strict=True):
         assert g.shape == t.shape and g.dtype == t.dtype and not g.isnan().any(), name
         assert rel(g, w) <= TOL[t.dtype], (name, rel(g, w))
 
@@ -240,14 +240,14 @@ print("no error:", y.float().sum().item())
 
 
 @parametrize("case", [("fwd", "0,5,3,10"), ("fwd", "0,4,6,9"), ("bwd", "2,4,6,10"),
-                      ("bwd", "0,6,4,10")])  # fmt: skip
+                      ("bwd", "0,6,4,10")])
 def test_bad_offsets_stop_the_kernels_with_a_device_assert(case):
     """Offsets the validator cannot read without a sync (on the device) break the rules: the
     kernels stop with a device-side assert naming cu_seqlens instead of returning numbers.
     In a child process: the assert ends the CUDA context."""
     op, values = case
     out = subprocess.run([sys.executable, "-c", BAD_OFFSETS_SCRIPT, op, values],
-                         capture_output=True, text=True, check=False, timeout=300)  # fmt: skip
+                         capture_output=True, text=True, check=False, timeout=300)
     assert out.returncode != 0 and "no error" not in out.stdout, out.stdout
     assert "cu_seqlens" in out.stderr or "device-side assert" in out.stderr, out.stderr[-3000:]
 
@@ -306,7 +306,7 @@ def test_the_segment_kernels_are_the_ones_running():
         torch.cuda.synchronize()
     names = " ".join(e.name for e in prof.events())
     for kernel in ("ln_mod_check_offsets", "ln_mod_fwd_kernel", "ln_mod_bwd_kernel",
-                   "ln_mod_bwd_seg_finalize"):  # fmt: skip
+                   "ln_mod_bwd_seg_finalize"):
         assert kernel in names, (kernel, names[:2000])
 
 

@@ -231,7 +231,7 @@ BAD_INPUTS = [  # (x, scale, shift, error type, message)
     (_t(2, 3, 16), _t(2, 1, 16, device="meta"), _t(2, 1, 16, device="meta"), ValueError,
      "scale is on meta, x on cpu"),
     (_t(2, 3, 16), 0.5, _t(2, 1, 16), TypeError, "scale must be a torch.Tensor"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("device_type", ["cpu", "cuda"])

@@ -41,7 +41,7 @@ def test_wan_widths_launch_checked_instances(compiled, d: int) -> None:
     by_name = {i.name: i for i in instances}
     pairs = {(r["x"], r["mod"]) for r in launches if r["D"] == d}
     assert pairs == {("float32", "float32"), ("float16", "float32"), ("float16", "float16"),
-                     ("bfloat16", "float32"), ("bfloat16", "bfloat16")}  # fmt: skip
+                     ("bfloat16", "float32"), ("bfloat16", "bfloat16")}
     for r in (r for r in launches if r["D"] == d):
         inst = by_name[r["kernel"]]
         assert kr.cta_registers(inst.registers, r["threads"]) <= limits["kRegistersPerCta"]
@@ -51,7 +51,7 @@ def test_wan_widths_launch_checked_instances(compiled, d: int) -> None:
     ops = {(r["op"], r["layout"], r["pipeline"]) for r in launches if r["D"] == d}
     assert {("fwd", "dense", 1), ("fwd", "segment", 1), ("bwd", "sample", 1),
             ("bwd", "token", 1), ("bwd", "segment", 1), ("bwd_finalize", "segment", 1),
-            ("check", "segment", 1)} <= ops  # fmt: skip
+            ("check", "segment", 1)} <= ops
 
 
 def test_python_limits_are_the_headers(compiled) -> None:
@@ -67,7 +67,7 @@ def test_python_limits_are_the_headers(compiled) -> None:
 
 LIMITS = {"kMaxD": 8192, "kPack": 8, "kMaxThreads": 512, "kRegistersPerCta": 65536,
           "kSmemDefault": 49152, "kSmemOptInMax": 232448, "kMaxPipeSmem": 102400,
-          "kMaxGridY": 65535}  # fmt: skip
+          "kMaxGridY": 65535}
 
 
 def _inst(name: str, regs: int = 96, smem: int = 128, spill: int = 0) -> kr.Instance:
@@ -76,7 +76,7 @@ def _inst(name: str, regs: int = 96, smem: int = 128, spill: int = 0) -> kr.Inst
 
 def _launch(kernel: str, threads: int = 192, dyn: int = 0, opt_in: bool = False) -> dict:
     return {"D": 1536, "op": "bwd", "kernel": kernel, "threads": threads, "dynamic_smem": dyn,
-            "opt_in": opt_in, "max_registers": 128}  # fmt: skip
+            "opt_in": opt_in, "max_registers": 128}
 
 
 def test_check_flags_the_first_h200_failure() -> None:

@@ -60,7 +60,7 @@ def _rel(a, b):
     ("dtype", "mod_dtype", "tol"),
     [(torch.float32, torch.float32, 1e-6), (torch.bfloat16, torch.float32, 1e-2),
      (torch.bfloat16, torch.bfloat16, 1e-2)],
-)  # fmt: skip
+)
 def test_forward_matches_each_segment_alone_in_fp64(lengths, dtype, mod_dtype, tol):
     x, scale, shift, cu = _pack(lengths, 40, dtype, mod_dtype)
     y = lm.ln_modulate_segments(x, scale, shift, cu)
@@ -258,7 +258,7 @@ BAD_SEGMENT_INPUTS = [  # (x, scale, shift, cu_seqlens, error type, message)
      _t(65537, dtype=torch.int32, device="meta"), ValueError, "G = 65536 segments; .* 65535"),
     (_t(2**31, 8, device="meta"), _t(1, 8, device="meta"), _t(1, 8, device="meta"),
      _cu(0, 1, device="meta"), ValueError, r"int32 offsets address < 2\*\*31"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("device_type", ["cpu", "cuda"])
@@ -281,14 +281,14 @@ def test_public_op_rejects_bad_inputs_before_any_kernel(x, scale, shift, cu, exc
     [((1, 3, 6), r"cu_seqlens\[0\] = 1; the offsets must start at 0"),
      ((0, 3, 5), r"cu_seqlens\[-1\] = 5, but x has L = 6 rows"),
      ((0, 4, 3, 6), r"decreases at index 2 \(4 -> 3\)")],
-)  # fmt: skip
+)
 def test_bad_offset_values_raise_in_the_cpu_kernels(values, match):
     g = len(values) - 1
     x, scale, cu = torch.randn(6, 16), torch.randn(g, 16), _cu(*values)
     with pytest.raises(ValueError, match=match):
         lm.ln_modulate_segments(x, scale, scale, cu)
     _, mean, rstd = torch.ops.adaptiveload.ln_modulate_fwd(x[None], scale[:1, None],
-                                                           scale[:1, None], lm.EPS)  # fmt: skip
+                                                           scale[:1, None], lm.EPS)
     with pytest.raises(ValueError, match=match):
         torch.ops.adaptiveload.ln_modulate_seg_bwd(x, x, scale, cu, mean[0], rstd[0])
 
@@ -350,7 +350,7 @@ def test_library_without_the_segment_ops_still_imports_and_says_rebuild():
     defined here (reference math), and the fused path is reported unavailable until rebuilt."""
     env = dict(os.environ, ADAPTIVELOAD_BUILD_DIR="/nonexistent")
     out = subprocess.run([sys.executable, "-c", STALE_LIBRARY], env=env, capture_output=True,
-                         text=True, check=False)  # fmt: skip
+                         text=True, check=False)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "old.so predates ln_modulate_seg_fwd, ln_modulate_seg_bwd: rebuild" in out.stdout
     assert "ln_modulate_seg_fwd" + lm.SEG_FWD_SCHEMA in out.stdout

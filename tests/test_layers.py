@@ -27,7 +27,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("tracking", ("adaptiveload.tracking",)),
     ("analysis", ("adaptiveload.analysis",)),
     ("cli", ("adaptiveload.cli", "adaptiveload.__main__", "adaptiveload.jobshell")),
-)  # fmt: skip
+)
 
 
 def module_name(path: Path) -> str:
@@ -83,7 +83,7 @@ def test_no_module_imports_from_a_layer_above_its_own():
             theirs = layer_of(target)
             if own is not None and theirs is not None and theirs > own:
                 upward.append(f"{module} ({LAYERS[own][0]}) imports {target} "
-                              f"({LAYERS[theirs][0]})")  # fmt: skip
+                              f"({LAYERS[theirs][0]})")
     assert not upward, "\n".join(upward)
 
 

@@ -18,7 +18,7 @@ def test_make_clean(tmp_path):
     made = ["results/default/runs/x", "results/tables/t.md", "results/figures/f.png",
             "results/mlflow.db", "results/mlartifacts/default/r/artifacts/a.csv",
             "results/p_sweep/tables/t.md", "results/kernels/bench.csv", "logs/default/a.log",
-            "benchmarks/default/a.tsv", ".snakemake/log/x"]  # fmt: skip
+            "benchmarks/default/a.tsv", ".snakemake/log/x"]
     # committed: exactly what .gitignore lets through under results/
     kept = [line[len("!results/"):].strip("/") for line in
             (ROOT / ".gitignore").read_text().splitlines() if line.startswith("!results/")]

@@ -139,18 +139,18 @@ def test_model_info_cli_reports_parameters_tokens_and_flops():
         [sys.executable, "-m", "adaptiveload", "model", "info", "--config", "wan2.1-t2v-1.3b",
          "--frames", "81", "--height", "480", "--width", "832", "--json"],
         capture_output=True, text=True,
-    )  # fmt: skip
+    )
     assert proc.returncode == 0, proc.stderr
     info = json.loads(proc.stdout)
     assert abs(info["parameters"] / 1.419e9 - 1) < 0.01
     assert (info["dim"], info["num_layers"], info["num_heads"], info["tokens"]) == (
         1536, 30, 12, 32760,
-    )  # fmt: skip
+    )
     terms = flop_terms(get_config("wan2.1-t2v-1.3b"))
     assert info["flops_per_sample"] == pytest.approx(3 * terms.forward(32760))
     bad = subprocess.run(
         [sys.executable, "-m", "adaptiveload", "model", "info", "--config", "wan2.1-tiny",
          "--frames", "80"],
         capture_output=True, text=True,
-    )  # fmt: skip
+    )
     assert bad.returncode == 2 and "4k+1" in bad.stderr

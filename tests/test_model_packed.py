@@ -161,7 +161,7 @@ def test_collate_groups_by_shape_longest_first_and_keeps_item_order():
     batch = collate(_items(MIX))
     assert [tuple(g.shape[1:]) for g in batch.latents] == [
         (16, 3, 8, 8), (16, 2, 6, 10), (16, 1, 8, 12), (16, 1, 12, 8), (16, 5, 4, 4),
-    ]  # fmt: skip
+    ]
     assert [g.shape[0] for g in batch.latents] == [2, 1, 2, 1, 1]
     assert batch.sample_ids == ("s1", "s5", "s4", "s0", "s3", "s2", "s6")
     items = _items(MIX)
@@ -222,7 +222,7 @@ def test_sdpa_runs_equal_a_block_diagonal_mask_and_per_segment_cross_attention()
     want = torch.cat([
         attn.attention(q[None, a:b], ck[i : i + 1], cv[i : i + 1])[0]
         for i, (a, b) in enumerate(pairwise(starts))
-    ])  # fmt: skip
+    ])
     assert _rel(cross, want) <= RTOL
 
 
@@ -239,9 +239,9 @@ def test_cuda_varlen_backends_equal_sdpa_runs(backend):
     seg = Segments.of([(3, 16, 16), (1, 16, 24), (1, 24, 16), (5, 4, 8)], [2, 1, 3, 1], device)
     gen = torch.Generator(device=device).manual_seed(0)
     q, k, v = (torch.randn(seg.num_tokens, 4, 64, generator=gen, device=device,
-                           dtype=torch.bfloat16) for _ in range(3))  # fmt: skip
+                           dtype=torch.bfloat16) for _ in range(3))
     ck, cv = (torch.randn(seg.num_segments, 40, 4, 64, generator=gen, device=device,
-                          dtype=torch.bfloat16) for _ in range(2))  # fmt: skip
+                          dtype=torch.bfloat16) for _ in range(2))
     for keys, values in ((k, v), (ck, cv)):
         want = attn.PACKED["sdpa-runs"](q, keys, values, seg).float()
         got = attn.PACKED[backend](q, keys, values, seg).float()

@@ -48,14 +48,14 @@ def calibrations(draw, budgets: Budgets) -> Calibration:
     cost = CostModel(
         c0=draw(st.floats(0.0, 1.0)), a=draw(st.floats(1e-6, 1e-3)), b=draw(st.floats(0.0, 1e-7)),
         m_static=m_static, m_tok=m_tok, m_seq=m_seq, t_floor=draw(st.floats(0.0, 1.0)),
-    )  # fmt: skip
+    )
     room = draw(st.floats(1e3, 1e8))  # bytes above the static part
     own_m_mem = draw(st.booleans())  # the budgets' M_mem is the calibration's (else explicit)
     return Calibration(
         "m", "dev", "model", cost, p=budgets.p, m_mem=budgets.m_mem if own_m_mem else 1.0,
         m_comp=budgets.m_comp, capacity_bytes=(m_static + room) / 0.9,
         extra={"headroom": 0.1},
-    )  # fmt: skip
+    )
 
 
 def cells(table: pd.DataFrame) -> pd.DataFrame:
@@ -65,7 +65,7 @@ def cells(table: pd.DataFrame) -> pd.DataFrame:
         .agg(n=("sample_id", "size"), sum_s=("tokens", "sum"), ids=("batch_id", "nunique"),
              batch_id=("batch_id", "first"), pad=("is_padding", "first"))
         .reset_index()
-    )  # fmt: skip
+    )
 
 
 def limits_broken(table: pd.DataFrame, bud: Budgets, cal: Calibration | None) -> pd.Series:
@@ -101,7 +101,7 @@ def over_limits(
     df=manifests(), bud=packed_budgets(), data=st.data(), with_cal=st.booleans(),
     world_size=st.one_of(st.integers(1, 16), st.integers(17, 1024)),
     window=st.sampled_from([None, 1, 3, 128]), seed=st.integers(0, 2**31),
-)  # fmt: skip
+)
 def test_packed_invariants(df, bud, data, with_cal, world_size, window, seed):
     cal = data.draw(calibrations(bud)) if with_cal else None
     if cal is not None:  # a sample one device cannot hold at all is never planned
@@ -109,7 +109,7 @@ def test_packed_invariants(df, bud, data, with_cal, world_size, window, seed):
         assume(fits.any())
         df = df[fits].reset_index(drop=True)
     plan = build_plan(df, PACKED, bud, world_size, seed, epoch=1, cost_model=cal,
-                      window_steps=window)  # fmt: skip
+                      window_steps=window)
     t, s = plan.table, plan.summary
     real = t[~t["is_padding"]]
     # every sample exactly once; padding counted, not hidden
@@ -134,14 +134,14 @@ def test_packed_invariants(df, bud, data, with_cal, world_size, window, seed):
     assert s["steps"] >= -(-s["batches"] // world_size)
     # identical on every rank: the same inputs plan the same, a copy of the frame too
     again = build_plan(df.copy(), PACKED, bud, world_size, seed, epoch=1, cost_model=cal,
-                       window_steps=window)  # fmt: skip
+                       window_steps=window)
     pd.testing.assert_frame_equal(t, again.table)
     assert again.summary["plan_digest"] == s["plan_digest"]
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(df=manifests(), bud=packed_budgets(), world_size=st.integers(1, 64),
-       seed=st.integers(0, 2**31))  # fmt: skip
+       seed=st.integers(0, 2**31))
 def test_no_plan_beats_the_lower_bound(df, bud, world_size, seed):
     """predicted_vs_lower_bound >= 1 for every policy: the bound is a bound."""
     cost = CostModel(c0=0.05, a=2e-5, b=1e-9, m_tok=1.0, t_floor=0.1)
@@ -156,7 +156,7 @@ def frame(tokens: list[int]) -> pd.DataFrame:
     rows = []
     for i, s in enumerate(tokens):
         rows.append({"sample_id": f"s{i}", "bucket_frames": 1, "bucket_height": 16,
-                     "bucket_width": 16 * s, "tokens": s})  # fmt: skip
+                     "bucket_width": 16 * s, "tokens": s})
     return pd.DataFrame(rows)
 
 
@@ -187,7 +187,7 @@ def test_cheap_samples_beside_costly_ones_plan_in_little_memory():
     image's cost, so LPT's levels of the image span ~10^12 (a histogram over them asked for
     3.45 TiB). The plan is made, every sample once, within its limits."""
     shapes = np.array([(1, 16, 16), (61, 240, 720), (49, 720, 720), (37, 608, 32),
-                       (29, 944, 1216)])  # fmt: skip
+                       (29, 944, 1216)])
     df = bucketed(400, seed=0, shapes=shapes)
     assert df["tokens"].min() == 1
     bud = Budgets(m_mem=269_397.2, m_comp=1.0255e12, p=2.8962, pack_tokens=269_397.2)
@@ -234,7 +234,7 @@ def test_memory_is_held_in_bytes_with_a_calibration():
     # smallest sample 100 tokens: M_mem = (usable - static) / (m_tok + m_seq / 100) = 4,500
     usable = 1000.0 + 9000.0
     cal = Calibration("m", "dev", "model", cost, p=1.0, m_mem=4500.0, m_comp=1e12,
-                      capacity_bytes=usable / 0.9, extra={"headroom": 0.1})  # fmt: skip
+                      capacity_bytes=usable / 0.9, extra={"headroom": 0.1})
     bud = Budgets.resolve(calibration=cal)
     df = frame([1000] * 16)
     plan = build_plan(df, PACKED, bud, world_size=2, seed=0, cost_model=cal)
@@ -281,7 +281,7 @@ def test_plans_agree_across_processes():
     for hash_seed in ("1", "2"):
         env = dict(os.environ, PYTHONHASHSEED=hash_seed, PYTHONPATH=here)
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                             text=True, check=True)  # fmt: skip
+                             text=True, check=True)
         digests.append(json.loads(out.stdout))
     assert digests[0] == digests[1]
 
@@ -301,7 +301,7 @@ def test_plan_quality_on_paper_mixed(paper_mixed, world_size):
     bud = Budgets.resolve(calibration=cal)
     packed = build_plan(paper_mixed, PACKED, bud, world_size, seed=0, cost_model=cal).summary
     balanced = build_plan(paper_mixed, "adaptiveload-balanced", bud, world_size, seed=0,
-                          cost_model=cal).summary  # fmt: skip
+                          cost_model=cal).summary
     assert packed["predicted_vs_lower_bound"] <= 1.01
     assert packed["predicted_imbalance_rate"] <= {16: 0.005, 256: 0.01, 1024: 0.02}[world_size]
     assert packed["predicted_samples_per_s"] >= balanced["predicted_samples_per_s"]
@@ -329,7 +329,7 @@ def test_sampler_yields_a_pack_per_step_and_resumes():
     per_rank = []
     for rank in range(3):
         got = list(DataLoader(range(len(samples)), batch_sampler=PlanBatchSampler(builder, rank),
-                              collate_fn=collate))  # fmt: skip
+                              collate_fn=collate))
         mine = table[table["rank"] == rank]
         assert [samples["sample_id"].to_numpy()[b].tolist() for b in got] == [
             g.tolist() for _, g in mine.groupby("step")["sample_id"]
@@ -360,7 +360,7 @@ def test_the_trainer_runs_packed_plans_with_the_auto_layout(tmp_path):
     exp = experiment_config.load(write_experiment(tmp_path, steps=3))
     assert exp["model"]["batch_layout"] == "auto"
     layouts = {p: from_experiment(exp, p, 0, launch_mode="emulated", world_size=3).batch_layout
-               for p in (PACKED, "adaptiveload-balanced")}  # fmt: skip
+               for p in (PACKED, "adaptiveload-balanced")}
     assert layouts == {PACKED: "packed", "adaptiveload-balanced": "dense"}
     cfg = from_experiment(exp, PACKED, 0, launch_mode="emulated", world_size=3)
     data = prepare_data(exp, cfg)

@@ -21,7 +21,7 @@ from adaptiveload.planning import paper_map as pmap
 PRIOR = "experiments/calibration/h200-wan2.1-t2v-1.3b.json"
 MEASURED = "experiments/calibration/h200-wan2.1-t2v-1.3b-measured.json"
 CENTRE = {"mixture": "paper-mixed", "reference": "heaviest", "m_comp_scale": 1.0,
-          "calibration": PRIOR, "world_size": 4, "dealing": "open-sora"}  # fmt: skip
+          "calibration": PRIOR, "world_size": 4, "dealing": "open-sora"}
 DEALS = ["open-sora", "sorted", "balanced"]
 CLI = [sys.executable, "-m", "adaptiveload", "analyze"]
 
@@ -38,7 +38,7 @@ def test_design_is_one_axis_at_a_time_plus_the_factorial():
     points = pmap.design(spec)
     centre = pmap.Point(**CENTRE)
     assert set(points[centre]) == {"centre", "oat:world_size", "oat:dealing", "factorial",
-                                   *[f"oat:{a}" for a in pmap.AXES]}  # fmt: skip
+                                   *[f"oat:{a}" for a in pmap.AXES]}
     assert len(points) == 1 + 1 + 1 + 3  # centre, N=8, sorted, 3 new factorial corners
     corner = pmap.Point(**{**CENTRE, "m_comp_scale": 2.0, "reference": "median"})
     assert points[corner] == ["factorial"]
@@ -50,11 +50,11 @@ def _planted(rows):
     """Points with given numbers; axes vary so every row is its own setting."""
     absolute = {f"{role}_{k}": v for role in ("baseline", "adaptiveload") for k, v in
                 (("vram_utilization", 0.5), ("samples_per_s", 1.0), ("tokens_per_s", 9.0),
-                 ("idle_fraction", 0.2))}  # fmt: skip
+                 ("idle_fraction", 0.2))}
     return pd.DataFrame([{**CENTRE, "world_size": 4 + i, "definition": "range",
                           "designs": "factorial", "source": "model (planted)", "seeds": 1,
                           **absolute, **dict(zip(pm.PAPER, r, strict=True))}
-                         for i, r in enumerate(rows)])  # fmt: skip
+                         for i, r in enumerate(rows)])
 
 
 def test_consistency_needs_all_four_numbers_within_tolerance():
@@ -63,7 +63,7 @@ def test_consistency_needs_all_four_numbers_within_tolerance():
         (0.43, 0.15, 0.19, 0.31),  # every number 3.8..4 pp off
         (0.39, 0.189, 0.227, 0.33),  # throughput 5.8 pp off
         (0.80, 0.70, 0.10, 0.20),
-    ])  # fmt: skip
+    ])
     dev = pm.deviation_pp(pts)
     assert dev.loc[2, "throughput_change"] == pytest.approx(5.8)
     assert list(pm.consistent(pts, 5.0)) == [True, True, False, False]
@@ -94,7 +94,7 @@ def test_tornado_ranks_axes_by_how_far_they_move_each_number():
             rows.append({**CENTRE, axis: value, "definition": "range",
                          "designs": f"oat:{axis}", "baseline_imbalance": 0.5 + effect * k,
                          "adaptiveload_imbalance": 0.4, "vram_change": 0.1,
-                         "throughput_change": 0.2 - effect * k})  # fmt: skip
+                         "throughput_change": 0.2 - effect * k})
     torn = pm.tornado(pd.DataFrame(rows))
     base = torn[torn["number"] == "baseline_imbalance"]
     assert list(base["axis"]) == ["dealing", "world_size"]

@@ -137,7 +137,7 @@ def test_a_second_experiment_file_of_the_same_name_is_refused(tmp_path):
     work = copy_workflow(tmp_path)
     owner = work / "results" / "tiny" / "experiment_file"
     made = snakemake(work, "--cores", "1", str(owner.relative_to(work)), "--configfile",
-                     "experiments/tiny.yaml", timeout=300)  # fmt: skip
+                     "experiments/tiny.yaml", timeout=300)
     assert made.returncode == 0, made.stdout[-3000:] + made.stderr[-3000:]
     assert owner.read_text() == "experiments/tiny.yaml\n"
     (work / "experiments" / "other.yaml").write_text("name: tiny\nseeds: [5]\n")
@@ -148,7 +148,7 @@ def test_a_second_experiment_file_of_the_same_name_is_refused(tmp_path):
             "experiments/tiny.yaml") in text
     (work / "experiments" / "edit.yaml").write_text("seeds: [5]\n")  # an overlay: no name
     layered = snakemake(work, "-n", "--configfile", "experiments/tiny.yaml",
-                        "experiments/edit.yaml", timeout=300)  # fmt: skip
+                        "experiments/edit.yaml", timeout=300)
     assert layered.returncode == 0, layered.stdout[-3000:] + layered.stderr[-3000:]
 
 
@@ -204,7 +204,7 @@ SECTION_EDITS = [
     ({"sweeps": {"p": [1.2]}}, {"run_index": 1, **_ANALYSIS}),
     ({"kernel": {"bench": True}}, {"kernel_build": 1, "kernel_bench": 1, "tables": 1,
                                    "figures": 1, "record": 1}),
-]  # fmt: skip
+]
 
 
 @pytest.mark.slow
@@ -217,7 +217,7 @@ def test_each_stage_reruns_only_for_the_config_sections_it_reads(tiny_run):
         for change, expected in SECTION_EDITS:
             edit.write_text(yaml.safe_dump(change))
             dry = snakemake(tiny_run, "-n", "--configfile", "experiments/tiny.yaml",
-                            "experiments/edit.yaml")  # fmt: skip
+                            "experiments/edit.yaml")
             assert _jobs(dry) == {"config_resolved": 1, **expected}, change
     finally:
         edit.unlink(missing_ok=True)
@@ -229,7 +229,7 @@ def test_a_missing_intermediate_is_made_again(tiny_run):
     not hide that: every file the pipeline writes is a target (else "Nothing to be done")."""
     res = tiny_run / "results" / "tiny"
     moved = [res / "runs" / "adaptiveload" / "seed0" / "eager" / "summary.json",
-             res / "analysis" / "runs.parquet", res / "analysis" / "steps.parquet"]  # fmt: skip
+             res / "analysis" / "runs.parquet", res / "analysis" / "steps.parquet"]
     for path in moved:
         path.rename(path.with_suffix(".aside"))
     try:
@@ -255,7 +255,7 @@ def test_a_failed_analysis_job_is_never_a_false_success(tiny_run):
         assert failed.returncode != 0
         assert not (res / "analysis" / "runs.parquet").exists()
         (line,) = [ln for ln in (tiny_run / "logs" / "tiny" / "aggregate.log").read_text()
-                   .splitlines() if ln.startswith("error:")]  # fmt: skip
+                   .splitlines() if ln.startswith("error:")]
         assert str(summary.relative_to(tiny_run)) in line and "run the pipeline again" in line
     summary.write_text(good)  # repaired: newer than every table made before
     fixed = snakemake(tiny_run, "--cores", "2", "--configfile", "experiments/tiny.yaml")
@@ -285,7 +285,7 @@ def test_every_job_dies_with_a_killed_snakemake_and_the_readme_recovers(tmp_path
         [sys.executable, "-m", "snakemake", "--cores", "2", "--configfile",
          "experiments/tiny.yaml"], cwd=work, env=env, stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL, start_new_session=True,
-    )  # fmt: skip
+    )
     jobs: list[int] = []
     try:
         deadline = time.monotonic() + 300
@@ -327,12 +327,12 @@ def test_a_job_that_writes_a_computed_file_dies_with_a_killed_snakemake(tmp_path
         [sys.executable, "-m", "snakemake", "--cores", "1", str(index.relative_to(work)),
          "--configfile", "experiments/tiny.yaml"], cwd=work, env=env,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )  # fmt: skip
+    )
     jobs: list[int] = []
     try:
         deadline = time.monotonic() + 300
         while not any(b"--target-jobs" in _cmdline(p) or b"write_text.py" in _cmdline(p)
-                      for p in descendants(proc.pid)):  # fmt: skip
+                      for p in descendants(proc.pid)):
             assert proc.poll() is None and time.monotonic() < deadline, "no job started"
             time.sleep(0.02)
         jobs = descendants(proc.pid)
@@ -384,12 +384,12 @@ def test_a_hand_run_killed_in_a_finished_run_folder_is_retrained_by_the_recovery
            "--policy", "adaptiveload", "--seed", "0", "--kernel", "eager",
            "--calibration", out.calibration,
            "--manifest", out.manifest, "--plan", out.plan("adaptiveload", 0),
-           "--out", run_dir, "--steps", "40"]  # fmt: skip
+           "--out", run_dir, "--steps", "40"]
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     log = tiny_run / "hand.log"
     with log.open("w") as err:
         hand = subprocess.Popen(cmd, cwd=tiny_run, env=dict(env, OMP_NUM_THREADS="1"),
-                                stdout=subprocess.DEVNULL, stderr=err)  # fmt: skip
+                                stdout=subprocess.DEVNULL, stderr=err)
     try:
         deadline = time.monotonic() + 300
         while (_store_steps(db, key) or ("", 0))[1] < 8:

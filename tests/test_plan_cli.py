@@ -147,10 +147,10 @@ def test_plan_writes_its_one_simulation_as_simulate_would(inputs, policy):
     root = inputs["root"] / f"once-{policy}"
     root.mkdir()
     common = ["--manifest", str(inputs["manifest"]), "--policy", policy, "--seed", "1",
-              "--world-size", "8", "--calibration", str(inputs["calibration"])]  # fmt: skip
+              "--world-size", "8", "--calibration", str(inputs["calibration"])]
     once = cli("plan", *common, "--simulation-steps", str(root / "once.parquet"),
                "--simulation-summary", str(root / "once.json"), "--warmup-steps", "2",
-               "--experiment", "x")  # fmt: skip
+               "--experiment", "x")
     assert once.returncode == 0, once.stderr
     assert sorted(p.name for p in root.iterdir()) == ["once.json", "once.parquet"]
     twice = [cli("plan", *common, "-o", str(root / "p.parquet"), "--summary", str(root / "p.json")),
@@ -159,7 +159,7 @@ def test_plan_writes_its_one_simulation_as_simulate_would(inputs, policy):
                  "-o", str(root / "twice.parquet"), "--summary", str(root / "twice.json"))]
     assert all(done.returncode == 0 for done in twice), [d.stderr for d in twice]
     pd.testing.assert_frame_equal(pd.read_parquet(root / "once.parquet"),
-                                  pd.read_parquet(root / "twice.parquet"))  # fmt: skip
+                                  pd.read_parquet(root / "twice.parquet"))
     got, want = json.loads((root / "once.json").read_text()), json.loads(
         (root / "twice.json").read_text()
     )
@@ -170,7 +170,7 @@ def test_plan_writes_its_one_simulation_as_simulate_would(inputs, policy):
 @pytest.mark.slow
 def test_plan_without_an_output_or_a_cost_model_to_simulate_is_refused(inputs):
     common = ["--manifest", str(inputs["manifest"]), "--policy", "equal-token", "--seed", "0",
-              "--world-size", "4", "--m-tok", "5e4"]  # fmt: skip
+              "--world-size", "4", "--m-tok", "5e4"]
     nothing = cli("plan", *common)
     assert nothing.returncode == 2 and "nothing to write" in nothing.stderr
     blind = cli("plan", *common, "--simulation-steps", str(inputs["root"] / "s.parquet"))
@@ -231,7 +231,7 @@ def test_sweep_flags_resolve_m_comp_from_the_calibrations_reference_batch(inputs
     multiplies it; M_mem and M_tok stay the calibration's (the pipeline's p and M_comp sweeps)."""
     cal = json.loads(inputs["calibration"].read_text())
     cal.update(m_tok=2 * 30_000, m_comp=2 * 30_000**1.36,
-               budgets={"ref_tokens": 30_000, "ref_batch": 2})  # fmt: skip
+               budgets={"ref_tokens": 30_000, "ref_batch": 2})
     path = inputs["root"] / "cal_ref.json"
     path.write_text(json.dumps(cal))
 
@@ -239,7 +239,7 @@ def test_sweep_flags_resolve_m_comp_from_the_calibrations_reference_batch(inputs
         out = inputs["root"] / "sweep.json"
         done = cli("plan", "--manifest", str(inputs["manifest"]), "--policy", "adaptiveload",
                    "--world-size", "4", "--seed", "0", "--calibration", str(path), *flags,
-                   "-o", str(inputs["root"] / "sweep.parquet"), "--summary", str(out))  # fmt: skip
+                   "-o", str(inputs["root"] / "sweep.parquet"), "--summary", str(out))
         assert done.returncode == 0, done.stderr
         return json.loads(out.read_text())
 
@@ -269,7 +269,7 @@ def test_pack_tokens_caps_every_pack(inputs):
     done = cli("plan", "--manifest", str(inputs["manifest"]), "--policy", "adaptiveload-packed",
                "--seed", "0", "--world-size", "4", "--calibration", str(inputs["calibration"]),
                "--pack-tokens", "60000", "-o", str(out.with_suffix(".parquet")),
-               "--summary", str(out.with_suffix(".json")))  # fmt: skip
+               "--summary", str(out.with_suffix(".json")))
     assert done.returncode == 0, done.stderr
     assert " packs, " in done.stdout and "x the steps' lower bound" in done.stdout
     summary = json.loads(out.with_suffix(".json").read_text())

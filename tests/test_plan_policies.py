@@ -67,7 +67,7 @@ def test_budgets_resolve_from_calibration():
     # reference batch 2 x 2000 tokens: M_tok = 4000, M_comp = 2 * 2000^p
     cal = Calibration("wan2.1-tiny", "cpu", "measured", CostModel(0.1, 1e-3, 1e-6),
                       p=1.4, m_mem=5000.0, m_comp=2 * 2000**1.4, m_tok=4000.0,
-                      extra={"budgets": {"ref_tokens": 2000.0, "ref_batch": 2}})  # fmt: skip
+                      extra={"budgets": {"ref_tokens": 2000.0, "ref_batch": 2}})
     auto = Budgets.resolve(calibration=cal)
     assert auto == Budgets(m_tok=4000.0, m_mem=5000.0, m_comp=2 * 2000**1.4, p=1.4)
     # an explicit p moves the auto M_comp along the reference batch; an explicit one stays

@@ -35,7 +35,7 @@ def batches_of(table: pd.DataFrame) -> pd.DataFrame:
              pad=("is_padding", "first"), batch_id=("batch_id", "first"),
              frames=("frames", "first"), height=("height", "first"), width=("width", "first"))
         .reset_index()
-    )  # fmt: skip
+    )
 
 
 def over(policy: str, b: np.ndarray, s: np.ndarray, bud: Budgets) -> np.ndarray:
@@ -87,7 +87,7 @@ def test_plan_invariants(df, bud, policy, world_size, seed):
 
 @SETTINGS
 @given(df=manifests(), m=st.floats(50.0, 3e5), world_size=st.integers(1, 1024),
-       seed=st.integers(0, 2**31))  # fmt: skip
+       seed=st.integers(0, 2**31))
 def test_adaptiveload_p1_equals_equal_token(df, m, world_size, seed):
     equal = build_plan(df, "equal-token", Budgets(m_tok=m), world_size, seed)
     adaptive = build_plan(df, "adaptiveload", Budgets(m_mem=m, m_comp=m, p=1.0), world_size, seed)
@@ -121,4 +121,4 @@ def test_deterministic_and_epoch_dependent(policy):
     reseeded = build_plan(df, policy, bud, 8, seed=8, epoch=2)
     assert not reseeded.table["sample_id"].equals(a.table["sample_id"])
     assert len({a.summary["plan_digest"], other.summary["plan_digest"],
-                reseeded.summary["plan_digest"]}) == 3  # fmt: skip
+                reseeded.summary["plan_digest"]}) == 3

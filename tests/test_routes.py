@@ -40,7 +40,7 @@ def test_every_experiment_file_dry_runs(workflow_copy, experiment):
     edges = set(re.findall(r"^\s*(\d+) -> (\d+)", dag.stdout, re.M))
     build = {n for n, label in labels.items() if label == "kernel_build"}
     fused = {n for n, label in labels.items()
-             if label.startswith("train") and "kernel: fused" in label}  # fmt: skip
+             if label.startswith("train") and "kernel: fused" in label}
     assert len(build) == 1 and fused, labels
     assert all((next(iter(build)), n) in edges for n in fused)
 
@@ -78,7 +78,7 @@ def test_the_plugin_refuses_gpus_in_slurm_extra():
 
     with pytest.raises(WorkflowError, match="GRES"):
         validate_slurm_extra(SimpleNamespace(resources=SimpleNamespace(
-            slurm_extra="'--gres=gpu:1'")))  # fmt: skip
+            slurm_extra="'--gres=gpu:1'")))
     profile = yaml.safe_load((REPO / "workflow/profiles/slurm/config.yaml").read_text())
     for res in profile["set-resources"].values():
         validate_slurm_extra(SimpleNamespace(resources=SimpleNamespace(**res)))
@@ -90,7 +90,7 @@ def submitted(workdir: Path, *targets: str) -> dict[str, str]:
     fake = workdir / "fakebin"
     fake.mkdir(exist_ok=True)
     (fake / "sbatch").write_text('#!/bin/sh\necho "$*" >> "$SBATCH_LOG"\necho refused >&2\n'
-                                 "exit 1\n")  # fmt: skip
+                                 "exit 1\n")
     (fake / "sacct").write_text("#!/bin/sh\nexit 0\n")  # no account to guess
     (fake / "sinfo").write_text("#!/bin/sh\nprintf 'PARTITION\\ncpu*\\ngpu\\n'\n")
     for tool in ("sbatch", "sacct", "sinfo"):
@@ -98,13 +98,13 @@ def submitted(workdir: Path, *targets: str) -> dict[str, str]:
     log = workdir / "sbatch.log"
     log.unlink(missing_ok=True)
     env = {**os.environ, "PATH": f"{fake}{os.pathsep}{os.environ['PATH']}",
-           "SBATCH_LOG": str(log)}  # fmt: skip
+           "SBATCH_LOG": str(log)}
     out = subprocess.run(
         [sys.executable, "-m", "snakemake", "--profile", "workflow/profiles/slurm",
          "--configfile", "experiments/paper.yaml", "--rerun-triggers", "mtime", "--retries",
          "0", "--keep-going", "--slurm-init-seconds-before-status-checks", "1", *targets],
         cwd=workdir, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    )
     text = out.stdout + out.stderr
     assert "sbatch failed" in text, text[-4000:]  # failed at sbatch, after the plugin's checks
     calls = log.read_text().splitlines()
@@ -121,12 +121,12 @@ def test_slurm_profile_submits_gpu_jobs_the_plugins_way(tmp_path):
         (work / path).touch()
     first = submitted(work, f"{res}/calibration/calibration.json", "build/kernels/build.json")
     have += [f"{res}/calibration/calibration.json", f"{res}/plans/adaptiveload/seed0.json",
-             f"{res}/tracking/store.ready", "build/kernels/build.json"]  # fmt: skip
+             f"{res}/tracking/store.ready", "build/kernels/build.json"]
     for path in have:
         (work / path).parent.mkdir(parents=True, exist_ok=True)
         (work / path).touch()
     second = submitted(work, f"{res}/runs/adaptiveload/seed0/fused/summary.json",
-                       f"{res}/kernel/bench.csv")  # fmt: skip
+                       f"{res}/kernel/bench.csv")
     calls = {**first, **second}
     assert set(calls) == {"calibrate", "kernel_build", "train", "kernel_bench"}
     for rule in ("calibrate", "train", "kernel_bench"):

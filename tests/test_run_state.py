@@ -30,7 +30,7 @@ def _train(exp: Path, out: Path, env: dict[str, str], *extra: str):
     return adaptiveload(
         "train", "--config", str(exp), "--policy", "adaptiveload", "--seed", "0",
         "--out", str(out), *extra, env=env, cwd=ROOT, timeout=600,
-    )  # fmt: skip
+    )
 
 
 def _runs(uri: str, experiment: str) -> list:
@@ -122,11 +122,11 @@ def test_run_killed_before_its_first_checkpoint_is_not_left_running(tmp_path):
     exp = write_experiment(tmp_path, steps=3, warmup_steps=1, checkpoint_every=100)
     out = tmp_path / "run"
     cmd = ["train", "--config", str(exp), "--policy", "adaptiveload", "--seed", "0",
-           "--out", str(out)]  # fmt: skip
+           "--out", str(out)]
     proc = subprocess.Popen(
         [sys.executable, "-m", "adaptiveload", *cmd], env=env, cwd=ROOT,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    )
     try:
         deadline = time.monotonic() + 300
         while not _runs(uri, "t") and proc.poll() is None and time.monotonic() < deadline:
@@ -180,7 +180,7 @@ def test_training_child_dies_with_its_killed_parent_and_ends_its_run_failed(tmp_
     parent = subprocess.Popen(
         [sys.executable, "-c", parent_code], env=cli_env(uri), cwd=ROOT, stdout=subprocess.PIPE,
         text=True,
-    )  # fmt: skip
+    )
     child = int(parent.stdout.readline())
     try:
         deadline = time.monotonic() + 300

@@ -176,7 +176,7 @@ def test_all_ranks_view_is_step_major_and_resumes(samples):
     state = every.state_dict(consumed_steps=2)
     assert state["rank"] is None and state["step"] == 2
     resumed = PlanBatchSampler(PlanBuilder(samples, "adaptiveload-balanced", BUDGETS, WORLD,
-                                           seed=6), None)  # fmt: skip
+                                           seed=6), None)
     resumed.load_state_dict(state)
     assert list(resumed) == list(every)[2 * WORLD :]
     with pytest.raises(ValueError, match="consumed_steps"):
@@ -213,5 +213,5 @@ def test_resume_with_workers_counts_consumed_steps(samples):
     resumed = make()
     resumed.load_state_dict(state)
     rest = [b["index"].tolist() for b in DataLoader(Shapes(samples), batch_sampler=resumed,
-                                                    num_workers=2)]  # fmt: skip
+                                                    num_workers=2)]
     assert head + rest == list(make())

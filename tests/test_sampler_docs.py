@@ -31,7 +31,7 @@ EXAMPLES = {
                               "process 1: epochs [0, 1] ran its rank's plan; resumed after step 5"],
                              "lightning", True),
     "diffusers_wan.py": (["diffusers WanTransformer3DModel: 3 steps"], "diffusers", False),
-}  # fmt: skip
+}
 
 
 def examples(doc: Path = DOC) -> dict[str, tuple[str, str]]:
@@ -70,7 +70,7 @@ def test_example_runs(name, tmp_path):
     else:
         procs = launcher.split()[-1]
         args = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", procs,
-                "--master-addr", "127.0.0.1", "--master-port", str(free_port()), name]  # fmt: skip
+                "--master-addr", "127.0.0.1", "--master-port", str(free_port()), name]
     out = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
     for line in expect:

@@ -43,7 +43,7 @@ def make(manifest: pd.DataFrame, rank: int | None = 0, **kw) -> PlanBatchSampler
         return PlanBatchSampler.from_manifest(
             manifest, args.pop("policy"), BUDGETS, WORLD, rank, args.pop("seed"), grid="tiny",
             **args,
-        )  # fmt: skip
+        )
 
 
 class Rows(Dataset):
@@ -142,7 +142,7 @@ def test_set_epoch_of_the_resumed_epoch_keeps_the_offset(manifest):
     for epoch in (2, 3):  # the usual loop, set_epoch at the top of every epoch
         resumed.set_epoch(epoch)
         got[epoch] = [list(b) for b in DataLoader(Rows(resumed.samples), batch_sampler=resumed,
-                                                  collate_fn=lambda items: items)]  # fmt: skip
+                                                  collate_fn=lambda items: items)]
     assert [b for b in _epoch(make(manifest), 2)][4:] == list(map(_ids(resumed), got[2]))
     assert len(got[2]) == len(full[2]) - 4 and len(got[3]) == len(full[3])
     resumed.set_epoch(3)  # a second pass of an epoch already begun starts at step 0
@@ -216,7 +216,7 @@ def test_sample_index_keeps_the_users_manifest_rows(manifest):
         sampler = PlanBatchSampler.from_manifest(
             rows, "adaptiveload", BUDGETS, WORLD, 0, seed=0, grid="tiny",
             sample_index=rows["sample_id"],
-        )  # fmt: skip
+        )
     assert len(caught) == 1  # one line, once
     line = str(caught[0].message)
     assert "\n" not in line and "3 of 60 samples excluded" in line
@@ -256,7 +256,7 @@ def test_accelerate_set_epoch_and_len_after_resume(manifest):
     sampler = make(manifest, rank=None)
     shard = accel.BatchSamplerShard(sampler, num_processes=WORLD, process_index=1)
     loader = accel.DataLoaderShard(Rows(sampler.samples), batch_sampler=shard,
-                                   collate_fn=lambda items: items)  # fmt: skip
+                                   collate_fn=lambda items: items)
     loader.set_epoch(3)
     assert sampler.epoch == 3
     state = sampler.state_dict(consumed_steps=5)
@@ -264,7 +264,7 @@ def test_accelerate_set_epoch_and_len_after_resume(manifest):
     resumed.load_state_dict(state)
     shard = accel.BatchSamplerShard(resumed, num_processes=WORLD, process_index=1)
     loader = accel.DataLoaderShard(Rows(resumed.samples), batch_sampler=shard,
-                                   collate_fn=lambda items: items)  # fmt: skip
+                                   collate_fn=lambda items: items)
     loader.set_epoch(3)  # iterating sets the loader's epoch again: the resume must survive
     expect = len(loader)
     got = list(loader)
@@ -317,18 +317,18 @@ def test_check_ranks_catches_a_rank_that_read_another_row_order(order, tmp_path)
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
          "--master-addr", "127.0.0.1", "--master-port", str(free_port()), str(script), order],
         capture_output=True, text=True, timeout=300, cwd=tmp_path,
-    )  # fmt: skip
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     steps, verdicts = zip(*(
         (tmp_path / f"rank{r}.txt").read_text().splitlines() for r in range(2)
-    ), strict=True)  # fmt: skip
+    ), strict=True)
     assert len(set(steps)) == 1  # the lengths agree either way
     if order == "same":
         assert verdicts == ("same plan", "same plan")
     else:
         assert all(v.startswith("refused: process") for v in verdicts), verdicts
         assert all("data_digest (other samples, or the same ones in another row order)" in v
-                   for v in verdicts)  # fmt: skip
+                   for v in verdicts)
 
 
 def test_digests_of_ids_read_in_chunks(manifest):
@@ -384,7 +384,7 @@ def test_accelerate_prepare_counts_passes_from_the_samplers_epoch(manifest):
 
     def loader(sampler):
         return DataLoader(Rows(sampler.samples), batch_sampler=sampler,
-                          collate_fn=lambda items: items)  # fmt: skip
+                          collate_fn=lambda items: items)
 
     saved = make(manifest, rank=None)
     saved.set_epoch(1)
@@ -450,7 +450,7 @@ def test_over_capacity_samples_are_excluded_and_named(manifest):
         sampler = PlanBatchSampler.from_manifest(
             rows, "adaptiveload", Budgets.resolve(calibration=cal), WORLD, 0, seed=0,
             bucketing="exact", cost_model=cal,
-        )  # fmt: skip
+        )
     ids = rows["sample_id"]
     summary = sampler.summary
     assert summary["num_over_capacity"] == 2 and summary["num_excluded"] == 3

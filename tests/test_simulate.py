@@ -63,7 +63,7 @@ def test_allreduce_and_grad_bytes():
     assert allreduce_seconds(1e9, 1, 100.0) == 0.0
     assert allreduce_seconds(1e9, 4, 8.0) == pytest.approx(1.5)
     cal = Calibration("m", "H200", "model", COST, p=1.5, m_mem=1.0, m_comp=1.0,
-                      extra={"num_params": 1_000})  # fmt: skip
+                      extra={"num_params": 1_000})
     assert grad_bytes_of(cal) == 4_000
     cal.extra["grad_bytes"] = 2_000
     assert grad_bytes_of(cal) == 2_000
@@ -92,7 +92,7 @@ def test_a_pack_costs_what_its_samples_cost():
     t = pd.DataFrame(
         {"step": 0, "rank": [0, 0, 1], "tokens": [100, 300, 200],
          "frames": [1, 5, 1], "height": [16, 32, 16], "width": [16, 48, 32]}
-    )  # fmt: skip
+    )
     t["sample_id"], t["is_padding"] = ["a", "b", "c"], False
     sim = simulate(t, COST, capacity_bytes=1000)
     st = sim.steps
@@ -125,9 +125,9 @@ def test_another_timed_window_needs_no_second_simulation():
     """`Simulation.timed(w)` summarizes the same per-step predictions over steps >= w: what
     simulating again with warmup_steps=w gives."""
     plan = build_plan(bucketed(400), "adaptiveload", Budgets(m_mem=4000, m_comp=4000**1.5, p=1.5),
-                      4, 0)  # fmt: skip
+                      4, 0)
     cal = Calibration(model="wan2.1-micro", device="cpu", source="model", cost=COST, p=1.5,
-                      m_mem=4000, m_comp=4000**1.5, m_tok=4000, capacity_bytes=5e4)  # fmt: skip
+                      m_mem=4000, m_comp=4000**1.5, m_tok=4000, capacity_bytes=5e4)
     whole = simulate(plan.table, cal)
     again = simulate(plan.table, cal, warmup_steps=3)
     assert whole.timed(3).summary == again.summary

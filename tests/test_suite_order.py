@@ -23,4 +23,4 @@ def test_longest_files_move_first_and_nothing_else_moves():
     assert [(item.path.name, item.i) for item in items] == [
         ("test_pipeline.py", 1), ("test_faults.py", 3),
         ("test_a.py", 0), ("test_b.py", 2), ("test_a.py", 4),
-    ]  # fmt: skip
+    ]

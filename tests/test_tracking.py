@@ -56,7 +56,7 @@ def test_unreachable_store_is_a_user_error_before_training(tmp_path):
     result = adaptiveload(
         "train", "--config", str(exp), "--policy", "adaptiveload", "--seed", "0",
         "--out", str(out), env=cli_env(uri), cwd=tmp_path, timeout=300,
-    )  # fmt: skip
+    )
     assert result.returncode == 2
     assert "not reachable" in result.stderr and "Traceback" not in result.stderr
     assert not out.exists()  # nothing trained, nothing written
@@ -199,7 +199,7 @@ def test_sync_is_idempotent(tmp_path):
 def _rest(server: MlflowServer, path: str, body: dict | None = None) -> dict:
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(f"{server.uri}{path}", data=data,
-                                 headers={"Content-Type": "application/json"})  # fmt: skip
+                                 headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=30) as resp:
         raw = resp.read()
     return json.loads(raw) if path.startswith("/api/") else {"bytes": raw}
@@ -215,7 +215,7 @@ def test_moved_results_folder_is_served_with_runs_params_and_artifacts(tmp_path)
     tracker = RunTracker.start(
         uri, "moved", "adaptiveload-s0", {"run": {"policy": "adaptiveload"}},
         {"policy": "adaptiveload"}, results / "s.jsonl", description="a moved experiment",
-    )  # fmt: skip
+    )
     tracker.log_step(0, {"loss": 1.0, "imbalance_rate": 0.5})
     (results / "summary.json").write_text('{"imbalance_rate": 0.5}')
     tracker.log_artifact(results / "summary.json")
@@ -223,13 +223,13 @@ def test_moved_results_folder_is_served_with_runs_params_and_artifacts(tmp_path)
     paper = pd.DataFrame({
         "setup": ["train", "sim/h200"], "kernel": ["eager"] * 2, "policy": ["adaptiveload"] * 2,
         "samples_per_s": [10.0, 5.0], "throughput_change": [0.1, 0.2], "label": ["x", "y"],
-    })  # fmt: skip
+    })
     paper.to_csv(results / "paper_table.csv", index=False)
     stats = pd.DataFrame({"metric": ["samples_per_s"], "test": ["Welch's t"], "p_value": [0.5]})
     stats.to_csv(results / "stats.csv", index=False)
     analysis = log_analysis("moved", results / "paper_table.csv", results / "stats.csv", [],
                             config={"name": "moved", "description": "a moved experiment"},
-                            uri=uri)  # fmt: skip
+                            uri=uri)
     assert "file:" not in json.dumps([str(p) for p in results.rglob("*")])
     moved = tmp_path / "elsewhere" / "results"
     moved.parent.mkdir()
@@ -244,19 +244,19 @@ def test_moved_results_folder_is_served_with_runs_params_and_artifacts(tmp_path)
         assert tags["mlflow.note.content"] == "a moved experiment"
         assert exp["experiment"]["artifact_location"] == "mlflow-artifacts:/moved"
         found = _rest(server, "/api/2.0/mlflow/runs/search",
-                      {"experiment_ids": [exp["experiment"]["experiment_id"]]})  # fmt: skip
+                      {"experiment_ids": [exp["experiment"]["experiment_id"]]})
         runs = {r["info"]["run_name"]: r for r in found["runs"]}
         assert set(runs) == {"adaptiveload-s0", "analysis"}
         for run in runs.values():
             assert run["data"]["params"] and run["data"]["tags"]
         metrics = {m["key"] for m in runs["analysis"]["data"]["metrics"]}
         assert metrics == {f"{s}/eager/adaptiveload/{c}" for s in ("train", "sim/h200")
-                           for c in ("samples_per_s", "throughput_change")}  # fmt: skip
+                           for c in ("samples_per_s", "throughput_change")}
         got = _rest(server, f"/get-artifact?path=tables/stats.csv&run_uuid={analysis}")
         assert got["bytes"] == (moved / "stats.csv").read_bytes()
         listed = _rest(server, f"/api/2.0/mlflow/artifacts/list?run_id={analysis}&path=tables")
         assert {f["path"] for f in listed["files"]} == {"tables/paper_table.csv",
-                                                       "tables/stats.csv"}  # fmt: skip
+                                                       "tables/stats.csv"}
         train_id = runs["adaptiveload-s0"]["info"]["run_id"]
         got = _rest(server, f"/get-artifact?path=summary.json&run_uuid={train_id}")
         assert got["bytes"] == b'{"imbalance_rate": 0.5}'

@@ -37,7 +37,7 @@ def test_matched_run_logs_its_step_mode_and_epoch_terms(tmp_path, monkeypatch):
     assert planned_steps("adaptiveload-packed", "free") < target  # matching changes its plan
 
     req = Request(config=path, policy="adaptiveload-packed", seed=0, out=tmp_path / "run",
-                  progress=False, checkpoint=False)  # fmt: skip
+                  progress=False, checkpoint=False)
     summary = train(req, open_sink=RunTracker.open)
     assert summary["steps_per_epoch"] == "match" and summary["epoch_steps"] == target
 

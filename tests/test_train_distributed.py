@@ -27,23 +27,23 @@ def test_torchrun_ddp_matches_emulated(tmp_path):
     exp = write_experiment(tmp_path, world_size=2, steps=3, checkpoint_every=3)
     manifest = tmp_path / "manifest.parquet"
     made = adaptiveload("manifest", "synth", "--mixture", "tiny-cpu", "-n", "120", "--seed", "0",
-                        "-o", str(manifest), env=cli_env(), cwd=ROOT)  # fmt: skip
+                        "-o", str(manifest), env=cli_env(), cwd=ROOT)
     assert made.returncode == 0, made.stderr
     args = ["--config", str(exp), "--policy", "adaptiveload", "--seed", "0", "--kernel", "eager",
-            "--manifest", str(manifest)]  # fmt: skip
+            "--manifest", str(manifest)]
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     env = cli_env(uri)
     assert adaptiveload("tracking", "init", env=env, cwd=ROOT).returncode == 0
 
     emu = adaptiveload("train", *args, "--emulate-world-size", "2", "--no-track",
-                       "--out", str(tmp_path / "emu"), env=env, cwd=ROOT, timeout=600)  # fmt: skip
+                       "--out", str(tmp_path / "emu"), env=env, cwd=ROOT, timeout=600)
     assert emu.returncode == 0, emu.stderr[-3000:]
     dist = subprocess.run(
         [TORCHRUN, "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
          "--master-port", str(free_port()),
          "-m", "adaptiveload", "train", *args, "--out", str(tmp_path / "ddp")],
         env=env, cwd=ROOT, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+    )
     assert dist.returncode == 0, dist.stderr[-3000:]
 
     a = pd.read_parquet(tmp_path / "emu" / "steps.parquet")
@@ -71,11 +71,11 @@ def test_torchrun_fsdp2_matches_emulated(tmp_path):
     """FSDP2 fully_shard (the 14B option) on 2 gloo processes: same losses and weights."""
     exp = write_experiment(tmp_path, world_size=2, steps=2, checkpoint_every=2)
     sharded = write_experiment(tmp_path, name="fsdp", world_size=2, steps=2, checkpoint_every=2,
-                               fsdp=True)  # fmt: skip
+                               fsdp=True)
     args = ["--policy", "adaptiveload", "--seed", "0", "--no-track"]
     env = cli_env()
     emu = adaptiveload("train", "--config", str(exp), *args, "--emulate-world-size", "2",
-                       "--out", str(tmp_path / "emu"), env=env, cwd=ROOT, timeout=600)  # fmt: skip
+                       "--out", str(tmp_path / "emu"), env=env, cwd=ROOT, timeout=600)
     assert emu.returncode == 0, emu.stderr[-3000:]
     dist = subprocess.run(
         [TORCHRUN, "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
@@ -83,7 +83,7 @@ def test_torchrun_fsdp2_matches_emulated(tmp_path):
          "-m", "adaptiveload", "train", "--config", str(sharded), *args,
          "--out", str(tmp_path / "fsdp")],
         env=env, cwd=ROOT, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+    )
     assert dist.returncode == 0, dist.stderr[-3000:]
     a = pd.read_parquet(tmp_path / "emu" / "steps.parquet")
     b = pd.read_parquet(tmp_path / "fsdp" / "steps.parquet")

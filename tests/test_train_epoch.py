@@ -20,7 +20,7 @@ SAME = ["step", "rank", "samples", "tokens", "frames", "height", "width"]
 
 def _run(exp, out, **kw) -> dict:
     return train(Request(config=exp, policy="adaptiveload-balanced", seed=0, out=out,
-                         progress=False, **kw))  # fmt: skip
+                         progress=False, **kw))
 
 
 @pytest.mark.slow
@@ -51,7 +51,7 @@ def test_whole_epoch_is_timed_after_a_replayed_warmup(tmp_path):
 @pytest.mark.slow
 def test_resume_at_the_seam_runs_the_same_batches(tmp_path):
     exp = write_experiment(tmp_path, steps=WHOLE_EPOCH, warmup_steps=WARMUP,
-                           checkpoint_every=WARMUP)  # fmt: skip
+                           checkpoint_every=WARMUP)
     out = tmp_path / "run"
     _run(exp, out)
     reference = pd.read_parquet(out / "steps.parquet")

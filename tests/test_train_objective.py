@@ -58,7 +58,7 @@ def test_loss_targets_velocity():
 
     x0 = torch.randn(3, 16, 2, 4, 4, dtype=torch.float64)
     loss = per_sample_loss(Oracle(x0), x0, torch.zeros(3, 1, 1), ObjectiveConfig(),
-                           step_generator(0, 0, 0))  # fmt: skip
+                           step_generator(0, 0, 0))
     assert loss.shape == (3,)
     assert float(loss.abs().max()) < 1e-10  # t is fp32, as Wan feeds it
 

@@ -60,7 +60,7 @@ class MixedCells(PlanBuilder):
             "tokens": samples["tokens"].to_numpy()[:k],
             "batch_id": cell,
             "is_padding": False,
-        })  # fmt: skip
+        })
         table.attrs["plan"] = {"world_size": self.world_size}
         return Plan(table=table, summary={"plan_digest": f"mixed-{epoch}"})
 
@@ -70,7 +70,7 @@ def _mixed_run(tmp_path: Path, kernel: str) -> tuple:
         write_experiment(tmp_path, model={"batch_layout": "packed"}, steps=3)
     )
     cfg = from_experiment(exp, "adaptiveload", 0, launch_mode="emulated", world_size=3,
-                          kernel=kernel)  # fmt: skip
+                          kernel=kernel)
     base = prepare_data(exp, cfg)
     builder = MixedCells(base.builder.samples, cfg.policy, base.builder.budgets, 3, cfg.seed)
     calibration = Calibration("wan2.1-micro", "cpu", "model", COST, p=1.4, m_mem=1e4, m_comp=1e6)
@@ -119,7 +119,7 @@ def test_the_gradient_of_a_mixed_step_is_the_mean_over_all_its_samples(tmp_path)
             batch = collate([data.dataset[position[sid]] for sid in ids])
             gen = step_generator(cfg.seed, 0, r)
             losses.append(per_sample_loss(model, list(batch.latents), batch.context,
-                                          cfg.objective, gen))  # fmt: skip
+                                          cfg.objective, gen))
         model.zero_grad(set_to_none=True)
         torch.cat(losses).mean().backward()
         reference = torch.cat([p.grad.flatten() for p in model.parameters()])
@@ -157,7 +157,7 @@ def test_a_dense_run_refuses_a_plan_of_mixed_cells(tmp_path):
     dense = from_experiment(
         experiment_config.load(write_experiment(tmp_path, name="dense")), "adaptiveload", 0,
         launch_mode="emulated", world_size=3,
-    )  # fmt: skip
+    )
     check_layout(plan, cfg, "x.yaml")  # packed: fine
     with pytest.raises(UserError) as info:
         check_layout(plan, dense, "x.yaml")
@@ -186,7 +186,7 @@ def _train(exp: Path, out: Path, kernel: str, env: dict, *extra: str, policy="ad
         "train", "--config", str(exp), "--policy", policy, "--seed", "0",
         "--kernel", kernel, "--emulate-world-size", "2", "--out", str(out), *extra,
         env=env, cwd=ROOT, timeout=600,
-    )  # fmt: skip
+    )
 
 
 @pytest.mark.slow
@@ -197,7 +197,7 @@ def test_adaptiveload_train_runs_the_packing_planners_packs(tmp_path):
     exp_path = write_experiment(tmp_path, world_size=2, steps=3, checkpoint_every=3)
     env = cli_env()
     done = _train(exp_path, tmp_path / "run", "fused", env, "--no-track",
-                  policy="adaptiveload-packed")  # fmt: skip
+                  policy="adaptiveload-packed")
     assert done.returncode == 0, done.stderr[-3000:]
     steps = pd.read_parquet(tmp_path / "run" / "steps.parquet")
     exp = experiment_config.load(exp_path)
@@ -207,7 +207,7 @@ def test_adaptiveload_train_runs_the_packing_planners_packs(tmp_path):
     cells = plan.groupby(["step", "rank"]).agg(
         samples=("tokens", "size"), tokens=("tokens", "sum"), tokens_sq=("tokens_sq", "sum"),
         shapes=("frames", "nunique"),
-    )  # fmt: skip
+    )
     got = steps.set_index(["step", "rank"])[["samples", "tokens", "tokens_sq"]]
     want = cells.loc[got.index, ["samples", "tokens", "tokens_sq"]]
     pd.testing.assert_frame_equal(got, want, check_dtype=False)
@@ -215,9 +215,9 @@ def test_adaptiveload_train_runs_the_packing_planners_packs(tmp_path):
     assert read_json(tmp_path / "run" / "summary.json")["batch_layout"] == "packed"
 
     dense = write_experiment(tmp_path, name="dense", model={"batch_layout": "dense"},
-                             world_size=2, steps=3)  # fmt: skip
+                             world_size=2, steps=3)
     refused = _train(dense, tmp_path / "refused", "eager", env, "--no-track",
-                     policy="adaptiveload-packed")  # fmt: skip
+                     policy="adaptiveload-packed")
     assert refused.returncode == 2
     line = refused.stderr.strip().splitlines()[-1]
     assert str(dense) in line and "model.batch_layout" in line and "packed" in line
@@ -241,7 +241,7 @@ def test_adaptiveload_train_packed_equals_dense_and_records_its_backend(tmp_path
         runs[name] = pd.read_parquet(tmp_path / name / "steps.parquet")
     pd.testing.assert_frame_equal(runs["dense"][SAME], runs["packed"][SAME])
     pd.testing.assert_series_equal(runs["dense"]["loss"], runs["packed"]["loss"], rtol=1e-5,
-                                   atol=0)  # fmt: skip
+                                   atol=0)
 
     summary = read_json(tmp_path / "packed" / "summary.json")
     assert (summary["batch_layout"], summary["attention_backend"]) == ("packed", "sdpa-runs")
@@ -266,7 +266,7 @@ def test_torchrun_gloo_trains_packed_batches_like_emulated_ranks(tmp_path):
          "--policy", "adaptiveload-packed", "--seed", "0", "--kernel", "fused", "--no-track",
          "--out", str(tmp_path / "ddp")],
         env=env, cwd=ROOT, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+    )
     assert dist.returncode == 0, dist.stderr[-3000:]
     a = pd.read_parquet(tmp_path / "emu" / "steps.parquet")
     b = pd.read_parquet(tmp_path / "ddp" / "steps.parquet")

@@ -30,7 +30,7 @@ def _plan(tmp_path: Path, exp: dict, manifest: Path, world_size: int) -> Path:
         "--m-mem", str(budgets["m_mem"]), "--m-comp", str(budgets["m_comp"]),
         "--p", str(budgets["p"]), "-o", str(tmp_path / f"plan-n{world_size}.parquet"),
         "--summary", str(summary), env=cli_env(), cwd=ROOT,
-    )  # fmt: skip
+    )
     assert made.returncode == 0, made.stderr
     return summary
 

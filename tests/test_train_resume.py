@@ -22,7 +22,7 @@ SAME = ["step", "rank", "samples", "tokens", "frames", "height", "width"]
 
 def _command(exp, out) -> list[str]:
     return ["train", "--config", str(exp), "--policy", "adaptiveload-balanced", "--seed", "1",
-            "--emulate-world-size", "3", "--out", str(out)]  # fmt: skip
+            "--emulate-world-size", "3", "--out", str(out)]
 
 
 @pytest.mark.slow
@@ -41,7 +41,7 @@ def test_sigkill_and_restart_matches_uninterrupted_run(tmp_path):
     proc = subprocess.Popen(
         [sys.executable, "-m", "adaptiveload", *_command(kill_exp, kill_out)],
         env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    )
     ckpt = kill_out / "checkpoints" / f"ckpt-{KILL_AFTER:08d}.pt"
     deadline = time.monotonic() + 300
     while not ckpt.exists() and proc.poll() is None and time.monotonic() < deadline:

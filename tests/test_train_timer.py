@@ -33,7 +33,7 @@ def test_emulated_cpu_run_is_thread_timed_and_says_so(tmp_path, monkeypatch):
     out = tmp_path / "run"
     threads = torch.get_num_threads()
     req = Request(config=exp, policy="adaptiveload-balanced", seed=0, out=out, progress=False,
-                  checkpoint=False)  # fmt: skip
+                  checkpoint=False)
     summary = train(req, open_sink=RunTracker.open)
     assert torch.get_num_threads() == threads  # one thread while training, then restored
 
@@ -63,6 +63,6 @@ def test_emulated_cpu_run_is_thread_timed_and_says_so(tmp_path, monkeypatch):
     assert "summary/samples_per_s_wall" in run.data.metrics
 
     index = [{"setup": "train", "summary": str(out / "summary.json"),
-              "steps": str(out / "steps.parquet")}]  # fmt: skip
+              "steps": str(out / "steps.parquet")}]
     label = aggregate(parse_index(index)).runs["label"].iloc[0]
     assert label.startswith(f"measured ({THREAD_TIME}, cpu:")

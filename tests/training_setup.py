@@ -48,7 +48,7 @@ def adaptiveload(*args: str, env: dict[str, str], cwd: Path, **kw) -> subprocess
     return subprocess.run(
         [sys.executable, "-m", "adaptiveload", *args],
         env=env, cwd=cwd, capture_output=True, text=True, **kw,
-    )  # fmt: skip
+    )
 
 
 def free_port() -> int:
@@ -78,7 +78,7 @@ class MlflowServer:
              "--workers", "1", "--artifacts-destination", str(self.artifacts)],
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True,
-        )  # fmt: skip
+        )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:

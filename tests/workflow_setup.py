@@ -19,7 +19,7 @@ def snakemake(workdir: Path, *args: str, timeout: int = 600) -> subprocess.Compl
     return subprocess.run(
         [sys.executable, "-m", "snakemake", *args],
         cwd=workdir, capture_output=True, text=True, timeout=timeout, env=env,
-    )  # fmt: skip
+    )
 
 
 def copy_workflow(dest: Path) -> Path:

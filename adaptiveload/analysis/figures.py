@@ -205,7 +205,7 @@ def vram_utilization(inp: FigureInputs) -> plt.Figure:
         table, 100 * table["vram"], "peak memory / device capacity (%)",
         lambda sel: f"memory: {', '.join(sorted(set(sel['vram_source'])))}\n"
                     f"runs: {_label(sel)}",
-    )  # fmt: skip
+    )
     fig.suptitle("VRAM utilization per step: higher = memory budget used, not wasted")
     return fig
 
@@ -241,7 +241,7 @@ def calibration_fit(inp: FigureInputs) -> plt.Figure:
                     size=points["tokens"], ax=ax)
     additivity = cal.get("additivity") or {}
     packs = pd.DataFrame(additivity.get("packs") or [], columns=["predicted_s", "time_s",
-                                                                 "rel_err"])  # fmt: skip
+                                                                 "rel_err"])
     packs = packs[packs["rel_err"].notna()]
     if not packs.empty:  # held out of the fit: the cost of a set, set_time
         ax.scatter(packs["predicted_s"], packs["time_s"], marker="X", s=60, color="black",
@@ -284,7 +284,7 @@ def _fit_curves(ax: plt.Axes, cost: CostModel, points: pd.DataFrame, cal: dict) 
     ax.set(xscale="log", yscale="log", xlabel="tokens per sample S",
            ylabel="step time (s)",
            title=f"fitted curves against the points\n[{cal.get('source')} "
-                 f"({cal.get('device')})]")  # fmt: skip
+                 f"({cal.get('device')})]")
     ax.title.set_fontsize(8)
     ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.legend(fontsize=7)

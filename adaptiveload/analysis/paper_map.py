@@ -19,7 +19,7 @@ from adaptiveload.planning.paper_map import AXES
 
 # the paper's four numbers (abstract): baseline and AdaptiveLoad imbalance, relative changes
 PAPER = {"baseline_imbalance": 0.39, "adaptiveload_imbalance": 0.189,
-         "vram_change": 0.227, "throughput_change": 0.272}  # fmt: skip
+         "vram_change": 0.227, "throughput_change": 0.272}
 NUMBERS = {
     "baseline_imbalance": "baseline imbalance (%)",
     "adaptiveload_imbalance": "AdaptiveLoad imbalance (%)",
@@ -81,7 +81,7 @@ def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:
             "baseline_vram_utilization", "adaptiveload_vram_utilization",
             "baseline_samples_per_s", "adaptiveload_samples_per_s", "baseline_tokens_per_s",
             "adaptiveload_tokens_per_s", "baseline_idle_fraction", "adaptiveload_idle_fraction",
-            "seeds"]  # fmt: skip
+            "seeds"]
     return frame[[c for c in keep if c in frame.columns]].to_dict(orient="records")
 
 
@@ -103,7 +103,7 @@ def tornado(points: pd.DataFrame) -> pd.DataFrame:
                 continue
             rows.append({"number": number, "axis": axis, "low": lo[number], "high": hi[number],
                          "low_at": _short(lo[axis]), "high_at": _short(hi[axis]),
-                         "span": hi[number] - lo[number]})  # fmt: skip
+                         "span": hi[number] - lo[number]})
     frame = pd.DataFrame(rows)
     if frame.empty:
         return frame
@@ -115,7 +115,7 @@ def summarize(points: pd.DataFrame, spec: dict[str, Any]) -> dict[str, Any]:
     torn = tornado(points)
     centre = points[points["designs"].str.contains("centre")]
     most = {n: torn[torn["number"] == n].iloc[0].to_dict() for n in PAPER
-            if len(torn) and (torn["number"] == n).any()}  # fmt: skip
+            if len(torn) and (torn["number"] == n).any()}
     return {
         "paper": PAPER,
         "centre": spec["centre"],
@@ -127,7 +127,7 @@ def summarize(points: pd.DataFrame, spec: dict[str, Any]) -> dict[str, Any]:
         "design": {"points": int(points.drop_duplicates(subset=list(AXES)).shape[0]),
                    "seeds": spec["seeds"], "num_samples": spec["num_samples"],
                    "factorial_axes": sorted(spec.get("factorial") or {})},
-    }  # fmt: skip
+    }
 
 
 def paper_table_rows(summary: dict[str, Any]) -> pd.DataFrame:
@@ -157,7 +157,7 @@ def paper_table_rows(summary: dict[str, Any]) -> pd.DataFrame:
                 "imbalance_change": (s["adaptiveload_imbalance"] - s["baseline_imbalance"]
                                      if is_al else np.nan),
                 "vram_change": s["vram_change"] if is_al else 0.0,
-            })  # fmt: skip
+            })
     return pd.DataFrame(rows)
 
 
@@ -177,7 +177,7 @@ def figure(points: pd.DataFrame, summary: dict[str, Any]):
     fig = plt.figure(figsize=(17, 10.5))
     grid = fig.add_gridspec(2, 4, height_ratios=[1.15, 1], hspace=0.45, wspace=0.9)
     planes = (("baseline_imbalance", "adaptiveload_imbalance", "definition", "dealing"),
-              ("throughput_change", "vram_change", "reference", "cost_model"))  # fmt: skip
+              ("throughput_change", "vram_change", "reference", "cost_model"))
     for k, (x, y, hue, style) in enumerate(planes):
         ax = fig.add_subplot(grid[0, 2 * k: 2 * k + 2])
         sns.scatterplot(data=points, x=100 * points[x], y=100 * points[y], hue=hue,

@@ -41,7 +41,7 @@ HEADLINE = (
     "imbalance_rate", "idle_fraction", "vram_utilization", "samples_per_s", "padding_fraction",
     "samples_per_step_mean", "throughput_change", "imbalance_change", "vs_epoch_lower_bound",
     "min_steps_per_epoch",
-)  # fmt: skip
+)
 
 
 def _key(*parts: str) -> str:

@@ -47,7 +47,7 @@ def held_out(
     rows = []
     for pack in packs:
         row = dict(pack, predicted_s=cost.set_time(pack["tokens"]),
-                   predicted_bytes=cost.set_memory(pack["tokens"]))  # fmt: skip
+                   predicted_bytes=cost.set_memory(pack["tokens"]))
         measured = pack.get("time_s")
         ran = pack.get("status") == "ok" and bool(measured)
         row["rel_err"] = abs(row["predicted_s"] / measured - 1) if ran else None
@@ -115,4 +115,4 @@ def _segments(tokens: list[int]) -> str:
     """A pack's token counts, longest first, repeats counted: '3740 + 221x2'."""
     lengths, counts = np.unique(np.asarray(tokens), return_counts=True)
     return " + ".join(f"{s}x{n}" if n > 1 else f"{s}"
-                      for s, n in zip(lengths[::-1], counts[::-1], strict=True))  # fmt: skip
+                      for s, n in zip(lengths[::-1], counts[::-1], strict=True))

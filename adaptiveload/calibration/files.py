@@ -36,7 +36,7 @@ def fit_points(
     rules: BudgetRules, setup: analytic.TrainingSetup, num_params: int, memory_measured: bool,
     max_loo: float | None = None, extra: dict[str, Any] | None = None,
     memory_points: list[dict[str, Any]] | None = None,
-) -> Calibration:  # fmt: skip
+) -> Calibration:
     """Fit measured points (`time_s`, and `peak_bytes` if `memory_measured`), derive budgets
     at `capacity` bytes by `rules` (headroom, reference batch).
 
@@ -81,7 +81,7 @@ def fit_points(
     for p in ok:
         p["loo_rel_err"] = next(loo)
     budgets = derive_budgets(cost, mix.tokens, capacity, rules.headroom, rules.ref_tokens,
-                             rules.ref_batch)  # fmt: skip
+                             rules.ref_batch)
     if not 1.0 < budgets.p_unclamped < 2.0:
         raise UserError(
             f"derived p {budgets.p_unclamped:.3f} lies at or beyond the clamp [1, 2] over the "
@@ -98,7 +98,7 @@ def fit_points(
             **({"memory_points": memory_points} if memory_points else {}),
             **(extra or {}),
         },
-    )  # fmt: skip
+    )
 
 
 def refit(
@@ -120,7 +120,7 @@ def refit(
     timer = first.extra.get("grid", {}).get("timer", "wall")
     pooled = _pool([p for _, cal in sources for p in cal.extra["points"]], timer, _point_identity)
     packs = _pool([p for _, cal in sources for p in (cal.extra.get("additivity") or {}).get(
-        "packs", [])], timer, _pack_identity)  # fmt: skip
+        "packs", [])], timer, _pack_identity)
     points = sorted(pooled.values(), key=lambda p: (p["batch"] * p["tokens"], p["batch"]))
     cfg = get_config(first.model)
     setup_info = first.extra.get("setup", {})
@@ -161,7 +161,7 @@ def refit(
                      "pooled_files": len(sources)},
             "notes": [f"grid lacked by today's rules: {what}" for what in lacking],
         },
-    )  # fmt: skip
+    )
     additivity = held_out(cal.cost, list(packs.values()), memory_measured, timer)
     if additivity:
         cal.extra["additivity"] = additivity
@@ -199,7 +199,7 @@ def _pool(
         key = json.dumps(fields, sort_keys=True)
         into = pooled.setdefault(key, {
             **fields, "status": "oom", "peak_bytes": None, f"{timer}_s_passes": [],
-        })  # fmt: skip
+        })
         passes = record.get(f"{timer}_s_passes") or []
         if record.get("status") == "ok" and passes:
             into["status"] = "ok"
@@ -236,7 +236,7 @@ def setup_dict(setup: analytic.TrainingSetup, precision: str) -> dict[str, Any]:
 def calibration_record(
     cfg: WanConfig, device: str, source: str, cost: CostModel, budgets: Any, capacity: float,
     headroom: float, num_params: int, mix: TokenMix, extra: dict[str, Any],
-) -> Calibration:  # fmt: skip
+) -> Calibration:
     return Calibration(
         model=cfg.name,
         device=device,

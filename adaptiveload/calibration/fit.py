@@ -174,7 +174,7 @@ def _point(B: np.ndarray, S: np.ndarray, i: int) -> str:
 def _problems(
     cost: CostModel, form: str, B: np.ndarray, S: np.ndarray, loo: np.ndarray | None,
     required: Sequence[str], max_loo: float,
-) -> list[str]:  # fmt: skip
+) -> list[str]:
     """What is wrong with a fitted form, each with the points that would fix it."""
     out = []
     s_lo, s_hi = float(S.min()), float(S.max())
@@ -222,7 +222,7 @@ def _problems(
 def fit_measured(
     batch: Any, tokens: Any, times: Any, mem: Any | None = None,
     required: Sequence[str] = ("a", "b"), max_loo: float = DEFAULT_MAX_LOO["cuda"],
-) -> tuple[CostModel, FitStats]:  # fmt: skip
+) -> tuple[CostModel, FitStats]:
     """Fit measured step times with the first of FORMS that passes every check; refuse if none.
 
     Checks (each failure says which points to add): enough points for leave-one-out
@@ -263,7 +263,7 @@ def fit_measured(
         r2, worst, int(B.size), mem_r2, mem_worst, form=form,
         loo_median=float(np.median(loo)), loo_max=float(loo.max()),
         loo_rel_err=[float(v) for v in loo], checks=checks,
-    )  # fmt: skip
+    )
 
 
 ATTENTION_REQUIRED_SHARE = 0.1  # attention FLOPs share at the largest S that makes b required

@@ -38,7 +38,7 @@ def bucket_shape(tokens: int) -> tuple[int, int, int]:
 def build_grid(
     batch_sizes: Sequence[int], tokens: Sequence[int], largest_bucket: int | None,
     max_batch_tokens: int | None,
-) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:  # fmt: skip
+) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
     """The (B, S) points to time and the ones the batch-token cap dropped.
 
     Rules (docs/calibration.md): B = 1 at every token size, including the manifest's largest

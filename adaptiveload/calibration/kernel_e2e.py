@@ -39,7 +39,7 @@ COLUMNS = (
     "source", "device", "date", "torch", "cuda", "model", "precision",
     "activation_checkpointing", "B", "S", "grid", "kernel", "fused_impl", "steps", "step_s",
     "step_s_min", "peak_mem_gib", "speedup_vs_eager", "mem_saved_gib", "note",
-)  # fmt: skip
+)
 DEFAULT_OUT = Path("results/kernels/e2e.csv")
 DEVICES = ("cuda", "cpu")
 
@@ -61,7 +61,7 @@ class E2EConfig:
         check_positive(seq_lens=self.seq_lens, steps=(self.steps,))
         if self.device not in DEVICES:
             raise UserError(f"kernel e2e: device {self.device!r}: expected cuda, or cpu for a "
-                            "dry run")  # fmt: skip
+                            "dry run")
         if self.warmup < 0:
             raise UserError(f"kernel e2e: warmup {self.warmup}: expected >= 0")
 
@@ -86,12 +86,12 @@ def run(cfg: E2EConfig) -> Iterator[list[dict[str, Any]]]:
         "torch": torch.__version__, "cuda": torch.version.cuda, "model": cfg.model,
         "precision": "bf16 autocast" if cuda else "fp32", "activation_checkpointing": True,
         "B": 1, "steps": cfg.steps,
-    }  # fmt: skip
+    }
     for s in cfg.seq_lens:
         inputs = random_batch(arch, 1, s, dev, cfg.seed)
         base = dict(stamp, S=s, grid="x".join(map(str, latent_grid(s))))
         rows = [_kernel_row(model, inputs, dev, cfg, kernel, base, fused_impl)
-                for kernel in ("eager", "fused")]  # fmt: skip
+                for kernel in ("eager", "fused")]
         by_kernel = {r["kernel"]: r for r in rows if r.get("step_s")}
         if {"eager", "fused"} <= by_kernel.keys():
             eager, fused = by_kernel["eager"], by_kernel["fused"]
@@ -108,7 +108,7 @@ def run(cfg: E2EConfig) -> Iterator[list[dict[str, Any]]]:
 def _kernel_row(
     model: WanModel, inputs: Any, dev: torch.device, cfg: E2EConfig, kernel: str,
     base: dict[str, Any], fused_impl: str,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """One kernel's row at one S: its step times and peak memory, or the error that stopped it
     (an out-of-memory eager step must not lose the fused one)."""
     cuda = dev.type == "cuda"
@@ -123,7 +123,7 @@ def _kernel_row(
         times = [timed(model, inputs, dev, 1)[0] for _ in range(cfg.steps)]
         peak = torch.cuda.max_memory_allocated(dev) / 2**30 if cuda else None
         return dict(base, kernel=kernel, fused_impl=impl, step_s=statistics.median(times),
-                    step_s_min=min(times), peak_mem_gib=peak)  # fmt: skip
+                    step_s_min=min(times), peak_mem_gib=peak)
     except (RuntimeError, torch.OutOfMemoryError) as exc:
         model.zero_grad(set_to_none=True)
         if cuda:
@@ -137,7 +137,7 @@ def to_file(out: Path, cfg: E2EConfig) -> int:
     status for a CLI (1: CUDA asked for and none visible)."""
     if cfg.device == "cuda" and not torch.cuda.is_available():
         print("error: --device cuda but no CUDA device visible (use --device cpu for a dry run)",
-              file=sys.stderr)  # fmt: skip
+              file=sys.stderr)
         return 1
     rows: list[dict[str, Any]] = []
     for s_rows in run(cfg):
@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     """`python -m adaptiveload.calibration.kernel_e2e`: `adaptiveload kernel e2e` without the
     CLI's dependencies (the same options; the defaults are E2EConfig's)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                     argument_default=argparse.SUPPRESS)  # fmt: skip
+                                     argument_default=argparse.SUPPRESS)
     parser.add_argument("-o", "--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--model", help="model config name")
     parser.add_argument("--seq-lens", help="comma-separated S values")
@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
 def e2e_fields(flags: dict[str, Any]) -> dict[str, Any]:
     """E2EConfig's fields from command-line text (a comma list of S), those given only."""
     parse = {"model": str, "seq_lens": lambda v: int_list(v, "--seq-lens"), "device": str,
-             "steps": int}  # fmt: skip
+             "steps": int}
     return {k: parse[k](v) for k, v in flags.items() if k in parse and v is not None}
 
 

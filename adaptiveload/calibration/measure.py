@@ -66,7 +66,7 @@ def _checked_grid(
     points, dropped = build_grid(grid.batch_sizes, grid.tokens, largest, grid.max_batch_tokens)
     least = len(FORMS["three-term"]) + 2  # the smallest grid whose fit leave-one-out can check
     what = (f"grid {sorted(set(grid.batch_sizes))} x {sorted(set(grid.tokens))} "
-            f"(cap {grid.max_batch_tokens})")  # fmt: skip
+            f"(cap {grid.max_batch_tokens})")
     if len(points) < least:
         raise UserError(
             f"{what} leaves {len(points)} grid point(s); a checked fit needs >= {least}: add "
@@ -123,11 +123,11 @@ def calibrate(cfg: CalibrationConfig, progress: bool = True) -> Calibration:
     model = _model_with_optimizer_state(arch, dev, cfg.activation_checkpointing, cfg.seed)
     process_warmup_s = warm_up_process(model, points[0], dev, PROCESS_WARMUP_STEPS, cfg.seed)
     measured, packs = measure_grid(model, points, dev, cfg.grid, cfg.seed, progress=progress,
-                                   timer=timer)  # fmt: skip
+                                   timer=timer)
     record = {
         "process_warmup_s": process_warmup_s, "timer": timer, "largest_bucket": largest,
         "dropped_by_max_batch_tokens": [list(bs) for bs in dropped],
-    }  # fmt: skip
+    }
     cal = _fit(cfg, arch, dev, measured, mix, capacity, model, record)
     cal = _memory_to_budgets(cfg, cal, model, measured, (mix, capacity, record), timer, progress)
     additivity = held_out(cal.cost, packs, memory_measured=dev.type == "cuda", timer=timer)
@@ -192,7 +192,7 @@ def _fit(
     cfg: CalibrationConfig, arch: WanConfig, dev: torch.device, points: list[dict[str, Any]],
     mix: TokenMix, capacity: float, model: WanModel, grid_record: dict[str, Any],
     memory_points: list[dict[str, Any]] | None = None,
-) -> Calibration:  # fmt: skip
+) -> Calibration:
     """The measured points fitted into a calibration file, with how they were measured."""
     setup = analytic.TrainingSetup(
         compute_bytes=2 if dev.type == "cuda" else 4,
@@ -225,4 +225,4 @@ def _fit(
                      **grid_record},
             "notes": notes,
         },
-    )  # fmt: skip
+    )

@@ -59,7 +59,7 @@ def manifest_token_mix(
 def mixture_token_mix(
     name: str, num_samples: int, seed: int = 0, bucketing: str = DEFAULT_MODE,
     grid: str = DEFAULT_GRID, max_frames: int = DEFAULT_MAX_FRAMES,
-) -> TokenMix:  # fmt: skip
+) -> TokenMix:
     """A named synthetic mixture, bucketed."""
     from adaptiveload.data.bucketing import bucketize
     from adaptiveload.data.mixtures import synthesize

@@ -65,7 +65,7 @@ def prior(
         p["peak_bytes_model"] = float(cost.memory(p["batch"], p["tokens"]))
     capacity = rules.capacity_bytes(device.capacity_bytes)
     budgets = derive_budgets(cost, mix.tokens, capacity, rules.headroom, rules.ref_tokens,
-                             rules.ref_batch)  # fmt: skip
+                             rules.ref_batch)
     return calibration_record(
         cfg, device.name, "model", cost, budgets, capacity, rules.headroom, num_params, mix,
         extra={
@@ -108,4 +108,4 @@ def prior(
                 "M_comp = B_ref * S_ref^p (AdaptiveLoad)",
             ],
         },
-    )  # fmt: skip
+    )

@@ -142,7 +142,7 @@ class TokenMixSource:
             return manifest_token_mix(self.manifest, self.bucketing, grid, self.max_frames)
         if self.mixture is not None:
             return mixture_token_mix(self.mixture, self.num_samples, self.seed, self.bucketing,
-                                     grid, self.max_frames)  # fmt: skip
+                                     grid, self.max_frames)
         return None
 
 

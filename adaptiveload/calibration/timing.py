@@ -76,7 +76,7 @@ def random_pack(cfg: WanConfig, tokens: Sequence[int], device: torch.device, see
             "sample_id": str(i),
             "latent": torch.randn(cfg.in_dim, f * pt, h * ph, w * pw, generator=gen),
             "context": torch.randn(cfg.text_len, cfg.text_dim, generator=gen),
-        })  # fmt: skip
+        })
     batch = collate(items)
     t = torch.rand(batch.num_samples, generator=gen) * 1000
     x = [g.to(device) for g in batch.latents]
@@ -129,7 +129,7 @@ def warm_up_process(
 def measure_grid(
     model: WanModel, grid: Sequence[tuple[int, int]], device: torch.device, passes: Grid,
     seed: int = 0, min_seconds: float = 0.05, progress: bool = True, timer: str = "wall",
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:  # fmt: skip
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Time every (B, S) point of `grid` and every pack of `passes.packs` (one packed
     micro-batch each, `random_pack`): `passes.warmup` steps each, then `passes.repeats` passes
     over all of them (`passes`: the calibration's grid settings); returns (points, packs).
@@ -153,7 +153,7 @@ def measure_grid(
     records = points + packs
     order = sorted(range(len(records)), key=lambda i: _total_tokens(records[i]))
     iters = _time_passes(model, [(records[i], builders[i]) for i in order], device, passes,
-                         min_seconds, progress)  # fmt: skip
+                         min_seconds, progress)
     for record, steps in zip((records[i] for i in order), iters, strict=True):
         for name in ("wall_s", "cpu_s"):
             samples = record.pop(name)
@@ -171,7 +171,7 @@ def _point_record(batch: int, tokens: int) -> dict[str, Any]:
     return {
         "batch": batch, "tokens": tokens, "frames": frames, "height": height, "width": width,
         "wall_s": [], "cpu_s": [], "peak_bytes": None, "status": "ok",
-    }  # fmt: skip
+    }
 
 
 def _pack_record(pack: Pack) -> dict[str, Any]:
@@ -179,7 +179,7 @@ def _pack_record(pack: Pack) -> dict[str, Any]:
         "pack": pack.name, "tokens": list(pack.tokens), "samples": len(pack.tokens),
         "sum_tokens": sum(pack.tokens), "latent_grids": [list(latent_grid(s)) for s in pack.tokens],
         "wall_s": [], "cpu_s": [], "peak_bytes": None, "status": "ok",
-    }  # fmt: skip
+    }
 
 
 def _total_tokens(record: dict[str, Any]) -> tuple[int, int]:
@@ -192,7 +192,7 @@ def _total_tokens(record: dict[str, Any]) -> tuple[int, int]:
 def _time_passes(
     model: WanModel, jobs: list[tuple[dict[str, Any], Callable[[], tuple]]],
     device: torch.device, passes: Grid, min_seconds: float, progress: bool,
-) -> list[int | None]:  # fmt: skip
+) -> list[int | None]:
     """The timing loop of `measure_grid` over (record, inputs builder) jobs, in their order:
     a warm-up pass that builds each input and finds what fits, then the timed passes, each
     appending its seconds (and peak memory on CUDA) to the job's record. Returns each job's
@@ -206,7 +206,7 @@ def _time_passes(
     inputs: dict[int, tuple] = {}
     iters: dict[int, int] = {}
     with progress_bar(total=len(jobs) * (1 + repeats), desc="calibrate",
-                      disable=not progress) as bar:  # fmt: skip
+                      disable=not progress) as bar:
         for key, (record, build) in enumerate(jobs):  # warm-up pass; finds what fits
             try:
                 inputs[key] = build()

@@ -19,7 +19,7 @@ from adaptiveload.model.wan import WanModel
 def draw_micro_batches(
     cal: Calibration, mix: TokenMix, k: int, world_size: int, max_seconds: float | None,
     seed: int = 0,
-) -> tuple[list[dict[str, Any]], int, int]:  # fmt: skip
+) -> tuple[list[dict[str, Any]], int, int]:
     """`k` micro-batches (policy, B, S) drawn from one epoch's plan of every homogeneous policy.
 
     Each policy is planned with the calibration's own budgets on the mix's samples at
@@ -60,7 +60,7 @@ def draw_micro_batches(
 def validate_plans(
     model: WanModel, cal: Calibration, mix: TokenMix, device: torch.device,
     validation: PlanValidation, grid: Grid, seed: int, timer: str, progress: bool,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """Time `validation.micro_batches` planned micro-batches (`draw_micro_batches`) like grid
     points; compare.
 
@@ -70,7 +70,7 @@ def validate_plans(
     grid it was fitted to.
     """
     k, world_size, max_seconds = (validation.micro_batches, validation.world_size,
-                                  validation.max_seconds)  # fmt: skip
+                                  validation.max_seconds)
     drawn, too_slow, population = draw_micro_batches(cal, mix, k, world_size, max_seconds, seed)
     shapes = sorted({(d["batch"], d["tokens"]) for d in drawn}, key=lambda bs: bs[0] * bs[1])
     # the model is warm from the grid: a new shape's untimed probe step is its warm-up (the
@@ -87,7 +87,7 @@ def validate_plans(
             **d, "predicted_s": pred, "measured_s": meas, "spread": point["spread"],
             "status": point["status"],
             "rel_err": abs(pred - meas) / meas if meas else None,
-        })  # fmt: skip
+        })
     errors = np.array([r["rel_err"] for r in rows if r["rel_err"] is not None])
     return {
         "k": k,

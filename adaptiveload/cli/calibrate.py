@@ -79,7 +79,7 @@ def _settings(config: Path | None, flags: dict[str, Any]) -> Any:
     if "manifest" in f or "mixture" in f:  # a flag's token mix replaces the experiment's
         mix = replace(mix, manifest=f.get("manifest"), mixture=f.get("mixture"))
     ints = {k: int_list(f[k], f"--{k.replace('_', '-')}") for k in ("batch_sizes", "tokens")
-            if k in f}  # fmt: skip
+            if k in f}
     packs = tuple(Pack.parse(text) for text in f["pack"]) if f.get("pack") else None
     return overridden(
         base, model=f.get("model"), device=f.get("device"), threads=f.get("threads"),
@@ -95,7 +95,7 @@ def _settings(config: Path | None, flags: dict[str, Any]) -> Any:
         validation=overridden(base.validation, micro_batches=f.get("validate"),
                               world_size=f.get("validate_world_size"),
                               max_seconds=f.get("validate_max_seconds")),
-    )  # fmt: skip
+    )
 
 
 def _report(output: Path, cal: Any) -> None:

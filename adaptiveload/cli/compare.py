@@ -112,13 +112,13 @@ def _report(
                     "source": source,
                     **{k: derivation.get(k) for k in ("ref_tokens", "ref_batch")}},
         "policies": summaries,
-    }  # fmt: skip
+    }
 
 
 def _budgets(
     cal: Any, budgets_file: Path | None, prior: str | None, capacity_gb: float | None,
     headroom: float | None, tokens: Any,
-) -> tuple[Any, str]:  # fmt: skip
+) -> tuple[Any, str]:
     """The cost model with the budgets `plan` would use (the rule in compare_cmd's help), and
     where they come from."""
     from adaptiveload.costmodel import read_budgets
@@ -141,7 +141,7 @@ def _budgets(
 def _bucketed(
     manifest: Path | None, mixture: str | None, num_samples: int, bucketing: str, grid: str,
     max_frames: int,
-) -> tuple[Any, str]:  # fmt: skip
+) -> tuple[Any, str]:
     """The data to compare on, bucketed, and how to name it."""
     from adaptiveload.data.bucketing import bucketize
     from adaptiveload.data.manifest import load_manifest
@@ -185,7 +185,7 @@ def _text(report: dict[str, Any], rows: list[list[str]]) -> str:
     data, cal, b = report["data"], report["calibration"], report["budgets"]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     table = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
-             for row in rows]  # fmt: skip
+             for row in rows]
     lines = [
         f"{data['origin']}: {data['num_samples']} samples ({data['num_excluded']} excluded), "
         f"{report['world_size']} ranks, seed {report['seed']}",

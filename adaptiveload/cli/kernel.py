@@ -84,7 +84,7 @@ def bench_cmd(
 
     flags = {"seq_lens": seq_lens, "dims": dims, "repeats": repeats, "impls": impls,
              "segment_counts": segment_counts, "segment_dims": segment_dims,
-             "segment_lens": segment_lens}  # fmt: skip
+             "segment_lens": segment_lens}
     cfg = kb.KernelBenchConfig(**kb.bench_fields(flags))
     raise typer.Exit(kb.bench_to_file(out or kb.DEFAULT_OUT, cfg, skip_ok))
 

@@ -99,14 +99,14 @@ def plan_cmd(
     cal = read_budgets(budgets_file, cal) if budgets_file is not None else cal
     budgets = Budgets.resolve(**flags, calibration=cal, m_comp_scale=m_comp_scale)
     config = plan_config(policy, budgets, world_size, seed, epoch, cal, window_steps,
-                         steps_per_epoch, allreduce_gbps)  # fmt: skip
+                         steps_per_epoch, allreduce_gbps)
     writes = _Outputs(summary, output, simulation_steps, simulation_summary, warmup_steps,
-                      experiment).checked(cal)  # fmt: skip
+                      experiment).checked(cal)
     bucketed = bucketize(load_manifest(manifest), mode=bucketing, grid=grid, max_frames=max_frames)
     bucketed = without_over_capacity(bucketed, cal)  # excluded, and named, like the rest
     plan = config.plan(bucketed)
     info = {"manifest": str(manifest), "bucketing": bucketing, "grid": grid,
-            **_sources(calibration, budgets_file, cal)}  # fmt: skip
+            **_sources(calibration, budgets_file, cal)}
     plan.table.attrs["plan"].update(info)
     found = plan_warnings(plan.summary, bucketed.excluded_ids.tolist())
     report_warnings(f"plan ({plan.summary['policy']})", found, strict)
@@ -118,7 +118,7 @@ def plan_cmd(
 def plan_config(
     policy: str, budgets: Budgets, world_size: int, seed: int, epoch: int,
     cal: Calibration | None, window_steps: int, steps_per_epoch: str, allreduce_gbps: float,
-) -> PlanConfig:  # fmt: skip
+) -> PlanConfig:
     """The PlanConfig of `adaptiveload plan`'s flags (--window-steps 0: the whole epoch); a
     missing budget is named by the flags that set it."""
     _positive(allreduce_gbps=allreduce_gbps)
@@ -127,7 +127,7 @@ def plan_config(
             policy, budgets, world_size, seed, epoch, cost_model=cal,
             window_steps=window_steps or None, steps_per_epoch=_step_mode(steps_per_epoch),
             allreduce_gbps=allreduce_gbps,
-        )  # fmt: skip
+        )
     except MissingBudgetError as exc:  # the library's message names Budgets; here: the flags
         flags = ", ".join(f"--{k.replace('_', '-')}" for k in exc.missing)
         raise UserError(
@@ -160,10 +160,10 @@ class _Outputs:
         simulation has no cost model."""
         if self.summary is None and self.table is None and not self.simulated:
             raise UserError("plan: nothing to write; give --summary, -o, --simulation-steps or "
-                            "--simulation-summary")  # fmt: skip
+                            "--simulation-summary")
         if self.simulated and cal is None:
             raise UserError("--simulation-steps/--simulation-summary: give --calibration (the "
-                            "cost model the plan is simulated through)")  # fmt: skip
+                            "cost model the plan is simulated through)")
         _check_warmup(self.warmup_steps)
         return self
 
@@ -175,7 +175,7 @@ class _Outputs:
         if self.simulated:
             sim = plan.simulation.timed(self.warmup_steps)
             _write_simulation(sim, {**plan.summary, **info}, self.experiment,
-                              self.simulation_steps, self.simulation_summary)  # fmt: skip
+                              self.simulation_steps, self.simulation_summary)
 
 
 def _sources(
@@ -245,7 +245,7 @@ def simulate_cmd(
     sim = simulate(
         table, cal, allreduce_gbps=allreduce_gbps, grad_bytes=grad_bytes,
         warmup_steps=warmup_steps,
-    )  # fmt: skip
+    )
     run = _write_simulation(sim, table.attrs.get("plan", {}), experiment, output, summary)
     if as_json:
         typer.echo(json.dumps(run, indent=2, default=float))
@@ -259,13 +259,13 @@ def simulate_cmd(
 def _write_simulation(
     sim: Simulation, plan: dict, experiment: str | None, steps: Path | None,
     summary: Path | None,
-) -> dict:  # fmt: skip
+) -> dict:
     """The run summary of a simulated plan (what the analysis reads beside its per-step
     table; `plan`: the plan's own summary), written with the table where asked."""
     run = {
         "experiment": experiment, "policy": plan.get("policy"), "seed": plan.get("seed"),
         "epoch": plan.get("epoch"), "kernel": None, "plan": plan, **sim.summary,
-    }  # fmt: skip
+    }
     if steps is not None:
         write_parquet(steps, sim.steps)
     if summary is not None:

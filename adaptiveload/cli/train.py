@@ -97,7 +97,7 @@ def train(
             manifest=manifest, plan=plan, out=out, device=device, checkpoint=not no_checkpoint,
         ),
         open_sink=None if no_track else RunTracker.open,
-    )  # fmt: skip
+    )
     if summary:
         keys = ("policy", "seed", "launch_mode", "imbalance_rate", "samples_per_s", "tokens_per_s")
         typer.echo(json.dumps({k: summary[k] for k in keys}))
@@ -162,4 +162,4 @@ def check(
     write_json(out, {"tracking_uri": tracking_uri(), "runs": report})
     uploaded = sum(r["uploaded"] for r in report)
     typer.echo(f"{len(report)} run(s) FINISHED in the store; {uploaded} spooled record(s) "
-               "uploaded", err=True)  # fmt: skip
+               "uploaded", err=True)

@@ -41,7 +41,7 @@ def load_manifest(path: str | os.PathLike[str]) -> pd.DataFrame:
 def validate_manifest(
     raw: pd.DataFrame, origin: str, base_dir: Path | None = None, csv: bool = False,
     frame: bool = False,
-) -> pd.DataFrame:  # fmt: skip
+) -> pd.DataFrame:
     """Check a raw manifest frame and return it typed: sizes int64, ids str, optionals present.
 
     The one validator of manifests: every entry (the file readers, the synthetic mixtures,

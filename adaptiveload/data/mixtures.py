@@ -228,7 +228,7 @@ def mixed(image_pct: int, long_pct: int) -> Mixture:
     images, short_sd, short_hd, long_sd, long_hd = PAPER_MIXED.components
     short = (100 - image_pct - long_pct) / 100
     shares = (image_pct / 100, short * 2 / 3, short / 3, long_pct / 100 * 0.65,
-              long_pct / 100 * 0.35)  # fmt: skip
+              long_pct / 100 * 0.35)
     parts = (images, short_sd, short_hd, long_sd, long_hd)
     return Mixture(
         name=f"mixed-i{image_pct}-l{long_pct}",

@@ -111,4 +111,4 @@ class Segments:
         context, for varlen cross-attention)."""
         g = self.num_segments
         return torch.arange(0, (g + 1) * rows_per_segment, rows_per_segment, dtype=torch.int32,
-                            device=self.cu_seqlens.device)  # fmt: skip
+                            device=self.cu_seqlens.device)

@@ -139,7 +139,7 @@ class Block(nn.Module):
                 self.modulation + e0
             ).chunk(6, dim=1)
         y = self.self_attn(self.norm1(x, scale_msa, shift_msa, segments), rope=rope,
-                           segments=segments, backend=backend)  # fmt: skip
+                           segments=segments, backend=backend)
         with fp32_region(x):
             x = x + gated(y, gate_msa, segments)
         x = x + self.cross_attn(

@@ -64,7 +64,7 @@ COLUMNS = (
     "mod_dtype", "phase", "impl", "median_us", "min_us", "repeats", "model_bytes", "gbps",
     "tbps", "frac_of_copy", "speedup_vs_eager", "speedup_vs_compile", "saved_bytes",
     "saved_vs_eager", "note",
-)  # fmt: skip
+)
 DEFAULT_OUT = Path("results/kernels/bench.csv")
 
 
@@ -91,10 +91,10 @@ class KernelBenchConfig:
             check_positive(seq_lens=self.seq_lens, dims=self.dims)
         elif not self.segment_counts:
             raise UserError("kernel bench: no shape to measure: give dims and seq_lens (dense), "
-                            "or segment counts (packed)")  # fmt: skip
+                            "or segment counts (packed)")
         if self.segment_counts:
             check_positive(segment_counts=self.segment_counts, segment_dims=self.segment_dims,
-                           segment_lens=self.segment_lens)  # fmt: skip
+                           segment_lens=self.segment_lens)
             if max(self.segment_counts) > min(self.segment_lens):
                 raise UserError(
                     f"kernel bench: {max(self.segment_counts)} segments in a pack of "
@@ -220,7 +220,7 @@ def run(cfg: KernelBenchConfig) -> Iterator[list[dict[str, Any]]]:
             torch._dynamo.reset()  # a fresh static compile per shape
             fns = {name: _MAKERS[name]() for name in cfg.impls}
             rows = _shape_rows(cfg, dict(stamp, layout="dense", S=s, D=d), fns,
-                               _inputs(s, d, cfg.seed), ())  # fmt: skip
+                               _inputs(s, d, cfg.seed), ())
             torch.cuda.empty_cache()  # the shape's tensors are gone with _shape_rows' frame
             print(f"D={d} S={s} done", file=sys.stderr)
             yield rows
@@ -228,7 +228,7 @@ def run(cfg: KernelBenchConfig) -> Iterator[list[dict[str, Any]]]:
         for total in cfg.segment_lens:
             for count in cfg.segment_counts:
                 yield _segment_shape_rows(cfg, dict(stamp, layout="segments", G=count, S=total,
-                                                    D=d))  # fmt: skip
+                                                    D=d))
                 torch.cuda.empty_cache()
                 print(f"D={d} L={total} G={count} done", file=sys.stderr)
 
@@ -283,13 +283,13 @@ def _shape_rows(
         dict(base, phase="copy", impl="copy", median_us=statistics.median(copy_t),
              min_us=min(copy_t), model_bytes=4 * n, gbps=copy_gbps,
              note="device-to-device copy of x: the bandwidth ceiling")
-    ]  # fmt: skip
+    ]
     medians: dict[tuple[str, str], float] = {}
     for name, fn in fns.items():
         try:
             rows.append(dict(base, phase="saved", impl=name,
                              saved_bytes=_saved_bytes(fn, *leaves, *extra),
-                             note="autograd's saved bytes (unique storages)"))  # fmt: skip
+                             note="autograd's saved bytes (unique storages)"))
         except Exception as exc:
             rows.append(dict(base, phase="saved", impl=name, note=f"error: {exc}"))
         try:
@@ -300,10 +300,10 @@ def _shape_rows(
                 rows.append(dict(base, phase=phase, impl=name, median_us=med,
                                  min_us=min(times), model_bytes=model_bytes[phase],
                                  gbps=gbps, tbps=gbps / 1e3,
-                                 frac_of_copy=gbps / copy_gbps))  # fmt: skip
+                                 frac_of_copy=gbps / copy_gbps))
         except Exception as exc:  # one failing baseline must not lose the others
             rows.append(dict(base, phase="error", impl=name,
-                             note=f"{type(exc).__name__}: {exc}"))  # fmt: skip
+                             note=f"{type(exc).__name__}: {exc}"))
     _add_ratios(rows, medians)
     return rows
 
@@ -389,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     """`python -m adaptiveload.ops.kernel_bench`: `adaptiveload kernel bench` without the CLI's
     dependencies (the same options and defaults, the defaults being KernelBenchConfig's)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                     argument_default=argparse.SUPPRESS)  # fmt: skip
+                                     argument_default=argparse.SUPPRESS)
     parser.add_argument("-o", "--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--seq-lens", help="comma-separated S values")
     parser.add_argument("--dims", help="comma-separated D values ('' for no dense shape)")
@@ -400,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--segment-dims", help="comma-separated D values of the packed shapes")
     parser.add_argument("--segment-lens", help="comma-separated tokens L per pack")
     parser.add_argument("--skip-ok", action="store_true", default=False,
-                        help="no CUDA: write a skip record")  # fmt: skip
+                        help="no CUDA: write a skip record")
     given = vars(parser.parse_args(argv))  # only the options on the command line, and -o
     try:
         cfg = KernelBenchConfig(**bench_fields(given))
@@ -416,7 +416,7 @@ def bench_fields(flags: dict[str, Any]) -> dict[str, Any]:
              "impls": lambda v: tuple(v.split(",")),
              "segment_counts": lambda v: int_list(v, "--segment-counts"),
              "segment_dims": lambda v: int_list(v, "--segment-dims"),
-             "segment_lens": lambda v: int_list(v, "--segment-lens")}  # fmt: skip
+             "segment_lens": lambda v: int_list(v, "--segment-lens")}
     return {k: parse[k](v) for k, v in flags.items() if k in parse and v is not None}
 
 

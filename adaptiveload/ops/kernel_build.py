@@ -130,7 +130,7 @@ def build(
         [sys.executable, "-m", "adaptiveload.ops.kernel_build", "--compile-only", str(out_dir)]
         + (["--verbose"] if verbose else []),
         env=env, capture_output=not verbose, text=True, check=False,
-    )  # fmt: skip
+    )
     library = library_path(out_dir)
     if child.returncode != 0:
         tail = (child.stderr or "")[-4000:]
@@ -168,7 +168,7 @@ def _compile(out_dir: Path, verbose: bool) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--build-dir", type=Path, help="default: $ADAPTIVELOAD_BUILD_DIR, else "
-                        "the checkout's build/kernels, else the user cache")  # fmt: skip
+                        "the checkout's build/kernels, else the user cache")
     parser.add_argument("--arch", default=os.environ.get("TORCH_CUDA_ARCH_LIST", DEFAULT_ARCH))
     parser.add_argument("--verbose", action="store_true")
     parser.add_argument("--compile-only", type=Path, help=argparse.SUPPRESS)

@@ -104,10 +104,10 @@ def parse_ptxas(text: str) -> list[dict[str, Any]]:
     for line in text.splitlines():
         if m := _ENTRY.search(line):
             out.append({"mangled": m.group(1), "stack_frame": 0, "spill_stores": 0,
-                        "spill_loads": 0, "static_smem": 0})  # fmt: skip
+                        "spill_loads": 0, "static_smem": 0})
         elif out and (m := _FRAME.search(line)):
             out[-1].update(stack_frame=int(m.group(1)), spill_stores=int(m.group(2)),
-                           spill_loads=int(m.group(3)))  # fmt: skip
+                           spill_loads=int(m.group(3)))
         elif out and (m := _USED.search(line)):
             out[-1]["registers"] = int(m.group(1))
             if s := _SMEM.search(line):
@@ -124,7 +124,7 @@ def short_name(demangled: str) -> str:
 
 def _demangle(names: list[str]) -> list[str]:
     out = subprocess.run(["c++filt"], input="\n".join(names), capture_output=True, text=True,
-                         check=True)  # fmt: skip
+                         check=True)
     return out.stdout.splitlines()
 
 
@@ -136,7 +136,7 @@ def _compile_one(source: Path, flags: list[str], workdir: Path) -> str:
         [str(nvcc), *flags, "-Xptxas", "-v", "-I", str(SOURCE_DIR), "-c", str(source),
          "-o", str(obj)],
         capture_output=True, text=True, check=False,
-    )  # fmt: skip
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"nvcc failed on {source.name}:\n{proc.stderr[-4000:]}")
     return proc.stderr
@@ -195,7 +195,7 @@ def dispatch_table(cache_dir: Path | None = None) -> tuple[dict[str, int], list[
             [cxx, "-std=c++17", "-O1", "-Wall", "-Werror", "-I", str(SOURCE_DIR),
              str(TABLE_SOURCE), "-o", str(exe)],
             check=True, capture_output=True, text=True,
-        )  # fmt: skip
+        )
     out = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout
     lines = [json.loads(ln) for ln in out.splitlines()]
     return lines[0], lines[1:]
@@ -236,7 +236,7 @@ def check(
         regs = cta_registers(inst.registers, row["threads"])
         if regs > limits["kRegistersPerCta"]:
             problems.append(f"{where}: {inst.registers} registers x threads = {regs} > "
-                            f"{limits['kRegistersPerCta']}")  # fmt: skip
+                            f"{limits['kRegistersPerCta']}")
         if inst.registers > row["max_registers"]:
             problems.append(
                 f"{where}: {inst.registers} registers > its bound {row['max_registers']}"
@@ -248,7 +248,7 @@ def check(
             cap = limits["kMaxPipeSmem"]
             if row["dynamic_smem"] > cap or inst.static_smem + cap > limits["kSmemOptInMax"]:
                 problems.append(f"{where}: {row['dynamic_smem']} B dynamic + {inst.static_smem} "
-                                f"B static smem exceeds the opt-in of {cap} B")  # fmt: skip
+                                f"B static smem exceeds the opt-in of {cap} B")
         elif smem > limits["kSmemDefault"]:
             problems.append(f"{where}: {smem} B smem > {limits['kSmemDefault']} B without opt-in")
     problems += [
@@ -271,7 +271,7 @@ def launch_table(
             "registers": inst.registers, "static_smem": inst.static_smem,
             "spill_stores": inst.spill_stores,
             "cta_registers": cta_registers(inst.registers, r["threads"]),
-        } if inst else {})))  # fmt: skip
+        } if inst else {})))
     return rows
 
 
@@ -284,18 +284,18 @@ def report(
     problems = check(instances, limits, launches)
     lines = [f"# ptxas -v, sm_{sm}: every compiled instance of {SOURCE_DIR} (sources_digest "
              f"{sources_digest()})", "instance registers static_smem "
-             "stack_frame spill_stores spill_loads"]  # fmt: skip
+             "stack_frame spill_stores spill_loads"]
     lines += [f"{i.name} {i.registers} {i.static_smem} {i.stack_frame} {i.spill_stores} "
-              f"{i.spill_loads}" for i in instances]  # fmt: skip
+              f"{i.spill_loads}" for i in instances]
     lines += ["", f"# launches at D in {dims} (x, mod, op, layout, pipeline)",
               "D x mod op layout pipeline kernel threads registers cta_registers static_smem "
-              "dynamic_smem opt_in spill_stores"]  # fmt: skip
+              "dynamic_smem opt_in spill_stores"]
     for r in launch_table(instances, launches, dims):
         lines.append(" ".join(str(r.get(k, "?")) for k in (
             "D", "x", "mod", "op", "layout", "pipeline", "kernel", "threads", "registers",
-            "cta_registers", "static_smem", "dynamic_smem", "opt_in", "spill_stores")))  # fmt: skip
+            "cta_registers", "static_smem", "dynamic_smem", "opt_in", "spill_stores")))
     lines += ["", f"# check over all {len(launches)} launches, D = 8..{limits['kMaxD']}: "
-              + ("OK" if not problems else f"{len(problems)} problem(s)"), *problems]  # fmt: skip
+              + ("OK" if not problems else f"{len(problems)} problem(s)"), *problems]
     return "\n".join(lines) + "\n", problems
 
 

@@ -506,7 +506,7 @@ _OPS = {
         SEG_FWD_SCHEMA, _seg_fwd_reference, _seg_fwd_fake, (_seg_backward, _seg_setup_context)
     ),
     "ln_modulate_seg_bwd": (SEG_BWD_SCHEMA, _seg_bwd_reference, _seg_bwd_fake, None),
-}  # fmt: skip
+}
 
 
 def _register() -> tuple[kernel_lib.LoadState, tuple[str, ...]]:

@@ -112,7 +112,7 @@ class Budgets:
         return cls(
             m_tok=pick("m_tok", m_tok, tok), m_mem=mem, m_comp=comp, p=exponent,
             pack_tokens=pick("pack_tokens", pack_tokens, None),
-        )  # fmt: skip
+        )
 
 
 def _check_exponent(p: float | None) -> None:

@@ -179,18 +179,18 @@ class _Fill:
     @classmethod
     def concat(cls, fills: list[_Fill]) -> _Fill:
         return cls(*(np.concatenate([getattr(f, k) for f in fills], axis=-1)
-                     for k in ("size", "load", "sum_s", "sum_sq", "used")))  # fmt: skip
+                     for k in ("size", "load", "sum_s", "sum_sq", "used")))
 
     def take(self, packs: np.ndarray) -> _Fill:
         return _Fill(self.size[packs], self.load[packs], self.sum_s[packs],
-                     self.sum_sq[packs], self.used[:, packs])  # fmt: skip
+                     self.sum_sq[packs], self.used[:, packs])
 
     def move(self, samples: np.ndarray, types: _Types, source: np.ndarray,
-             target: np.ndarray) -> None:  # fmt: skip
+             target: np.ndarray) -> None:
         """In place: one sample of each type `samples` from pack `source[i]` (distinct) to
         the empty pack `target[i]`."""
         for field, per_type in (("size", 1), ("load", types.w), ("sum_s", types.tokens),
-                                ("sum_sq", types.tokens.astype(np.float64) ** 2)):  # fmt: skip
+                                ("sum_sq", types.tokens.astype(np.float64) ** 2)):
             values = getattr(self, field)
             add = per_type if np.isscalar(per_type) else per_type[samples]
             values[source] -= add
@@ -215,7 +215,7 @@ def make_packs(
     tokens: np.ndarray, budgets: Budgets, cost_model: CostModel | Calibration | None,
     world_size: int, window_steps: int | None, rng: np.random.Generator,
     steps: int | None = None,
-) -> Packs:  # fmt: skip
+) -> Packs:
     """Pack one epoch of samples (`tokens`: each sample's bucket tokens, by position) for
     `world_size` ranks in `steps` steps (None: K_min, the fewest the limits allow) and deal
     the packs to steps (module docstring)."""
@@ -255,7 +255,7 @@ def _types(tokens: np.ndarray, limits: PackLimits, cost: CostModel | None, p: fl
     new_code[rank] = np.arange(rank.size)
     over = (use > np.asarray(limits.caps)).any(axis=1)
     return _Types(w=w[rank], use=use[rank], alone=alone[rank], over=over[rank], caps=caps,
-                  of=new_code[code], tokens=values[rank])  # fmt: skip
+                  of=new_code[code], tokens=values[rank])
 
 
 def _spread_over_windows(n: int, steps: int, per_window: int, phase: float) -> np.ndarray:
@@ -310,7 +310,7 @@ def _lpt(
     then their real loads plus `offsets[1]` (module docstring: seeds that vary)."""
     fill = _Fill(np.zeros(n_packs, dtype=np.int64), np.zeros(n_packs),
                  np.zeros(n_packs, dtype=np.int64), np.zeros(n_packs),
-                 np.zeros((types.use.shape[1], n_packs)))  # fmt: skip
+                 np.zeros((types.use.shape[1], n_packs)))
     size, load = fill.size, offsets[0].copy()
     room = np.repeat(types.caps[:, None], n_packs, axis=1)  # [limits, packs]
     pack_of = np.empty(int(count.sum()), dtype=np.int64)
@@ -405,7 +405,7 @@ def _mth_level(lo: np.ndarray, fits: np.ndarray, m: int) -> tuple[int, int]:
 def _assemble(
     tokens: np.ndarray, windows: list[_Window], types: _Types, limits: PackLimits,
     cost: CostModel | None, world_size: int, rng: np.random.Generator,
-) -> Packs:  # fmt: skip
+) -> Packs:
     """The windows' packs as one epoch (numbered window by window), every pack given a sample
     where the epoch has enough, the rest padded, all dealt to steps by predicted cost."""
     offset = np.cumsum([0] + [w.fill.size.size for w in windows[:-1]])
@@ -432,7 +432,7 @@ def _assemble(
         order=order, start=start[real], size=packs.size, slots=slot_pack[deal],
         slot_pad=~real[deal], fill=(packs.used / np.asarray(limits.caps)[:, None]).T,
         limits=limits, oversize=types.over[types.of],
-    )  # fmt: skip
+    )
 
 
 def _fill_empty(

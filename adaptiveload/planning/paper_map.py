@@ -141,7 +141,7 @@ def point_budgets(cal: Calibration, tokens: np.ndarray, reference: str, scale: f
     ref = reference_tokens(tokens, first.m_mem, reference)
     d = derive_budgets(cal.cost, tokens, cal.capacity_bytes, cal.headroom, ref_tokens=ref)
     return {"p": d.p, "m_mem": d.m_mem, "m_tok": d.m_tok, "m_comp": d.m_comp * scale,
-            "ref_tokens": d.ref_tokens, "ref_batch": d.ref_batch}  # fmt: skip
+            "ref_tokens": d.ref_tokens, "ref_batch": d.ref_batch}
 
 
 def evaluate(point: Point, seeds: list[int], cache: _Cache, allreduce_gbps: float) -> dict:
@@ -173,7 +173,7 @@ def evaluate(point: Point, seeds: list[int], cache: _Cache, allreduce_gbps: floa
                 "samples_per_s": sim.summary["samples_per_s"],
                 "tokens_per_s": sim.summary["tokens_per_s"],
                 "steps": sim.summary["steps"],
-            })  # fmt: skip
+            })
         for key, value in pd.DataFrame(runs).mean().items():
             row[f"{role}_{key}"] = float(value)
     row["vram_change"] = row["adaptiveload_vram_utilization"] / row["baseline_vram_utilization"] - 1
@@ -203,5 +203,5 @@ def sweep(spec: dict[str, Any], progress: bool = False) -> pd.DataFrame:
                 "definition_formula": formula,
                 "baseline_imbalance": row[f"baseline_imbalance_{name}"],
                 "adaptiveload_imbalance": row[f"adaptiveload_imbalance_{name}"],
-            })  # fmt: skip
+            })
     return pd.DataFrame(rows)

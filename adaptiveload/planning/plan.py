@@ -69,14 +69,14 @@ from adaptiveload.planning.simulate import (
 REQUIRED_COLUMNS = ("sample_id", "bucket_frames", "bucket_height", "bucket_width", "tokens")
 TABLE_COLUMNS = (
     "step", "rank", "sample_id", "frames", "height", "width", "tokens", "batch_id", "is_padding",
-)  # fmt: skip
+)
 # summary fields that say what a plan was made from, in the order a mismatch is reported: two
 # plans whose digests differ are told apart by the first of these that differs
 PLAN_INPUTS = (
     "policy", "seed", "epoch", "world_size", "num_samples", "num_excluded",
     "m_tok", "m_mem", "m_comp", "p", "pack_tokens", "window_steps", "deal_cost",
     "steps_per_epoch",
-)  # fmt: skip
+)
 # plan.steps_per_epoch: the policy's own step count, equal-token's, or an integer
 FREE, MATCH = "free", "match"
 STEP_MODES = (FREE, MATCH)
@@ -88,7 +88,7 @@ PREDICTED = (
     "epoch_lower_bound_s", "vs_epoch_lower_bound",
     "padding_samples", "padding_fraction",
     "vram_utilization_mean", "vram_utilization_max",  # only with a capacity (a Calibration)
-)  # fmt: skip
+)
 
 
 @dataclass
@@ -310,7 +310,7 @@ def _target_steps(
 def _rows(
     frame: pd.DataFrame, buckets: Buckets, batches: Batches, slots: np.ndarray,
     slot_pad: np.ndarray, world_size: int,
-) -> tuple[pd.DataFrame, np.ndarray]:  # fmt: skip
+) -> tuple[pd.DataFrame, np.ndarray]:
     """The plan table (one row per sample of each slot) and each row's sample position.
     Built column by column into one integer block that the frame adopts without a copy: at
     10M rows the copies pandas would make cost seconds. A row's shape and tokens are its
@@ -356,7 +356,7 @@ def check_table(table: pd.DataFrame, origin: str) -> None:
     for col, least, most in (
         ("step", 0, None), ("rank", 0, None), ("frames", 1, MAX_TOKENS),
         ("height", 1, MAX_TOKENS), ("width", 1, MAX_TOKENS), ("tokens", 1, MAX_TOKENS),
-    ):  # fmt: skip
+    ):
         values = pd.to_numeric(table[col], errors="coerce").to_numpy(np.float64, na_value=np.nan)
         bad = ~np.isfinite(values) | (values != np.round(values)) | (values < least)
         if most is not None:

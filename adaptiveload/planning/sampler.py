@@ -161,7 +161,7 @@ class PlanBuilder:
         if not found:
             return
         warnings.warn(f"plan ({summary['policy']}): " + "; ".join(found), PlanWarning,
-                      stacklevel=_outside_the_package())  # fmt: skip
+                      stacklevel=_outside_the_package())
 
 
 PlanSource = pd.DataFrame | Plan | Callable[[int], Plan]
@@ -228,7 +228,7 @@ class PlanBatchSampler(Sampler[list[int]]):
             bucketed.samples, policy, budgets, world_size, seed,
             cost_model=cost_model, num_excluded=bucketed.num_excluded,
             excluded_ids=bucketed.excluded_ids.tolist(),
-        )  # fmt: skip
+        )
         return cls(builder, rank, sample_index)
 
     @property
@@ -317,7 +317,7 @@ class PlanBatchSampler(Sampler[list[int]]):
             for slot in range(start, self._total):
                 self._pos = slot + 1
                 yield PlanBatch(self._flat[self._bounds[slot] : self._bounds[slot + 1]].tolist(),
-                                self._info(slot))  # fmt: skip
+                                self._info(slot))
         finally:
             if self._active is token:
                 self._active = None
@@ -329,7 +329,7 @@ class PlanBatchSampler(Sampler[list[int]]):
             num_steps=self.num_steps, is_padding=bool(self._slot_pad[slot]),
             num_samples=int(self._bounds[slot + 1] - self._bounds[slot]),
             step_samples=int(self.samples_per_step[step]),
-        )  # fmt: skip
+        )
 
     def state_dict(self, consumed_steps: int | None = None) -> dict[str, Any]:
         """Where to resume: the epoch, the steps done in it, and the plan they belong to.

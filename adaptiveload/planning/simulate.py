@@ -74,7 +74,7 @@ class Simulation:
         summary = {k: v for k, v in self.summary.items() if k in _HEADER}
         summary["warmup_steps"] = warmup_steps
         summary.update(_metrics(self.steps, summary["world_size"], self.capacity_bytes,
-                                warmup_steps))  # fmt: skip
+                                warmup_steps))
         return Simulation(self.steps, summary, self.capacity_bytes)
 
 
@@ -82,7 +82,7 @@ class Simulation:
 _HEADER = ("launch_mode", "source", "device", "calibration", "world_size", "warmup_steps",
            "allreduce_gbps", "grad_bytes", "allreduce_s", "min_steps_per_epoch",
            "epoch_lower_bound_s", "epoch_s", "vs_epoch_lower_bound", "epoch_steps",
-           *MEMORY_FIELDS)  # fmt: skip
+           *MEMORY_FIELDS)
 
 
 def allreduce_seconds(grad_bytes: float, world_size: int, gbps: float) -> float:

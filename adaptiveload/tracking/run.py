@@ -248,7 +248,7 @@ class RunTracker:
                 self._log_metrics(record["metrics"], 0, record["ts"])
         elif kind == "artifact":
             log_artifact(self.client, self.uri, self.run_id, Path(record["path"]),
-                         record.get("artifact_path"))  # fmt: skip
+                         record.get("artifact_path"))
         elif kind == "status":
             self.client.set_terminated(self.run_id, status=record["status"])
         else:
@@ -305,7 +305,7 @@ def _folder_keys(run_dir: Path, uri: str) -> list[str]:
 def _supersede(
     client: Any, uri: str, exp_id: str, run_name: str, run_dir: Path, new_id: str,
     stale: str | None,
-) -> None:  # fmt: skip
+) -> None:
     """Tag the earlier runs of `run_dir` (and `stale`) superseded by `new_id`; end RUNNING ones."""
     earlier = client.search_runs([exp_id], filter_string=f"attributes.run_name = '{run_name}'")
     keys = _folder_keys(run_dir, uri)
@@ -364,7 +364,7 @@ def check_runs(experiment: str, run_dirs: list[Path], uri: str | None = None) ->
             uploaded = sync(spool, uri)
         except UserError as exc:
             raise UserError(f"{exc}; then run the pipeline again (or `adaptiveload sync "
-                            f"{spool}`)") from None  # fmt: skip
+                            f"{spool}`)") from None
         client = _client(check_reachable(uri))
         with store_errors(uri):
             run = _current_run(client, uri, experiment, run_dir)

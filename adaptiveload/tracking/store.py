@@ -223,16 +223,16 @@ def store_failure(uri: str, exc: BaseException) -> str:
         w in said for w in ("readonly", "read-only", "permission denied")
     ):
         fix = (f"the store is read-only: make {where} and its folder writable, or set "
-               "MLFLOW_TRACKING_URI to a writable store")  # fmt: skip
+               "MLFLOW_TRACKING_URI to a writable store")
     elif "not a database" in said or "malformed" in said:
         fix = (f"{where} is not an MLflow store (damaged, or another file): move it aside "
-               "and run `adaptiveload tracking init`, or set MLFLOW_TRACKING_URI")  # fmt: skip
+               "and run `adaptiveload tracking init`, or set MLFLOW_TRACKING_URI")
     elif code in (errno.ENOSPC, errno.EDQUOT) or "disk is full" in said or "no space" in said:
         fix = f"the disk that holds {where} is full: free space there and run it again"
     else:
         return (f"MLflow tracking store {uri}: not reachable ({first}); start the server, fix "
                 "MLFLOW_TRACKING_URI, or unset it to use the local sqlite file "
-                "results/mlflow.db")  # fmt: skip
+                "results/mlflow.db")
     return f"MLflow tracking store {uri}: {first}; {fix}"
 
 

@@ -53,7 +53,7 @@ def prepare_data(
         samples, cfg.policy, budgets, cfg.world_size, cfg.seed, cost_model=calibration,
         steps_per_epoch=exp["plan"]["steps_per_epoch"], num_excluded=int(bucketed.num_excluded),
         excluded_ids=bucketed.excluded_ids.tolist(),
-    )  # fmt: skip
+    )
     epoch0 = builder(0)  # plan epoch 0 now: a missing or bad budget fails before any output
     if plan is not None:
         check_plan(plan, epoch0.summary)

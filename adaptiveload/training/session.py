@@ -84,7 +84,7 @@ def resolve(req: Request) -> Resolved:
     cfg = from_experiment(
         exp, req.policy, req.seed, launch_mode=ranks.launch_mode, world_size=ranks.world_size,
         steps=req.steps, kernel=req.kernel, device=req.device,
-    )  # fmt: skip
+    )
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise UserError("--device cuda: no CUDA device visible; use --device cpu")
     if cfg.device == "cuda" and ln_modulate_impl(cfg) == "reference math":
@@ -221,7 +221,7 @@ def _train(
         trainer = Trainer(
             cfg, data, ckpt_dir, ranks, sink=sink, resume=resume, progress=req.progress,
             identity=identity["identity"],
-        )  # fmt: skip
+        )
         result = trainer.run()
     except BaseException:
         if sink is not None:

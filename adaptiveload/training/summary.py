@@ -103,7 +103,7 @@ def simulator_error(
     both = timed_window(table, warmup_steps).merge(
         predicted[["step", "rank", "compute_s", "samples"]], on=["step", "rank"],
         suffixes=("", "_model"),
-    )  # fmt: skip
+    )
     if not (both["samples"] == both["samples_model"]).all():
         raise RuntimeError("measured steps do not match the plan's batches")
     rel = (both["compute_s_model"] - both["compute_s"]).abs() / both["compute_s"]

@@ -59,10 +59,10 @@ class StepTimes:
         fixed = [2 * t - two[s] for s, t in one if s >= SATURATED_TOKENS and s in two]
         if len(one) < 3 or not fixed:
             raise ValueError(f"{path}: needs >= 3 B=1 points and a B=2 point at S >= "
-                             f"{SATURATED_TOKENS}")  # fmt: skip
+                             f"{SATURATED_TOKENS}")
         source = f"measured ({cal['device']}), {Path(path).name}"
         return cls(tuple(float(s) for s, _ in one), tuple(float(t) for _, t in one),
-                   max(0.0, float(np.mean(fixed))), source)  # fmt: skip
+                   max(0.0, float(np.mean(fixed))), source)
 
     def t1(self, tokens: np.ndarray | float) -> np.ndarray:
         """Seconds of a B = 1 step at `tokens` (extrapolated quadratically past the last point)."""
@@ -101,31 +101,31 @@ def experiment_cost(path: Path, calibration: Path = H200_CALIBRATION) -> dict:
     data, train = cfg["data"], cfg["train"]
     bucketed = bucketize(synthesize(data["mixture"], data["num_samples"], 0),
                          mode=data["bucketing"], grid=data["grid"],
-                         max_frames=data["max_frames"])  # fmt: skip
+                         max_frames=data["max_frames"])
     budgets = Budgets.resolve(*(str(cfg["budgets"][k]) for k in ("m_tok", "m_mem", "m_comp", "p")),
-                              calibration=cal)  # fmt: skip
+                              calibration=cal)
     runs = []
     for policy in cfg["policies"]:
         for seed in cfg["seeds"]:
             plan = build_plan(bucketed, policy, budgets, train["world_size"], seed,
-                              cost_model=cal).table  # fmt: skip
+                              cost_model=cal).table
             step_s = mean_step_seconds(plan, times)
             steps = run_steps(train["steps"], train["warmup_steps"],
-                              int(plan["step"].max()) + 1)  # fmt: skip
+                              int(plan["step"].max()) + 1)
             runs += [{"policy": policy, "seed": seed, "kernel": k, "step_s": step_s,
                       "steps": steps, "hours": step_s * steps / 3600}
-                     for k in cfg["model"]["kernels"]]  # fmt: skip
+                     for k in cfg["model"]["kernels"]]
     c = cfg["calibration"]
     per_point = 2 + c["repeats"]  # a probe step, a warm-up step, the timed steps
     cal_s = sum(per_point * float(times.micro_batch(b, s))
                 for b in c["batch_sizes"] for s in c["tokens"]
-                if b * s <= cal.m_mem)  # fmt: skip
+                if b * s <= cal.m_mem)
     train_h = sum(r["hours"] for r in runs)
     return {
         "experiment": cfg["name"], "source": f"model from {times.source}",
         "runs": runs, "train_gpu_hours": train_h, "calibration_gpu_hours": cal_s / 3600,
         "gpu_hours": train_h + cal_s / 3600,
-    }  # fmt: skip
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.calibration.is_file():  # the default is a measured file of the checkout
         print(f"{args.calibration}: calibration file not found; pass --calibration FILE "
-              "(a measured calibration JSON)", file=sys.stderr)  # fmt: skip
+              "(a measured calibration JSON)", file=sys.stderr)
         return 2
     cost = experiment_cost(args.experiment, args.calibration)
     if args.json:
@@ -144,10 +144,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     for r in cost["runs"]:
         print(f"{r['policy']:>22} seed {r['seed']} {r['kernel']:>5}: {r['steps']} steps x "
-              f"{r['step_s']:.0f} s = {r['hours']:.2f} GPU-h")  # fmt: skip
+              f"{r['step_s']:.0f} s = {r['hours']:.2f} GPU-h")
     print(f"{cost['experiment']}: {cost['gpu_hours']:.2f} GPU-hours on one GPU "
           f"(training {cost['train_gpu_hours']:.2f}, calibration "
-          f"{cost['calibration_gpu_hours']:.2f}; {cost['source']})")  # fmt: skip
+          f"{cost['calibration_gpu_hours']:.2f}; {cost['source']})")
     return 0
 
 

@@ -92,7 +92,7 @@ def validate(root: Path, dry: bool) -> dict[str, Any]:
     for summary_path in sorted((root / "train").glob("*/summary.json")):
         s = read_json(summary_path)
         bad = {k: s.get(k) for k, want in (("source", "measured"), ("launch_mode", "emulated"),
-                                           ("world_size", 16)) if s.get(k) != want}  # fmt: skip
+                                           ("world_size", 16)) if s.get(k) != want}
         if bad:
             raise UserError(f"{summary_path}: unexpected {bad}")
         if not (summary_path.parent / "steps.parquet").is_file():
@@ -196,7 +196,7 @@ def import_run(
          .as_posix(), "steps": (dest / "train" / run / "steps.parquet").as_posix(),
          "calibration": (dest / "train" / "calibration-train.json").as_posix()}
         for run in info["runs"]
-    ]  # fmt: skip
+    ]
     write_json(staged / "run_index.json", index)
     _replace(staged, dest)
     if kernel_dest and (dest / "kernel").is_dir():
@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--kernel-dest", default="results/reference/kernels/h200-{date}",
         help="also copy the kernel folder here ('' for no copy)",
-    )  # fmt: skip
+    )
     parser.add_argument("--merge", action="store_true", help="lay a partial rerun over DEST")
     parser.add_argument("--allow-dry-run", action="store_true", help="accept a CPU dry run")
     args = parser.parse_args(argv)

@@ -17,11 +17,11 @@ import tempfile
 DISTS = {"torch": "torch", "triton": "triton", "numpy": "numpy", "pandas": "pandas",
          "pyarrow": "pyarrow", "scipy": "scipy", "typer": "typer", "click": "click",
          "yaml": "PyYAML", "jsonschema": "jsonschema", "tqdm": "tqdm",
-         "safetensors": "safetensors", "pytest": "pytest", "flash_attn": "flash-attn"}  # fmt: skip
+         "safetensors": "safetensors", "pytest": "pytest", "flash_attn": "flash-attn"}
 MODULES = ("adaptiveload.cli", "adaptiveload.experiment", "adaptiveload.calibration",
            "adaptiveload.training.session", "adaptiveload.training.loop",
            "adaptiveload.training.distributed", "adaptiveload.ops.kernel_build",
-           "adaptiveload.ops.kernel_bench", "adaptiveload.calibration.kernel_e2e")  # fmt: skip
+           "adaptiveload.ops.kernel_bench", "adaptiveload.calibration.kernel_e2e")
 
 
 def versions() -> dict[str, str | None]:
@@ -43,11 +43,11 @@ def main(out: str, device: str) -> int:
     env = {"versions": versions(), "torch_cuda": torch.version.cuda,
            "cuda_available": torch.cuda.is_available(),
            "device": torch.cuda.get_device_name() if torch.cuda.is_available()
-           else platform.processor() or platform.machine()}  # fmt: skip
+           else platform.processor() or platform.machine()}
     if torch.cuda.is_available():
         p = torch.cuda.get_device_properties(0)
         env.update(total_memory=p.total_memory, sm_count=p.multi_processor_count,
-                   capability=f"{p.major}.{p.minor}", gpus=torch.cuda.device_count())  # fmt: skip
+                   capability=f"{p.major}.{p.minor}", gpus=torch.cuda.device_count())
     with open(out, "w") as fh:
         json.dump(env, fh, indent=1)
     print(json.dumps(env))

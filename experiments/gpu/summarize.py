@@ -22,7 +22,7 @@ from typing import Any
 
 POINT_KEYS = ("batch", "tokens", "time_s", "peak_bytes")
 PACK_KEYS = ("pack", "tokens", "samples", "sum_tokens", "status", "time_s", "predicted_s",
-             "rel_err", "signed_err", "peak_bytes", "predicted_bytes", "mem_rel_err")  # fmt: skip
+             "rel_err", "signed_err", "peak_bytes", "predicted_bytes", "mem_rel_err")
 PAPER = "paper: imbalance 39% -> 18.9%, peak VRAM utilization +22.7%, throughput +27.2% (16 GPUs)"
 
 
@@ -98,7 +98,7 @@ def dist_summary(out: Path) -> dict[str, Any] | None:
     if s is None:
         return None
     return {k: s.get(k) for k in ("launch_mode", "world_size", "device", "steps_total",
-                                  "imbalance_rate", "samples_per_s")}  # fmt: skip
+                                  "imbalance_rate", "samples_per_s")}
 
 
 def train_summaries(out: Path) -> list[dict[str, Any]]:
@@ -113,11 +113,11 @@ def train_summaries(out: Path) -> list[dict[str, Any]]:
                 "vram_utilization_mean", "vram_utilization_max", "sim_rel_err_median",
                 "calibration",
             )},
-        })  # fmt: skip
+        })
         rows[-1]["imbalance_predicted"] = predicted_imbalance(
             path.parent / "steps.parquet", out / "train" / "calibration-train.json",
             int(s.get("warmup_steps") or 0),
-        )  # fmt: skip
+        )
     base = {r["kernel"]: r for r in rows if r["policy"] == "equal-token"}
     eager = {r["policy"]: r for r in rows if r["kernel"] == "eager"}
     for r in rows:

@@ -40,7 +40,7 @@ def scaled(cal: Calibration, exp: dict, fill: float) -> Calibration:
     mix = mixture_token_mix(
         data["mixture"], data["num_samples"], 0, data["bucketing"], data["grid"],
         data["max_frames"],
-    )  # fmt: skip
+    )
     headroom = cal.headroom
     m_mem = fill * float(mix.tokens.max())
     capacity = capacity_for(cal.cost, m_mem, headroom, float(mix.tokens.min()))
@@ -59,11 +59,11 @@ def scaled(cal: Calibration, exp: dict, fill: float) -> Calibration:
     extra["paper_scale_budgets"] = {
         "p": cal.p, "m_mem": cal.m_mem, "m_comp": cal.m_comp, "m_tok": cal.m_tok,
         "capacity_bytes": cal.capacity_bytes,
-    }  # fmt: skip
+    }
     return replace(
         cal, p=budgets.p, m_mem=budgets.m_mem, m_comp=budgets.m_comp, m_tok=budgets.m_tok,
         capacity_bytes=capacity, extra=extra,
-    )  # fmt: skip
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

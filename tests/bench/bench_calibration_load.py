@@ -41,7 +41,7 @@ def run_calibration(out: Path, extra: tuple[str, ...] = ()) -> dict:
          str(ROOT / "experiments" / "default.yaml"), "--quiet", *extra, "-o", str(out)],
         capture_output=True, text=True, cwd=ROOT,
         env={**os.environ, "OMP_NUM_THREADS": "2" if extra else "1"},
-    )  # fmt: skip
+    )
     wall = time.perf_counter() - start
     if proc.returncode != 0:
         return {"ok": False, "stderr": proc.stderr.strip()[-2000:], "wall_s": wall}
@@ -55,7 +55,7 @@ def run_calibration(out: Path, extra: tuple[str, ...] = ()) -> dict:
         "points": [{k: p[k] for k in ("batch", "tokens", "time_s", "spread")}
                    for p in cal["points"]],
         "calibration": cal,
-    }  # fmt: skip
+    }
 
 
 def main() -> None:
@@ -71,7 +71,7 @@ def main() -> None:
             subprocess.Popen(["timeout", str(args.burn_seconds + 5), sys.executable, "-c",
                               BURN.format(s=args.burn_seconds)])
             for _ in range(BURNERS)
-        ]  # fmt: skip
+        ]
         try:
             time.sleep(2)
             loaded = run_calibration(Path(tmp) / "loaded.json", extra)
@@ -85,7 +85,7 @@ def main() -> None:
         + (f", contrast flags {' '.join(extra)}" if extra else "")
         + f") alone and beside {BURNERS} busy-loop processes; target |p_alone - p_loaded| <= 0.1",
         torch=torch.__version__,
-    )  # fmt: skip
+    )
     for run in (alone, loaded):
         run.pop("calibration", None)
     result.update({"alone": alone, "loaded": loaded, "burners": BURNERS})
@@ -94,7 +94,7 @@ def main() -> None:
     Path(args.output).write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps({k: result.get(k) for k in ("p_difference",)}
                      | {n: {k: result[n].get(k) for k in ("ok", "p", "loo_max", "wall_s")}
-                        for n in ("alone", "loaded")}))  # fmt: skip
+                        for n in ("alone", "loaded")}))
 
 
 if __name__ == "__main__":

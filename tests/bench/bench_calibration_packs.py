@@ -40,7 +40,7 @@ def one_run(out: Path) -> dict:
     add, grid = cal["additivity"], cal["grid"]
     run["additivity"] = {k: v for k, v in add.items() if k not in ("packs", "what")}
     run["packs"] = [{k: r[k] for k in ("pack", "tokens", "time_s", "predicted_s", "signed_err",
-                                       "spread")} for r in add["packs"]]  # fmt: skip
+                                       "spread")} for r in add["packs"]]
     run["grid_step_cpu_s"] = sum(step_seconds(p, grid) for p in cal["points"])
     run["packs_step_cpu_s"] = sum(step_seconds(p, grid) for p in add["packs"])
     return run
@@ -58,11 +58,11 @@ def main() -> None:
         "CPU default calibration (experiments/default.yaml) with its mixed packs held out of "
         "the fit; signed_err = predicted / measured - 1 (thread CPU seconds, one thread)",
         torch=torch.__version__,
-    )  # fmt: skip
+    )
     result["runs"] = runs
     Path(args.output).write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps([{**r.get("additivity", {}), "packs_step_cpu_s": r.get("packs_step_cpu_s"),
-                       "grid_step_cpu_s": r.get("grid_step_cpu_s")} for r in runs]))  # fmt: skip
+                       "grid_step_cpu_s": r.get("grid_step_cpu_s")} for r in runs]))
 
 
 if __name__ == "__main__":

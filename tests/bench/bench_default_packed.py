@@ -30,7 +30,7 @@ POLICIES = ("equal-token", "adaptiveload-balanced", "adaptiveload-packed")
 SEEDS = (0, 1, 2)
 RUNS = Path("results/default/runs")
 FIELDS = ("samples_per_s", "imbalance_rate", "idle_fraction", "steps", "sim_rel_err_median",
-          "batch_layout", "timer", "timed_window")  # fmt: skip
+          "batch_layout", "timer", "timed_window")
 NOTE = (
     "Measured: each run is one thread on the 2-core development machine, timed by that "
     "thread's CPU time (docs/measurement.md); other engineers' jobs ran beside them (load "
@@ -40,7 +40,7 @@ NOTE = (
 
 def analyze(cmd: list[str]) -> None:
     done = subprocess.run([sys.executable, "-m", "adaptiveload", "analyze", *cmd],
-                          capture_output=True, text=True)  # fmt: skip
+                          capture_output=True, text=True)
     if done.returncode:
         raise SystemExit(done.stderr)
 
@@ -52,13 +52,13 @@ def main() -> None:
     index = [{"setup": "train", "variant": "base",
               "summary": str(RUNS / p / f"seed{s}" / "eager" / "summary.json"),
               "steps": str(RUNS / p / f"seed{s}" / "eager" / "steps.parquet")}
-             for p in POLICIES for s in SEEDS]  # fmt: skip
+             for p in POLICIES for s in SEEDS]
     out = stamp("default experiment, measured: packed vs equal-token and balanced", "measured",
-                NOTE)  # fmt: skip
+                NOTE)
     out["runs"] = [{"policy": p, "seed": s, **{k: read_json(Path(i["summary"]), "run summary")
                     .get(k) for k in FIELDS}}
                    for i, (p, s) in zip(index, [(p, s) for p in POLICIES for s in SEEDS],
-                                        strict=True)]  # fmt: skip
+                                        strict=True)]
     with tempfile.TemporaryDirectory() as tmp:
         t = Path(tmp)
         pd.Series(index).to_json(t / "index.json", orient="records")
@@ -67,14 +67,14 @@ def main() -> None:
         for baseline in ("equal-token", "adaptiveload-balanced"):
             analyze(["stats", "--runs", str(t / "runs.parquet"), "--steps",
                      str(t / "steps.parquet"), "--csv", str(t / "stats.csv"), "--md",
-                     str(t / "stats.md"), "--baseline", baseline])  # fmt: skip
+                     str(t / "stats.md"), "--baseline", baseline])
             stats = pd.read_csv(t / "stats.csv")
             rows = stats[(stats["policy"] == "adaptiveload-packed")
                          & (stats["test"] == "hierarchical bootstrap 95% CI")]
             out[f"packed_vs_{baseline}"] = {
                 r.metric: {"estimate": r.estimate, "ci_low": r.ci_low, "ci_high": r.ci_high,
                            "p": r.p_value} for r in rows.itertuples()
-            }  # fmt: skip
+            }
     out["load_average_at_write"] = os.getloadavg()
     write_json(args.out, out)
     print(args.out)

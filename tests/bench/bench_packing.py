@@ -110,7 +110,7 @@ def bench_model(name: str, kernel: str, batches: list[PackedBatch], repeats: int
             "samples_per_shape": [g.shape[0] for g in batch.latents],
             "packed_s": min(packed), "homogeneous_s": min(dense),
             "ratio": min(packed) / min(dense),
-        })  # fmt: skip
+        })
     total_packed = sum(r["packed_s"] for r in rows)
     total_dense = sum(r["homogeneous_s"] for r in rows)
     ratio = total_packed / total_dense
@@ -141,7 +141,7 @@ def main() -> None:
     data = exp["data"]
     frame = synthesize(data["mixture"], data["num_samples"], 0)
     samples = bucketize(frame, mode=data["bucketing"], grid=data["grid"],
-                        max_frames=data["max_frames"]).samples.reset_index(drop=True)  # fmt: skip
+                        max_frames=data["max_frames"]).samples.reset_index(drop=True)
     packs = make_packs(samples, args.budget, args.packs, seed=0)
     load_before = os.getloadavg()
     results: list[dict[str, Any]] = []
@@ -176,7 +176,7 @@ def main() -> None:
         "load_average_before": load_before,
         "load_average_after": os.getloadavg(),
         "results": results,
-    })  # fmt: skip
+    })
 
 
 if __name__ == "__main__":

@@ -41,7 +41,7 @@ WORLD_SIZES = (16, 64, 256, 1024)
 SEEDS = (0, 1, 2)
 PACKED, BALANCED = "adaptiveload-packed", "adaptiveload-balanced"
 KEYS = ("imbalance_rate", "vs_lower_bound", "vram_utilization_mean", "vram_utilization_max",
-        "samples_per_s", "idle_fraction")  # fmt: skip
+        "samples_per_s", "idle_fraction")
 TARGETS = {  # predicted imbalance of the packed policy at N, 20k samples
     "imbalance_max": {16: 0.005, 256: 0.01, 1024: 0.02},
     "vs_lower_bound_max": 1.01,
@@ -67,7 +67,7 @@ def _plan(bucketed, policy: str, n: int, cal: Calibration, **budget) -> dict[str
     s = build_plan(bucketed, policy, budgets, n, seed=0, cost_model=cal).summary
     row = {k: s[f"predicted_{k}"] for k in KEYS}
     row.update(steps=s["steps"], packs_or_batches=s["batches"], padding=s["num_padding"],
-               over_memory=s["constraint_violations"])  # fmt: skip
+               over_memory=s["constraint_violations"])
     if policy == PACKED:
         row["pack_fill_mean"] = s["pack_fill_mean"]
     return row
@@ -81,7 +81,7 @@ def quality(cal: Calibration) -> dict[str, Any]:
                    "imbalance_rate": "mean over steps of (max_r t - min_r t) / max_r t",
                    "vs_lower_bound": "sum over steps of max_r t / sum of each step's lower "
                    "bound max(t_floor, c0 + max(sum w / N, max w)) of its samples",
-               })  # fmt: skip
+               })
     per: dict[str, dict[str, list]] = {p: {str(n): [] for n in WORLD_SIZES} for p in POLICIES}
     for seed in SEEDS:
         bucketed = bucketize(synthesize("paper-mixed", 20_000, seed=seed), grid="wan")
@@ -152,17 +152,17 @@ def time_case(samples: int, world_size: int, policy: str, repeats: int) -> dict[
         "best_s": round(best[0], 3), "times_s": [round(t, 3) for t, _ in times],
         "load_average_1min": [round(x, 2) for _, x in times],
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-    }  # fmt: skip
+    }
 
 
 def speed(repeats: int) -> dict[str, Any]:
     out = stamp("planner time: build_plan, adaptiveload-packed vs adaptiveload-balanced",
-                "measured", NOTE)  # fmt: skip
+                "measured", NOTE)
     out.update(calibration=str(MEASURED), mixture="paper-mixed", repeats=repeats, cases=[])
     for samples, n in SPEED_CASES:
         for policy in (BALANCED, PACKED):
             cmd = [sys.executable, __file__, "--case", str(samples), str(n), policy,
-                   "--repeats", str(repeats)]  # fmt: skip
+                   "--repeats", str(repeats)]
             done = subprocess.run(cmd, capture_output=True, text=True, check=True)
             row = json.loads(done.stdout.strip().splitlines()[-1])
             print(row, flush=True)
@@ -177,7 +177,7 @@ def speed(repeats: int) -> dict[str, Any]:
         "plan_10m_n4096_le_10s": by[10_000_000, PACKED]["best_s"] <= TARGETS["plan_10m_n4096_s"],
         "peak_rss_le_4gb": all(c["peak_rss_bytes"] <= TARGETS["peak_rss_bytes"]
                                for c in out["cases"] if c["policy"] == PACKED),
-    }  # fmt: skip
+    }
     return out
 
 

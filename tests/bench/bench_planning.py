@@ -177,7 +177,7 @@ def bench_balance(
             plan = build_plan(
                 bucketed, "adaptiveload-balanced", budgets, BALANCE_N, seed,
                 cost_model=cal, window_steps=w,
-            )  # fmt: skip
+            )
             windows.setdefault(str(w), []).append(
                 predicted(plan.table, cal, BALANCE_N)["imbalance_rate"]
             )

@@ -57,7 +57,7 @@ def run_train(args: argparse.Namespace, policy: str, out: Path, world: int) -> d
                     str(world), "--calibration", args.calibration, "--out", str(out),
                     "--steps", str(args.steps), "--no-track", "--no-checkpoint"],
                    env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                   text=True)  # fmt: skip
+                   text=True)
     duration = time.perf_counter() - t0
     summary = json.loads((out / "summary.json").read_text())
     steps = pd.read_parquet(out / "steps.parquet")
@@ -82,12 +82,12 @@ def run_pair(args: argparse.Namespace, work: Path, condition: str, world: int) -
     procs: list[subprocess.Popen] = []
     if condition == "loaded":
         procs = [subprocess.Popen(["timeout", "3600", sys.executable, "-c", BUSY_LOOP])
-                 for _ in range(args.load_procs)]  # fmt: skip
+                 for _ in range(args.load_procs)]
         time.sleep(2.0)  # let them take the cores before training starts
     try:  # side by side, one core each, as the pipeline's `train` jobs run on a CPU
         with ThreadPoolExecutor(len(PAIR)) as pool:
             futures = {p: pool.submit(run_train, args, p, work / condition / p, world)
-                       for p in PAIR}  # fmt: skip
+                       for p in PAIR}
             runs = {p: f.result() for p, f in futures.items()}
     finally:
         for proc in procs:  # only the processes started above, by pid
@@ -138,7 +138,7 @@ def main() -> None:
             args.calibration = str(work / "calibration.json")
             subprocess.run([sys.executable, "-m", "adaptiveload", "calibrate", "measure",
                             "--config", args.config, "-o", args.calibration, "--quiet"],
-                           check=True)  # fmt: skip
+                           check=True)
     world = exp["train"]["world_size"]
     args.steps = args.steps or exp["train"]["steps"]
     conditions = {}
@@ -166,7 +166,7 @@ def main() -> None:
                     "imbalance_change_pp": f"+- {IMBALANCE_TARGET_PP} pp"},
         "conditions": conditions,
         "comparison": compare(conditions["alone"], conditions["loaded"]),
-    }  # fmt: skip
+    }
     write_json(args.out, result)
     print(json.dumps(result["comparison"], indent=1))
 

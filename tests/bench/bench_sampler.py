@@ -46,7 +46,7 @@ def main() -> None:
     parser.add_argument("--world-size", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("-o", "--output", type=Path,
-                        default=Path("results/benchmarks/sampler.json"))  # fmt: skip
+                        default=Path("results/benchmarks/sampler.json"))
     args = parser.parse_args()
     import torch
 
@@ -75,7 +75,7 @@ def main() -> None:
         "rebuild_and_load_state_dict_s": resume_t["best_s"],
         "load_average": {"start": [round(x, 2) for x in load_before],
                          "end": [round(x, 2) for x in os.getloadavg()]},
-    })  # fmt: skip
+    })
     print(f"{args.output}: from_manifest best {build_t['best_s']} s, one rank's epoch "
           f"({len(batches)} batches) best {epoch_t['best_s']} s")
 

@@ -30,13 +30,13 @@ from adaptiveload.io import write_json
 
 TARGET_S = 600.0
 KEEP = ("imbalance_rate", "idle_fraction", "max_over_mean", "samples_per_s", "tokens_per_s",
-        "wall_s", "steps", "sim_rel_err_median", "sim_rel_err_p90")  # fmt: skip
+        "wall_s", "steps", "sim_rel_err_median", "sim_rel_err_p90")
 
 
 def cli(*args: str, env: dict[str, str]) -> float:
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-m", "adaptiveload", *args], env=env, check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     return time.perf_counter() - t0
 
 
@@ -56,7 +56,7 @@ def main() -> None:
         calibration = str(work / "calibration.json")
         calibrate_s = cli("calibrate", "measure", "--config", args.config, "-o", calibration,
                           "--quiet",
-                          env=env)  # fmt: skip
+                          env=env)
     cli("tracking", "init", env=env)
 
     world = exp["train"]["world_size"]
@@ -66,11 +66,11 @@ def main() -> None:
             out = work / "runs" / policy / f"seed{seed}"
             wall = cli("train", "--config", args.config, "--policy", policy, "--seed", str(seed),
                        "--emulate-world-size", str(world), "--calibration", calibration,
-                       "--out", str(out), env=env)  # fmt: skip
+                       "--out", str(out), env=env)
             total += wall
             summary = json.loads((out / "summary.json").read_text())
             runs.append({"policy": policy, "seed": seed, "run_wall_s": wall,
-                         **{k: summary[k] for k in KEEP}})  # fmt: skip
+                         **{k: summary[k] for k in KEEP}})
             print(f"{policy} seed {seed}: {wall:.1f} s", file=sys.stderr)
 
     by_policy = {}
@@ -80,7 +80,7 @@ def main() -> None:
             k: sum(r[k] for r in mine) / len(mine)
             for k in ("imbalance_rate", "idle_fraction", "samples_per_s", "tokens_per_s",
                       "sim_rel_err_median", "sim_rel_err_p90")
-        }  # fmt: skip
+        }
     note = ("Shared 2-core machine (other engineers' jobs ran concurrently): wall times and "
             "per-rank compute times include that contention. Means per policy are over seeds; "
             "sim_rel_err compares planning.simulate's predicted per-(step, rank) compute time "
@@ -106,7 +106,7 @@ def main() -> None:
         "load_average_after": os.getloadavg(),
         "mean_by_policy": by_policy,
         "runs": runs,
-    }  # fmt: skip
+    }
     write_json(args.out, result)
     print(json.dumps({k: result[k] for k in ("total_train_s", "meets_target")}))
 

@@ -38,7 +38,7 @@ def free_port() -> int:
 def rest(base: str, path: str, body: dict | None = None) -> dict:
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(base + path, data=data,
-                                 headers={"Content-Type": "application/json"})  # fmt: skip
+                                 headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=30) as resp:
         return json.loads(resp.read())
 
@@ -50,7 +50,7 @@ def screenshot(chromium: str, url: str, png: Path, wait_ms: int, height: int = 1
          f"--window-size=1600,{height}", "--run-all-compositor-stages-before-draw",
          f"--virtual-time-budget={wait_ms}", f"--screenshot={png}", url],
         check=True, capture_output=True, timeout=180,
-    )  # fmt: skip
+    )
     print(f"{png}: {url}")
 
 
@@ -76,7 +76,7 @@ def main() -> None:
          str(results / "mlartifacts"), "--host", "127.0.0.1", "--port", str(port),
          "--workers", "1"],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )  # fmt: skip
+    )
     try:
         for _ in range(240):
             try:
@@ -85,9 +85,9 @@ def main() -> None:
             except OSError:
                 time.sleep(0.5)
         exp = rest(base, f"/api/2.0/mlflow/experiments/get-by-name?experiment_name="
-                         f"{args.experiment}")["experiment"]  # fmt: skip
+                         f"{args.experiment}")["experiment"]
         runs = rest(base, "/api/2.0/mlflow/runs/search",
-                    {"experiment_ids": [exp["experiment_id"]]})["runs"]  # fmt: skip
+                    {"experiment_ids": [exp["experiment_id"]]})["runs"]
         tags = lambda r: {t["key"]: t["value"] for t in r["data"].get("tags", [])}  # noqa: E731
         train = next(r for r in runs if tags(r).get("adaptiveload.kind") != "analysis")
         analysis = next(r for r in runs if tags(r).get("adaptiveload.kind") == "analysis")
@@ -96,11 +96,11 @@ def main() -> None:
         view = f"?workflowType={WORKFLOW}"
         screenshot(chromium, f"{page}/runs{view}", out / "runs_table.png", args.wait_ms)
         screenshot(chromium, f"{page}/runs/{train['info']['run_id']}/model-metrics{view}",
-                   out / "train_run_charts.png", args.wait_ms, height=2400)  # fmt: skip
+                   out / "train_run_charts.png", args.wait_ms, height=2400)
         screenshot(chromium, f"{page}/runs/{analysis['info']['run_id']}/artifacts{view}",
-                   out / "analysis_artifacts.png", args.wait_ms)  # fmt: skip
+                   out / "analysis_artifacts.png", args.wait_ms)
         screenshot(chromium, f"{page}/runs/{analysis['info']['run_id']}{view}",
-                   out / "analysis_overview.png", args.wait_ms)  # fmt: skip
+                   out / "analysis_overview.png", args.wait_ms)
     finally:
         os.killpg(server.pid, signal.SIGTERM)  # the session this script started
         server.wait(timeout=30)
