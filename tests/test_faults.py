@@ -53,8 +53,11 @@ def _errors(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith("error:")]
 
 
-# a line of MLflow's own logging ("2026/01/31 12:00:00 ERROR mlflow.store.db.utils: ...")
-_MLFLOW_LOG = re.compile(r"^\d{4}/\d\d/\d\d \d\d:\d\d:\d\d [A-Z]+ mlflow", re.M)
+# a line of MLflow's own logging at warning level or above ("2026/01/31 12:00:00 ERROR
+# mlflow.store.db.utils: ..."); its INFO lines of system metrics are part of every run
+_MLFLOW_LOG = re.compile(
+    r"^\d{4}/\d\d/\d\d \d\d:\d\d:\d\d (?:ERROR|WARNING|CRITICAL) mlflow", re.M
+)
 
 
 def _one_line_error(done: subprocess.CompletedProcess, *words: str) -> str:

@@ -308,7 +308,7 @@ def test_every_job_dies_with_a_killed_snakemake_and_the_readme_recovers(tmp_path
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
     profile = ["--profile", "workflow/profiles/default", "--configfile", "experiments/tiny.yaml"]
-    locked = snakemake(work, *profile, "results/tiny/config.yaml")  # a target that exists
+    locked = snakemake(work, *profile)  # the README's recovery command, before --unlock
     assert locked.returncode != 0 and "--unlock" in locked.stdout + locked.stderr
     assert snakemake(work, "--unlock", "--configfile", "experiments/tiny.yaml").returncode == 0
     assert _jobs(snakemake(work, "-n", *profile))["calibrate"] == 1
