@@ -179,7 +179,12 @@ def epoch_lengths(cfg: TrainConfig, data: TrainData) -> list[int]:
     for a run of a fixed step count)."""
     if cfg.steps != WHOLE_EPOCH:
         return []
-    return [int(data.builder(e).table["step"].max()) + 1 for e in range(cfg.epochs)]
+    return [epoch_length(data, e) for e in range(cfg.epochs)]
+
+
+def epoch_length(data: TrainData, epoch: int) -> int:
+    """The optimizer steps of `epoch`'s plan."""
+    return int(data.builder(epoch).table["step"].max()) + 1
 
 
 def total_steps(cfg: TrainConfig, data: TrainData) -> int:
@@ -252,9 +257,6 @@ class Trainer:
             else None
         )
 
-    def _epoch_length(self, epoch: int) -> int:
-        return int(self.data.builder(epoch).table["step"].max()) + 1
-
     def _epoch_ends(self, lengths: list[int]) -> set[int]:
         """The run steps that end an epoch (validation follows each): after a replayed warm-up
         the whole epochs' own; in a run of a fixed step count, the plan's epochs in turn."""
@@ -262,7 +264,7 @@ class Trainer:
             return {self.cfg.warmup_steps + int(end) - 1 for end in np.cumsum(lengths)}
         ends, done, epoch = set(), 0, 0
         while done < self.total_steps:
-            done += self._epoch_length(epoch)
+            done += epoch_length(self.data, epoch)
             ends.add(done - 1)
             epoch += 1
         return ends
