@@ -326,7 +326,7 @@ class Trainer:
         w0, t0 = self.clock.both()
         indices = self._next_batch(rank)
         batch = collate([self.data.dataset[i] for i in indices]).to(self.device, self.dtype)
-        x0 = batch.latents if self.cfg.execution.packed else batch.dense()
+        x0 = batch.inputs(self.cfg.execution.packed)
         w1, t1 = self.clock.both()
         return Loaded(indices, x0, batch.context, load_s=t1 - t0, load_wall_s=w1 - w0)
 
@@ -475,7 +475,9 @@ class Trainer:
         due = step == 0 or (step + 1) % self.cfg.val_every == 0 or step in self.epoch_ends
         if not due:
             return
-        scores = self.data.validation.score(self.model, self.ranks, self.device, self._autocast)
+        scores = self.data.validation.score(
+            self.model, self.ranks, self.device, self._autocast, self.cfg.execution.packed
+        )
         for row in rows:
             row.update(scores)
 
