@@ -414,7 +414,7 @@ class Trainer:
         self.scaler.unscale_(self.optimizer)  # clip the true gradients
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.grad_clip)
         for group in self.optimizer.param_groups:
-            group["lr"] = self.cfg.optim.lr_at(step)
+            group["lr"] = self.cfg.optim.lr_at(step, self.total_steps)
         self.scaler.step(self.optimizer)  # skips a step of non-finite fp16 gradients
         self.scaler.update()
 
