@@ -112,11 +112,11 @@ def test_the_exchanges_in_a_simulated_world(case):
     degree, per_rank, lengths = case
     shards = _world(lengths, degree)
     heads = degree * per_rank
-    full = torch.randn(sum(lengths), heads, 2, 5)
+    full = torch.randn(sum(lengths), 3, heads, 5)  # [L, (q, k, v), H, hd]
     local = [s.take(full) for s in shards]
     head_shards = _simulate(shards, local, "heads")
     for s, got in enumerate(head_shards):
-        assert torch.equal(got, full[:, s * per_rank : (s + 1) * per_rank])
+        assert torch.equal(got, full[:, :, s * per_rank : (s + 1) * per_rank])
     back = _simulate(shards, head_shards, "tokens")
     assert all(torch.equal(b, x) for b, x in zip(back, local, strict=True))
     gathered = _simulate(shards, local, "gather")

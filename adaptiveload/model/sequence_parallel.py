@@ -134,11 +134,12 @@ class SequenceShard:
     def pack(self, x: torch.Tensor, way: str) -> torch.Tensor:
         """The send buffer of exchange `way`, rows for rank 0 first (pure).
 
-        "heads": x [L_r, H, ...] -> rank s gets head group s of this rank's tokens;
-        "tokens": x [L, H/d, ...] (this rank's heads of the whole stream) -> rank s gets its
-        own tokens' rows; "gather": x [L_r, ...] -> every rank gets all of them."""
+        Heads are the second-to-last dim. "heads": x [L_r, ..., H, hd] -> rank s gets head
+        group s of this rank's tokens; "tokens": x [L, ..., H/d, hd] (this rank's heads of
+        the whole stream) -> rank s gets its own tokens' rows; "gather": x [L_r, ...] ->
+        every rank gets all of them."""
         if way == "heads":
-            return x.unflatten(1, (self.degree, -1)).transpose(0, 1).flatten(0, 1)
+            return x.unflatten(-2, (self.degree, -1)).movedim(-3, 0).flatten(0, 1)
         if way == "tokens":
             return x.index_select(0, self._rank_major)
         if way == "gather":
@@ -150,7 +151,7 @@ class SequenceShard:
         the whole stream in stream order ("heads", "gather"), or this rank's tokens with
         every head, head group after head group ("tokens") (pure)."""
         if way == "tokens":
-            return buf.unflatten(0, (self.degree, -1)).transpose(0, 1).flatten(1, 2)
+            return buf.unflatten(0, (self.degree, -1)).movedim(0, -3).flatten(-3, -2)
         return buf.index_select(0, self._stream_order)
 
     def exchange(self, x: torch.Tensor, way: str) -> torch.Tensor:
@@ -161,11 +162,13 @@ class SequenceShard:
         return self.unpack(all_to_all(self.pack(x, way), send, recv, self.group), way)
 
     def to_heads(self, x: torch.Tensor) -> torch.Tensor:
-        """[L_r, H, ...] sequence-sharded -> [L, H/d, ...] head-sharded, segments whole."""
+        """[L_r, ..., H, hd] sequence-sharded -> [L, ..., H/d, hd] head-sharded, segments
+        whole."""
         return _Exchange.apply(x, self, "heads")
 
     def to_tokens(self, x: torch.Tensor) -> torch.Tensor:
-        """[L, H/d, ...] head-sharded -> [L_r, H, ...] sequence-sharded (`to_heads` undone)."""
+        """[L, ..., H/d, hd] head-sharded -> [L_r, ..., H, hd] sequence-sharded (`to_heads`
+        undone)."""
         return _Exchange.apply(x, self, "tokens")
 
     def gather(self, x: torch.Tensor) -> torch.Tensor:
@@ -178,9 +181,10 @@ class SequenceShard:
     ) -> torch.Tensor:
         """Self-attention of this rank's tokens' q, k, v [L_r, H, hd] (q, k cast to v's dtype
         as `attention` does) over whole segments: one exchange of the three to head shards,
-        `attention` on the full stream, one exchange back; returns [L_r, H, hd]."""
-        qkv = torch.stack([q.to(v.dtype), k.to(v.dtype), v], dim=2)  # [L_r, H, 3, hd]
-        q, k, v = self.to_heads(qkv).unbind(2)
+        `attention` on the full stream, one exchange back; returns [L_r, H, hd]. The three
+        travel as [L, 3, H/d, hd], flash-attn's qkv-packed layout, and are views of it."""
+        qkv = torch.stack([q.to(v.dtype), k.to(v.dtype), v], dim=1)  # [L_r, 3, H, hd]
+        q, k, v = self.to_heads(qkv).unbind(1)
         return self.to_tokens(attention(q, k, v, self.segments, backend))
 
 
