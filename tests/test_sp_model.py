@@ -70,6 +70,8 @@ def test_the_chunk_rule_and_a_rank_s_tokens():
     shards = _world([5, 8, 3], 2)
     assert shards[0].positions(0).tolist() == [0, 1, 2, 5, 6, 7, 8, 13, 14]
     assert shards[1].positions(1).tolist() == [3, 4, 9, 10, 11, 12, 15]
+    rank_major = torch.cat([shards[0].positions(r) for r in range(2)])
+    assert rank_major.tolist() != list(range(16))  # unpacking must reorder: a real check
     assert shards[0].rank_tokens == (9, 7)
     assert shards[1].local.lengths == (2, 4, 1)
     assert shards[1].local.cu_seqlens.tolist() == [0, 2, 6, 7]

@@ -12,7 +12,8 @@ takes `cu_seqlens` itself (its segment form). Attention (on CPU) and the gated r
 per **run**: a maximal stretch of adjacent segments of equal length, which views as a dense
 [n, S, ...] tensor without a copy (`per_run`); per-sample rows (gates, the text context) then
 broadcast over their own segment's tokens as in the dense model, with no per-token gather. A
-stream of one shape is one run, the dense batch itself.
+stream of one shape is one run, the dense batch itself. Under sequence parallelism a rank
+holds a chunk of every segment: a `Chunks` layout, the same G segments of other lengths.
 """
 
 from __future__ import annotations

@@ -9,7 +9,9 @@ initialisation follow it, so its state dict keys are the original checkpoints' (
   a list of such tensors of different shapes, whose samples run as one token stream
   [L, dim] (`segments.Segments`): patch embedding and unpatchify per shape group, RoPE per
   grid, per-sample modulation per segment, varlen self-attention, each segment's queries
-  against its own text context. Text contexts arrive dense [B (or G), L, text_dim];
+  against its own text context. Text contexts arrive dense [B (or G), L, text_dim]. A packed
+  micro-batch may run over a sequence-parallel group (`sp_group`, `sequence_parallel.py`):
+  each rank computes the blocks on its chunk of every segment, self-attention head-sharded;
 - every LayerNorm+modulate goes through `LnModulate` (eager or fused kernel, a runtime switch);
 - attention is flash-attn on CUDA when installed, else torch's own (varlen for a packed
   batch on CUDA, SDPA otherwise), chosen at run time (`attention.py`);
