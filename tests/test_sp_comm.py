@@ -17,7 +17,7 @@ from training_setup import ROOT, cli_env, free_port
 from adaptiveload.calibration.comm import comm_section, fit_links, read_target, with_comm
 from adaptiveload.calibration.settings import COMM_SIZES, CommGrid
 from adaptiveload.errors import UserError
-from adaptiveload.training.sp_groups import SPGroups, block, blocks, check_degree, degrees_of
+from adaptiveload.training.sp_groups import SPGroups, block, blocks, check_group_degree, degrees_of
 
 TORCHRUN = Path(sys.executable).parent / "torchrun"
 # the shared format of the `comm` section (the cost model's CommModel reads these)
@@ -111,7 +111,7 @@ def test_groups_are_aligned_blocks_of_power_of_two_degrees():
         assert all(block(r, degree) in tiles and r in block(r, degree) for r in range(8))
     for degree, world in ((3, 6), (4, 6), (16, 8), (0, 8)):
         with pytest.raises(UserError, match=f"degree {degree}: expected a power of two"):
-            check_degree(degree, world)
+            check_group_degree(degree, world)
     assert SPGroups(8, (), {}).group_of(5, 1) == (None, 0)  # degree 1: no group
     with pytest.raises(UserError, match="no group was built for it"):
         SPGroups(8, (), {}).group_of(5, 2)

@@ -377,7 +377,7 @@ def _measure_comm(calibration: Path, output: Path | None, grid: Any, degrees: st
         with_comm,
     )
     from adaptiveload.training import distributed as dd
-    from adaptiveload.training.sp_groups import SPGroups, check_degree, degrees_of
+    from adaptiveload.training.sp_groups import SPGroups, check_group_degree, degrees_of
 
     ranks = dd.resolve_ranks(None, 1)
     main = ranks.is_main
@@ -387,7 +387,7 @@ def _measure_comm(calibration: Path, output: Path | None, grid: Any, degrees: st
                             "`torchrun --nproc-per-node N -m adaptiveload calibrate comm ...`, "
                             "N >= 2")
         wanted = int_list(degrees, "--degrees") if degrees else degrees_of(ranks.world_size)
-        wanted = sorted({check_degree(d, ranks.world_size) for d in wanted} - {1})
+        wanted = sorted({check_group_degree(d, ranks.world_size) for d in wanted} - {1})
         if not wanted:
             raise UserError(f"world size {ranks.world_size}: no SP degree > 1 divides it")
         data, out = read_target(calibration, output)

@@ -29,7 +29,7 @@ from typing import Any
 from adaptiveload.errors import UserError
 
 
-def check_degree(degree: int, world_size: int) -> int:
+def check_group_degree(degree: int, world_size: int) -> int:
     """`degree`, if it is a power of two dividing `world_size`; else a one-line UserError."""
     if degree < 1 or degree & (degree - 1) or world_size % degree:
         raise UserError(
@@ -56,7 +56,7 @@ def block(rank: int, degree: int) -> range:
 
 def blocks(world_size: int, degree: int) -> list[range]:
     """The groups of `degree` of a world: its aligned blocks, by offset."""
-    check_degree(degree, world_size)
+    check_group_degree(degree, world_size)
     return [range(k, k + degree) for k in range(0, world_size, degree)]
 
 
@@ -77,7 +77,7 @@ class SPGroups:
         on every rank). Degrees are checked before any group is made."""
         import torch.distributed as dist
 
-        wanted = sorted({check_degree(int(d), world_size) for d in degrees} - {1})
+        wanted = sorted({check_group_degree(int(d), world_size) for d in degrees} - {1})
         handles = {
             (d, b.start): dist.new_group(list(b)) for d in wanted for b in blocks(world_size, d)
         }
