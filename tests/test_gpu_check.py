@@ -1,5 +1,6 @@
 """The prepared H200 check (experiments/gpu): its calibration grid cap, its training budgets,
-checkpoint-free training, and the whole script dry-run on CPU and imported back."""
+checkpoint-free training, the all-to-all part recorded as not applicable on fewer than 2 GPUs,
+and the whole script dry-run on CPU and imported back."""
 
 from __future__ import annotations
 
@@ -182,6 +183,28 @@ def test_training_without_checkpoints_writes_none(tmp_path):
 
 
 @pytest.mark.slow
+def test_the_comm_part_is_not_applicable_without_two_gpus(tmp_path):
+    """Not a dry run, on a machine without 2 GPUs (here none): the comm part starts nothing,
+    records why, and does not count as unfinished; the summary says so."""
+    out = tmp_path / "h200"
+    env = dict(_env(), PARTS="comm", PYTHON=sys.executable, WHEELS=str(tmp_path))
+    proc = subprocess.run(
+        ["bash", str(GPU / "h200.sh"), str(out)], cwd=ROOT, env=env, capture_output=True,
+        text=True, errors="replace", timeout=600,
+    )
+    rows = [line.split("\t") for line in (out / "steps.tsv").read_text().splitlines()[1:]]
+    assert ["comm", "not-applicable", "0"] in rows, proc.stdout[-3000:]
+    assert "needs >= 2 processes with a GPU each" in (out / "comm" / "skipped.txt").read_text()
+    assert sorted(p.name for p in (out / "comm").iterdir()) == ["skipped.txt"]  # no torchrun
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["comm"]["status"] == "not-applicable"
+    assert "-- comm" in (out / "summary.txt").read_text()
+    unfinished = {part for part, status, _ in rows if status not in ("0", "not-applicable")}
+    assert unfinished <= {"preflight"}  # which fails where torch sees no CUDA; comm does not
+    assert proc.returncode == (1 if unfinished else 0)
+
+
+@pytest.mark.slow
 def test_dry_run_of_the_whole_check_imports_back(tmp_path):
     """DRY_RUN=1 h200.sh, every part: the 2-process torchrun check, kernel_check.sh cut at its
     limit (its nvcc build takes minutes here), calibration, 16 emulated ranks under a one-shape
@@ -198,7 +221,7 @@ def test_dry_run_of_the_whole_check_imports_back(tmp_path):
     assert parts.pop("kernel") == "124", proc.stdout[-3000:]
     assert set(parts.values()) == {"0"}, parts
     assert proc.returncode == 1  # the script's status says a part did not finish
-    assert {"preflight", "dist", "calibrate", "train_budgets"} <= set(parts)
+    assert {"preflight", "dist", "calibrate", "comm", "train_budgets"} <= set(parts)
     summary = json.loads((out / "summary.json").read_text())
     assert len(summary["train"]) == 4
     assert {r["policy"] for r in summary["train"]} == {"equal-token", "adaptiveload-packed"}
@@ -210,13 +233,16 @@ def test_dry_run_of_the_whole_check_imports_back(tmp_path):
     assert additivity["num_measured"] == 2 and additivity["max_rel_err"] >= 0
     assert "additivity: 2 of 2 mixed packs" in (out / "summary.txt").read_text()
     assert summary["dist"]["launch_mode"] == "distributed" and summary["dist"]["world_size"] == 2
+    comm = summary["comm"]  # 2 gloo processes on the CPU: the part's plumbing
+    assert comm["status"] == "measured" and comm["world_size"] == 2 and comm["backend"] == "gloo"
+    assert [link["degree"] for link in comm["links"]] == [2]
     steps = pd.read_parquet(out / "dist" / "ddp" / "steps.parquet")
     assert sorted(steps["rank"].unique()) == [0, 1]
     # PACKDIR as the README lists it: one tarball per part, the summary and steps.tsv beside
     # them; files over 12 MB (long logs) are left out of the tarballs
     packed = sorted(p.name for p in pack.iterdir())
-    assert packed == ["calibration.tar.gz", "dist.tar.gz", "env.tar.gz", "kernel.tar.gz",
-                      "steps.tsv", "summary.txt", "train.tar.gz"]
+    assert packed == ["calibration.tar.gz", "comm.tar.gz", "dist.tar.gz", "env.tar.gz",
+                      "kernel.tar.gz", "steps.tsv", "summary.txt", "train.tar.gz"]
     for tarball in pack.glob("*.tar.gz"):
         with tarfile.open(tarball) as tar:
             members = tar.getmembers()
