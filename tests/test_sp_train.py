@@ -129,6 +129,9 @@ def test_the_run_refuses_groups_it_cannot_train(tmp_path):
     with pytest.raises(UserError, match=r"model\.batch_layout: packed"):
         check_groups(table, dense, True, "exp.yaml")
     four = _grouped(base, ((4, 1, 1, 1, 1),))
+    with pytest.raises(UserError, match="a power of two dividing the world size 6"):
+        check_groups(four(0).table, replace(cfg4, launch_mode="distributed", world_size=6),
+                     True, "exp.yaml")
     with pytest.raises(UserError, match=r"degree 4 does not divide the 2 heads of wan2\.1-micro"):
         check_groups(four(0).table, replace(cfg4, launch_mode="distributed", world_size=8),
                      True, "exp.yaml")

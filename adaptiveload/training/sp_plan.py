@@ -36,6 +36,7 @@ from adaptiveload.planning.batches import starts
 from adaptiveload.planning.plan import Plan
 from adaptiveload.step_table import SP_DEGREE
 from adaptiveload.training.settings import TrainConfig
+from adaptiveload.training.sp_groups import check_group_degree
 
 
 def table_degrees(table: pd.DataFrame) -> np.ndarray:
@@ -145,8 +146,9 @@ def check_groups(
 ) -> None:
     """UserError unless the run can train the plan's groups (`table`: epoch 0's plan): they
     need processes of their own (emulated ranks run in one process, which cannot hold a
-    sample's shards at once), the packed layout (the model shards a token stream), and a
-    degree that divides the model's heads (each rank of a group computes whole heads).
+    sample's shards at once), the packed layout (the model shards a token stream), and
+    degrees that are powers of two dividing the world (the groups are aligned blocks,
+    `sp_groups`) and divide the model's heads (each rank of a group computes whole heads).
     `origin`: the experiment file, named in the message."""
     degree = table_degrees(table)
     if not (degree > 1).any():
@@ -163,6 +165,11 @@ def check_groups(
     if not cfg.execution.packed:
         raise UserError(f"{origin}: {where}, but model.batch_layout is 'dense'; set "
                         "model.batch_layout: packed (a group shards one token stream)")
+    for d in np.unique(degree):
+        try:
+            check_group_degree(int(d), cfg.world_size)
+        except UserError as err:
+            raise UserError(f"{origin}: {where}; {err}") from None
     heads = get_config(cfg.model).num_heads
     wrong = sorted({int(d) for d in degree if heads % d})
     if wrong:
