@@ -19,7 +19,7 @@ from fault_setup import (
     descendants,
     wait_for,
 )
-from repo_paths import ROOT
+from repo_paths import ROOT, TINY
 from training_setup import cli_env
 
 from adaptiveload.io import LockHeld, exclusive
@@ -141,7 +141,7 @@ def test_a_stage_view_holds_exactly_what_its_stage_reads(tmp_path):
     from adaptiveload.calibration.settings import CalibrationConfig
     from adaptiveload.training.settings import from_experiment
 
-    full = experiment.load(ROOT / "tests" / "data" / "tiny.yaml")
+    full = experiment.load(TINY)
     views = {}
     for stage in pipeline.STAGE_FIELDS:
         path = tmp_path / f"{stage}.yaml"

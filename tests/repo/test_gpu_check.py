@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import sys
 
 import pytest
 from repo_paths import GPU_SCRIPTS, H200_MEASURED, H200_PRIOR
@@ -17,10 +16,6 @@ from adaptiveload.calibration.measure import calibrate
 from adaptiveload.calibration.settings import BudgetRules, CalibrationConfig, Grid
 from adaptiveload.costmodel import Calibration
 from adaptiveload.errors import UserError
-
-sys.path.insert(0, str(GPU_SCRIPTS))
-
-import train_budgets
 
 
 def test_max_batch_tokens_that_leaves_too_few_points_is_refused():
@@ -120,7 +115,8 @@ def test_the_summary_reports_the_additivity_of_the_packs(tmp_path, gpu_script):
     assert "additivity: no packs in this calibration" in (tmp_path / "summary.txt").read_text()
 
 
-def test_training_budgets_fit_the_longest_bucket_and_keep_the_measured_model():
+def test_training_budgets_fit_the_longest_bucket_and_keep_the_measured_model(gpu_script):
+    train_budgets = gpu_script("train_budgets")
     prior = Calibration.load(H200_PRIOR)
     exp = experiment.load(GPU_SCRIPTS / "h200_train.yaml")
     out = train_budgets.scaled(prior, exp, fill=1.0)

@@ -16,17 +16,13 @@ from repo_paths import GPU_SCRIPTS, ROOT
 
 from adaptiveload.errors import UserError
 
-sys.path.insert(0, str(GPU_SCRIPTS))
-
-import import_results
-import train_budgets
-
 
 def _env() -> dict[str, str]:
     return dict(os.environ, OMP_NUM_THREADS="1", MLFLOW_ENABLE_TELEMETRY="false")
 
 
-def test_training_without_checkpoints_writes_none(tmp_path):
+def test_training_without_checkpoints_writes_none(tmp_path, gpu_script):
+    train_budgets = gpu_script("train_budgets")
     cal = tmp_path / "cal.json"
     cal_out = tmp_path / "cal-train.json"
     run = [sys.executable, "-m", "adaptiveload"]
@@ -52,11 +48,12 @@ def test_training_without_checkpoints_writes_none(tmp_path):
     assert sorted(steps["rank"].unique()) == [0, 1, 2, 3] and steps["step"].max() == 1
 
 
-def test_dry_run_of_the_whole_check_imports_back(tmp_path):
+def test_dry_run_of_the_whole_check_imports_back(tmp_path, gpu_script):
     """DRY_RUN=1 h200.sh, every part: the 2-process torchrun check, kernel_check.sh cut at its
     limit (its nvcc build takes minutes here), calibration, 16 emulated ranks under a one-shape
     and the packed policy, both kernels (the fused op's CPU fallback); the packed tarballs,
     then the importer."""
+    import_results = gpu_script("import_results")
     out, pack = tmp_path / "h200", tmp_path / "pack"
     env = dict(_env(), DRY_RUN="1", PYTHON=sys.executable, KERNEL_S="5", WHEELS=str(tmp_path))
     proc = subprocess.run(
