@@ -1,5 +1,6 @@
-"""One torchrun process of the sequence-parallel training test (tests/test_sp_train.py):
-`torchrun --nproc-per-node 4 tests/sp_train_worker.py EXPERIMENT OUT` (gloo, CPU).
+"""One torchrun process of the sequence-parallel training test
+(tests/slow/training/test_sp_train_slow.py):
+`torchrun --nproc-per-node 4 tests/support/sp_train_worker.py EXPERIMENT OUT` (gloo, CPU).
 
 The experiment's packed plan on 3 ranks, regrouped by `training_setup.GroupedSteps` into
 steps of groups {1, 1, 2} and {2, 1, 1} on 4 ranks, trains for one whole epoch three ways,
