@@ -59,6 +59,9 @@ class Policy:
     # its micro-batches mix lengths: the model runs them packed (what training's batch layout
     # and the calibration's checks read; planning asks the policy for its batches instead)
     packed: ClassVar[bool] = False
+    # its micro-batches may run on sequence-parallel groups of several ranks (``groups``):
+    # what the pipeline reads to draw its figure of groups (`analysis.figures.sp_groups`)
+    groups: ClassVar[bool] = False
 
     def micro_batches(self, epoch: EpochInputs) -> MicroBatches:
         """Steps 1-5 of ``plan``: each bucket cut into B(S) batches (``batches.bucket_cuts``),
@@ -232,6 +235,7 @@ class AdaptiveLoadSP(AdaptiveLoadPacked):
     policy where no sample needs more than one rank."""
 
     name = "adaptiveload-sp"
+    groups = True
 
     def max_degree(self, cost_model: CostModel | Calibration | None, world_size: int) -> int:
         sp = _sequence_parallel(cost_model)
@@ -250,6 +254,7 @@ class AdaptiveLoadSPFixed(AdaptiveLoadPacked):
     policy's packs on N / d groups (``groups.widen``)."""
 
     name = "adaptiveload-sp-fixed"
+    groups = True
 
     def max_degree(self, cost_model: CostModel | Calibration | None, world_size: int) -> int:
         sp = _sequence_parallel(cost_model)
