@@ -5,13 +5,15 @@ first ranks' packs are every sample of the epoch once; a micro-batch's placement
 (`sp_plan.PlanGroups`: degree, first rank, its number in the step, G counting each sample
 once); with one rank per micro-batch the number is the rank; the refusals (emulated ranks,
 the dense layout, a degree that is no power of two dividing the world or does not divide the
-heads, overlapping groups); a step's logged loss counts a group once.
+heads, overlapping groups); a step's logged loss counts a group once; `adaptiveload train`
+refuses adaptiveload-sp's groups on emulated ranks before writing anything.
 Under torchrun with gloo (slow; one launch of 4 processes, `sp_train_worker.py`): steps of
 groups {1, 1, 2} and {2, 1, 1} train, under DDP and FSDP2, to the parameters one process
 reaches training the same micro-batches (an emulated world of 3 ranks, fp32, relative
 <= 1e-5), every sample once in the epoch; stopped after 2 steps and resumed from the
 checkpoint, the run ends where the uninterrupted one does (measured on CPU: worst 1.1e-6
-against the one process, FSDP2).
+against the one process, FSDP2). And `adaptiveload train` under torchrun trains
+adaptiveload-sp's own plan, recording each rank's degree in the table and MLflow.
 """
 
 from __future__ import annotations
@@ -25,17 +27,21 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from training_setup import ROOT, GroupedSteps, cli_env, free_port, write_experiment
+from mlflow.tracking import MlflowClient
+from training_setup import ROOT, GroupedSteps, adaptiveload, cli_env, free_port, write_experiment
 
 from adaptiveload import experiment
+from adaptiveload.costmodel import Calibration, CostModel
 from adaptiveload.errors import UserError
+from adaptiveload.io import write_json
 from adaptiveload.planning.plan import Plan
 from adaptiveload.planning.sampler import PlanBatchSampler
 from adaptiveload.step_table import SP_DEGREE, VAL_COLUMNS
-from adaptiveload.training import checkpoint
+from adaptiveload.training import checkpoint, session
 from adaptiveload.training.distributed import Ranks
 from adaptiveload.training.inputs import prepare_data
 from adaptiveload.training.loop import TrainData, Trainer, step_metrics
+from adaptiveload.training.session import Request
 from adaptiveload.training.settings import from_experiment
 from adaptiveload.training.sp_plan import Placement, PlanGroups, check_groups
 
@@ -201,3 +207,55 @@ def test_torchrun_groups_of_degrees_1_and_2_train_like_one_process(tmp_path):
     resumed = _weights(checkpoint.path_for(out / "resumed" / "checkpoints", steps))
     ddp = _weights(checkpoint.path_for(out / "ddp" / "checkpoints", steps))
     assert max(_rel(resumed[k], w) for k, w in ddp.items()) <= RTOL
+
+
+# a micro-model calibration whose pretend device holds tiny-cpu's longest clip (3,740
+# tokens: 12.3 MB by this cost) on two ranks only: adaptiveload-sp then plans groups of 2
+SP_COST = CostModel(c0=0.01, a=1e-5, b=1e-9, m_static=1e6, m_tok=3e3, m_seq=5e4)
+
+
+def _sp_calibration(tmp_path: Path) -> Path:
+    path = tmp_path / "sp_calibration.json"
+    write_json(path, Calibration("wan2.1-micro", "cpu", "model", SP_COST, p=1.4, m_mem=1e4,
+                                 m_comp=1e6, capacity_bytes=10e6).to_dict())
+    return path
+
+
+def test_adaptiveload_train_refuses_the_sp_policy_on_emulated_ranks(tmp_path):
+    req = Request(_experiment(tmp_path), "adaptiveload-sp", 0, emulate_world_size=4,
+                  calibration=_sp_calibration(tmp_path), out=tmp_path / "run", progress=False)
+    with pytest.raises(UserError, match="torchrun --nproc-per-node 4"):
+        session.train(req)
+    assert not (tmp_path / "run").exists()  # nothing written
+
+
+@pytest.mark.slow
+def test_torchrun_trains_the_sp_policy_and_records_its_degrees(tmp_path):
+    """`adaptiveload train` under torchrun on adaptiveload-sp's own plan (groups of 2 for the
+    longest clips beside single ranks): it trains, the table and MLflow record each rank's
+    degree, and every sample of the epoch counts once."""
+    path = _experiment(tmp_path, steps="epoch", warmup_steps=1)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    env = cli_env(uri)
+    assert adaptiveload("tracking", "init", env=env, cwd=ROOT).returncode == 0
+    run = subprocess.run(
+        [TORCHRUN, "--nproc-per-node", "4", "--master-addr", "127.0.0.1",
+         "--master-port", str(free_port()), "-m", "adaptiveload", "train", "--config",
+         str(path), "--policy", "adaptiveload-sp", "--seed", "0", "--kernel", "eager",
+         "--calibration", str(_sp_calibration(tmp_path)), "--out", str(tmp_path / "sp")],
+        env=env, cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-4000:]
+    table = pd.read_parquet(tmp_path / "sp" / "steps.parquet")
+    timed = table[table["step"] >= 1]  # the whole epoch after the replayed warm-up step
+    assert (timed["samples"] - timed["padding_samples"]).sum() == 24
+    assert set(table[SP_DEGREE]) == {1, 2} and np.isfinite(timed["loss"].dropna()).all()
+    members = table[(table[SP_DEGREE] == 2) & (table["rank"] % 2 == 1)]
+    assert len(members) and (members["samples"] == 0).all() and members["loss"].isna().all()
+    assert (members["compute_s"] > 0).all()
+    client = MlflowClient(uri)
+    (mlrun,) = client.search_runs(client.get_experiment_by_name("t").experiment_id)
+    history = {m.step: m.value for m in client.get_metric_history(mlrun.info.run_id,
+                                                                  f"rank1/{SP_DEGREE}")}
+    by_step = table[table["rank"] == 1].set_index("step")[SP_DEGREE]
+    assert history == {int(s): float(d) for s, d in by_step.items()}
