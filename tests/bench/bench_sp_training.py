@@ -34,6 +34,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import torch
 import yaml
@@ -45,7 +46,7 @@ sys.path.insert(0, str(ROOT / "tests"))  # GroupedSteps, the exactness test's re
 from training_setup import GroupedSteps  # noqa: E402
 
 from adaptiveload import experiment  # noqa: E402
-from adaptiveload.costmodel import Calibration  # noqa: E402
+from adaptiveload.costmodel import Calibration, SequenceParallel  # noqa: E402
 from adaptiveload.io import read_json, write_json, write_parquet  # noqa: E402
 from adaptiveload.planning.simulate import simulate  # noqa: E402
 from adaptiveload.step_table import SP_DEGREE, timed  # noqa: E402
@@ -162,6 +163,24 @@ def predicted(out: Path, calibration: Calibration, world: int) -> tuple[pd.DataF
     return by_step, per_rank.tolist()
 
 
+def same_packs_model(out: Path, calibration: Calibration) -> dict[str, float]:
+    """The model's seconds per step of the d1/d2 packs (mean over epoch 0's steps): at degree
+    1, at degree 2 without the all-to-alls (`CostModel.at_degree`) and with them
+    (`SequenceParallel.cost_at`, the calibration's comm section): what the exchanges cost by
+    the model beside the compute they split."""
+    plan = pd.read_parquet(out / "plan.parquet")
+    tokens = plan["tokens"].astype(np.float64)
+    cells = plan.assign(sq=tokens**2).groupby("step").agg(
+        n=("tokens", "size"), s=("tokens", "sum"), sq=("sq", "sum"))
+    cost = calibration.cost
+    at = {"degree_1": cost, "degree_2_compute": cost.at_degree(2),
+          "degree_2": SequenceParallel.of(calibration).cost_at(cost, 2)}
+    out_ = {k: float(np.mean(m.pack_time(cells["n"], cells["s"], cells["sq"])))
+            for k, m in at.items()}
+    out_["degree_2_all_to_all"] = out_["degree_2"] - out_["degree_2_compute"]
+    return out_
+
+
 def sp_device(calibration: Path, config: Path, work: Path) -> Path:
     """`calibration` with its budgets derived again for the mixed run's pretend device
     (SP_CAPACITY_GB) and the bench's samples."""
@@ -244,6 +263,7 @@ def main() -> None:
         "comm": calibration.extra.get("comm", {}).get("links"),
         "load_average_before": load_before, "load_average_after": os.getloadavg(),
         "runs": runs,
+        "same_packs_model_s_per_step": same_packs_model(work / "d1", calibration),
         "d2_over_d1_step_wall": {
             "median_of_steps": float((same["wall_s_d2"] / same["wall_s"]).median()),
             "epoch": float(same["wall_s_d2"].sum() / same["wall_s"].sum()),
