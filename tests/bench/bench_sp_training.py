@@ -41,7 +41,7 @@ import yaml
 from stamp import stamp
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests"))  # GroupedSteps, the exactness test's regrouping
+sys.path.insert(0, str(ROOT / "tests" / "support"))  # GroupedSteps, as the exactness test
 
 from training_setup import GroupedSteps  # noqa: E402
 
