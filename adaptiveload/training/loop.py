@@ -277,15 +277,37 @@ class Trainer:
 
     def _sp_groups(self) -> tuple[SPGroups | None, tuple[str, ...]]:
         """The run's sequence-parallel groups, built once on every process (None: the plan
-        has none), and the per-step table's columns (with `SP_DEGREE` where it has some):
-        of every degree of epoch 0's plan and every power of two up to the policy's largest
-        (its summary's ``sp_max_degree``, where it gives one), so later epochs find theirs."""
+        has none, or the ranks are emulated, which `check_groups` let through only without
+        groups), and the per-step table's columns (with `SP_DEGREE` where the plan may have
+        some): of every degree of epoch 0's plan and every power of two up to the policy's
+        largest (its summary's ``sp_max_degree``, where it gives one), so later epochs find
+        theirs."""
         plan = self.data.builder(0)
         largest = int(plan.summary.get("sp_max_degree") or 1)
         degrees = {*self.plans.degrees(0), *(1 << k for k in range(1, largest.bit_length()))}
         if not degrees:
             return None, STEP_COLUMNS
-        return SPGroups.build(self.ranks.world_size, degrees), (*STEP_COLUMNS, SP_DEGREE)
+        columns = (*STEP_COLUMNS, SP_DEGREE)
+        if not self.ranks.distributed:
+            return None, columns
+        return SPGroups.build(self.ranks.world_size, degrees), columns
+
+    def _group(self, rank: int, place: Placement) -> Any:
+        """The process group `rank`'s micro-batch runs over (None: the rank alone). A group
+        where the run built none (a later epoch's plan, emulated ranks) is refused: running
+        its pack unsharded on each of its ranks would train it d times."""
+        if place.degree == 1:
+            return None
+        if self.sp is None:
+            fix = (f"launch with torchrun --nproc-per-node {self.ranks.world_size}"
+                   if not self.ranks.distributed else
+                   "the policy's plan summary must give sp_max_degree")
+            raise UserError(
+                f"plan: a micro-batch of sequence-parallel degree {place.degree} (first rank "
+                f"{place.first}) after an epoch 0 without groups, and this run built none "
+                f"from it; {fix}"
+            )
+        return self.sp.group_of(rank, place.degree)[0]
 
     def _epoch_ends(self, lengths: list[int]) -> set[int]:
         """The run steps that end an epoch (validation follows each): after a replayed warm-up
@@ -370,7 +392,7 @@ class Trainer:
         micro-batch's (docs/sequence_parallel.md, the reduction contract)."""
         place = loaded.place
         scale = (self.ranks.world_size if self.ranks.distributed else 1) / place.step_samples
-        group = self.sp.group_of(rank, place.degree)[0] if self.sp is not None else None
+        group = self._group(rank, place)
         cuda = self.device.type == "cuda"
         if cuda:
             torch.cuda.reset_peak_memory_stats(self.device)

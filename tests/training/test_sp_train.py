@@ -126,6 +126,17 @@ def test_the_run_refuses_groups_it_cannot_train(tmp_path):
     check_groups(base.builder(0).table, cfg, False, "exp.yaml")  # no groups: nothing to refuse
 
 
+def test_a_group_in_a_later_epoch_of_a_run_without_groups_is_refused(tmp_path):
+    _, cfg, base = _base(tmp_path)
+    trainer = Trainer(cfg, base, None, Ranks.emulated(3), progress=False)
+    try:
+        assert trainer.sp is None and trainer._group(0, Placement(1, 0, 0, 5)) is None
+        with pytest.raises(UserError, match=r"degree 2 .*torchrun --nproc-per-node 3"):
+            trainer._group(0, Placement(2, 0, 0, 5))
+    finally:
+        trainer.close()
+
+
 def test_a_step_logs_a_group_s_loss_once_and_each_rank_s_degree():
     def row(rank, samples, loss, degree):
         return {"rank": rank, "compute_s": 1.0, "samples": samples, "tokens": 10 * samples,
