@@ -14,10 +14,9 @@ ranks (`sp_plan`, docs/sequence_parallel.md) is loaded by each of them, runs wit
 group's `sp_group`, draws the noise of its number in the step on all of them, and counts
 its samples once in G: each rank's gradients are its tokens' share and the world's mean is
 still the step's mean over its samples (torchrun only: emulated ranks refuse groups). Then
-one clipped AdamW step. Each micro-batch is timed on its own
-by the run's timer (`distributed.timer_of`: CUDA events on GPU; on CPU the computing thread's
-CPU time when ranks are emulated, the wall clock under torchrun) and, beside it, by the wall
-clock; the rows of the per-step table are produced (with groups, each rank's row carries its
+one clipped AdamW step. Each micro-batch is timed on its own by the run's timer
+(`distributed.timer_of`: CUDA events on GPU; on CPU the computing thread's CPU time when
+ranks are emulated, the wall clock under torchrun) and, beside it, by the wall clock; the rows of the per-step table are produced (with groups, each rank's row carries its
 group's degree and a group's samples count on its first rank's row only).
 
 Emulated step time (what the N ranks would take in parallel, minus communication), once per
