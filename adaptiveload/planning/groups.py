@@ -55,7 +55,6 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import numpy as np
-import pandas as pd
 
 from adaptiveload.costmodel import Calibration, CostModel, SequenceParallel
 from adaptiveload.errors import UserError
@@ -103,21 +102,25 @@ class _Packs:
     time: np.ndarray
 
 
-def _degrees(epoch: EpochInputs, sp: SequenceParallel, max_degree: int) -> tuple[
-    np.ndarray, np.ndarray, dict[int, _Degree]
-]:
-    """Every sample's type code, the sorted token counts and each allowed degree's terms."""
+def _degrees(
+    epoch: EpochInputs, sp: SequenceParallel, max_degree: int, code: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray, dict[int, _Degree]]:
+    """The epoch's distinct token counts (sorted, from its few buckets), how many samples
+    have each, and each allowed degree's terms: over those counts alone, or, given every
+    sample's index into them (`code`), over the samples (what packing needs)."""
     cal = epoch.cost_model
     assert isinstance(cal, Calibration)
-    code, values = pd.factorize(epoch.tokens, sort=True)
-    values = np.asarray(values, dtype=np.int64)
+    values, inverse = np.unique(epoch.buckets.tokens, return_inverse=True)
+    per_bucket = np.bincount(epoch.buckets.of, minlength=epoch.buckets.tokens.size)
+    count = np.bincount(inverse, weights=per_bucket, minlength=values.size).astype(np.int64)
     base = PackLimits.of(epoch.budgets, cal)
     p = float(epoch.budgets.p)
+    coded = np.zeros(0, dtype=np.int64) if code is None else code
     per = {}
     for d in sp.bound(max_degree).degrees:
         limits, cost = base.at_degree(d), sp.cost_at(cal.cost, d)
-        per[d] = _Degree(d, limits, cost, types_of(code, values, limits, cost, p))
-    return code, values, per
+        per[d] = _Degree(d, limits, cost, types_of(coded, values, limits, cost, p))
+    return values, count, per
 
 
 def choose_degrees(
@@ -169,21 +172,24 @@ def make_groups(
 ) -> MicroBatches | None:
     """The epoch's groups and single ranks, dealt (module docstring); None where every sample
     is of degree 1: the packed policy's plan is then the plan."""
-    code, values, per = _degrees(epoch, sp, max_degree)
-    count = np.bincount(code, minlength=values.size)
+    values, count, per = _degrees(epoch, sp, max_degree)
     degree = choose_degrees(values, count, per, epoch.world_size)
     if (degree == 1).all():
         return None
+    code = np.searchsorted(values, epoch.buckets.tokens)[epoch.buckets.of]
+    _, _, per = _degrees(epoch, sp, max_degree, code)
     rng, n = epoch.rng, epoch.world_size
     perm = rng.permutation(code.size)
     own = degree[code]
     long = [d for d in sorted(per, reverse=True) if (degree == d).any() and d > 1]
-    made = {d: _pack_degree(d, perm, own, per[d], None, rng).time.size for d in long}
+    own_packs = {d: _pack_degree(d, perm, own, per[d], None, rng) for d in long}
+    made = {d: p.time.size for d, p in own_packs.items()}
     small_volume = per[1].limits.min_micro_batches(values[degree == 1], count[degree == 1])
     steps = _step_count(epoch, sum(d * k for d, k in made.items()) + small_volume)
     joins = _top_up(values, count, degree, per, made, steps * n)
     group_of = _assign(perm, code, degree, joins, per, rng.random())
-    packs = [_pack_degree(d, perm, group_of, per[d], made[d], rng) for d in long]
+    packs = [_pack_degree(d, perm, group_of, per[d], made[d], rng) if joins.get(d) else
+             own_packs[d] for d in long]  # groups no small sample joins: as packed alone
     small = perm[group_of[perm] == 1]
     small = small[np.argsort(narrow(per[1].types.of[small], per[1].types.w.size), kind="stable")]
     layout = _Layout(n, epoch.window_steps or steps, packs, steps, rng)
@@ -379,34 +385,13 @@ class _Layout:
         pool: np.ndarray, rng: np.random.Generator,
     ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
         """A window's groups and single-rank packs (`items`, padding repeats where `pad`) as
-        whole steps, by sort-and-chunk over rank units: slowest first, each step filled to N
-        ranks, a group that does not fit the step's last ranks leading the next one; steps
-        then shuffled. A step left short is filled with padding (`_step_row`; `pool`: the
-        epoch's real single-rank packs)."""
-        by_time = np.lexsort((rng.random(items.size), -time[items]))
-        steps, step, used, waiting = [], [], 0, []
-        for i in by_time:
-            if used + degree[items[i]] > self.world_size:
-                waiting.append(i)
-                continue
-            step.append(i)
-            used += degree[items[i]]
-            if used == self.world_size:
-                steps.append(step)
-                step, used = [], 0
-                while waiting and used + degree[items[waiting[0]]] <= self.world_size:
-                    j = waiting.pop(0)
-                    step.append(j)
-                    used += degree[items[j]]
-        while waiting:  # groups no single pack is left to follow: steps of their own
-            j = waiting.pop(0)
-            if used + degree[items[j]] > self.world_size:
-                steps.append(step)
-                step, used = [], 0
-            step.append(j)
-            used += degree[items[j]]
-        if step:
-            steps.append(step)
+        whole steps, by sort-and-chunk over rank units (`_chunks`); steps then shuffled. A
+        step left short is filled with padding (`_step_row`; `pool`: the epoch's real
+        single-rank packs)."""
+        is_group = degree[items] > 1
+        slow = np.lexsort((rng.random(items.size), -time[items]))
+        groups, singles = slow[is_group[slow]], slow[~is_group[slow]]
+        steps = _chunks(groups, singles, degree[items], time[items], self.world_size)
         return [self._step_row(items[steps[k]], pad[steps[k]], degree, pool, rng)
                 for k in rng.permutation(len(steps))]
 
@@ -437,6 +422,51 @@ class _Layout:
             at = used + np.arange(fill.size) * least
             slot[at], flags[at], out[at] = fill, True, least
         return slot, flags, out
+
+
+def _chunks(
+    groups: np.ndarray, singles: np.ndarray, degree: np.ndarray, time: np.ndarray,
+    world_size: int,
+) -> list[np.ndarray]:
+    """Sort-and-chunk over rank units: `groups` and `singles` (item indices, each slowest
+    first; `degree`, `time` per item) into steps of N ranks, each step the slowest items left
+    whose units fill it, in their merged order by time (as dealing's sort-and-chunk takes the
+    next N batches): a group that would cross the step's end waits for the next step and the
+    step's last ranks take the next singles; once the singles are out, later groups that
+    still fit, then nothing (`_step_row` pads the step)."""
+    n, g_deg, g_time, s_time = world_size, degree[groups], time[groups], time[singles]
+    steps, gi, si = [], 0, 0
+    used = np.zeros(groups.size, dtype=bool)
+    while True:
+        while gi < groups.size and used[gi]:
+            gi += 1
+        if gi >= groups.size and si >= singles.size:
+            return steps
+        head_g = gi + np.flatnonzero(~used[gi : gi + n])
+        head_s = np.arange(si, min(si + n, singles.size))
+        t = np.concatenate([g_time[head_g], s_time[head_s]])
+        units = np.concatenate([g_deg[head_g], np.ones(head_s.size, dtype=np.int64)])
+        single = np.arange(t.size) >= head_g.size
+        order = np.lexsort((single, -t))  # slowest first, a group before a single as slow
+        cum = np.cumsum(units[order])
+        taken = order[: int(np.searchsorted(cum, n, side="right"))]
+        took_g = head_g[taken[~single[taken]]]
+        rest = n - int(units[taken].sum())
+        n_s = int(single[taken].sum())
+        extra = min(rest, singles.size - si - n_s)
+        n_s, rest = n_s + extra, rest - extra
+        used[took_g] = True
+        fill = []
+        k = gi
+        while rest > 0 and k < groups.size:  # the singles are out: later groups that fit
+            if not used[k] and g_deg[k] <= rest:
+                used[k] = True
+                fill.append(k)
+                rest -= int(g_deg[k])
+            k += 1
+        picked = np.concatenate([took_g, np.asarray(fill, dtype=np.int64)])
+        steps.append(np.concatenate([groups[picked], singles[si : si + n_s]]))
+        si += n_s
 
 
 def _fill_to(window: _Window, slots: int, types: _Types) -> _Window:
