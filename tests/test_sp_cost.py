@@ -45,17 +45,19 @@ def test_degree_one_is_todays_cost_exactly():
 
 
 def test_the_cost_of_a_set_at_degree_d_is_the_documented_formula():
-    """Compute over d (c0, the floor and c_seq whole), E = L * 4 * passes all-to-alls of
-    ΣS/d * dim * e bytes each, per-rank memory with m_tok over d and m_static, m_seq whole."""
+    """Compute over d (c0, the floor and c_seq whole), per block and pass one all-to-all of
+    q, k, v (3 tensors of ΣS/d * dim * e bytes) and one of the output, per-rank memory with
+    m_tok over d and m_static, m_seq whole."""
     cal = _calibration(setup={"activation_checkpointing": True})
     sp = SequenceParallel.of(cal)
     assert (sp.num_layers, sp.dim, sp.num_heads, sp.passes) == (40, 5120, 40, 3)
-    assert sp.exchanges == 40 * ALL_TO_ALLS_PER_PASS * 3
+    assert sp.exchanges == 40 * ALL_TO_ALLS_PER_PASS * 3 == 240 and sp.tensors == 480
     tokens = np.array([111_600.0, 3_600.0, 1_560.0])
     n, s, sq = tokens.size, tokens.sum(), float((tokens**2).sum())
     for d in (2, 4, 8, 16):
-        per_rank_bytes = s / d * 5120 * 2
-        comm = sp.exchanges * float(sp.comm.all_to_all_s(d, per_rank_bytes))
+        one = s / d * 5120 * 2  # one [L_r, dim] bf16 tensor of the rank's tokens
+        per_block_pass = float(sp.comm.all_to_all_s(d, 3 * one) + sp.comm.all_to_all_s(d, one))
+        comm = 40 * 3 * per_block_pass
         compute = COST.c0 + COST.c_seq * n + (COST.a * s + COST.b * sq) / d
         at = sp.cost_at(COST, d)
         assert at.set_time(tokens) == pytest.approx(max(COST.t_floor, compute + comm), rel=1e-12)
