@@ -77,6 +77,7 @@ import numpy as np
 from adaptiveload.errors import UserError
 from adaptiveload.experiment import schema_default
 from adaptiveload.io import read_json
+from adaptiveload.model.analytic import compute_bytes
 
 # the fraction of a device's memory the budgets leave free (an experiment's
 # calibration.headroom; files that do not record theirs were made with it)
@@ -321,7 +322,7 @@ class CommModel:
     source: str = "model"
     backend: str = "prior"
     device: str = PRIOR_DEVICE
-    dtype_bytes: int = 2
+    dtype_bytes: int = compute_bytes("cuda")  # the prior's: bf16 autocast, as on an H200
     points: tuple[dict[str, float], ...] = ()
 
     def __post_init__(self) -> None:

@@ -1,9 +1,9 @@
 """Replan every plan the pipeline would make for the experiment files and list their digests.
 
     python tests/plan_digests.py -o digests.json                   # all experiments/*.yaml
-    python tests/plan_digests.py --compare tests/data/plan_digests.json    # all of them again
+    python tests/plan_digests.py --compare tests/fixtures/plan_digests.json  # all of them again
 
-tests/data/plan_digests.json holds the digests of the 489 plans of every experiment file at
+tests/fixtures/plan_digests.json holds the digests of the 489 plans of every experiment file at
 commit b54dae1: the 360 plans of commit 48e969a (before the refactor that gave each module its
 layer), identical there, under the digest that names samples by id (`data_digest` inside
 `plan_digest`; those 360 were checked unchanged by the former digest before the file was
@@ -24,7 +24,7 @@ A plan is named by where the pipeline puts it under results/ (`plan_name`: e.g.
 
 A training plan's calibration is measured by the pipeline (`results/<name>/calibration/`), so
 here it is replaced by a fixed stand-in of the same model: the shipped H200 prior where one
-exists (`experiments/calibration/h200-<model>.json`), else `tests/data/tiny-prior.json`.
+exists (`experiments/calibration/h200-<model>.json`), else `tests/fixtures/tiny-prior.json`.
 Everything runs in one process, outputs in a temporary folder; nothing in the checkout is
 written but Snakemake's own `.snakemake/` metadata.
 """
@@ -43,7 +43,7 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-STAND_IN_TINY = REPO / "tests" / "data" / "tiny-prior.json"
+STAND_IN_TINY = REPO / "tests" / "fixtures" / "tiny-prior.json"
 # the pipeline's commands that make a plan's inputs or the plan itself (`budgets`: a simulate
 # entry's budgets at its own capacity_gb, which it prints to the file its rule redirects to)
 PLANNING = (("manifest", "synth"), ("budgets",), ("plan",))

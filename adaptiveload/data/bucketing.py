@@ -110,7 +110,7 @@ GRIDS: dict[str, Grid] = {g.name: g for g in (WAN_GRID, TINY_GRID, WAN_LONG_GRID
 
 # The bucketing of real Wan 2.1 data, every command's and function's default: aspect buckets
 # on the Wan grid, clips up to Wan 2.1's 81 frames. The experiment schema's `data` and
-# `simulate` entries repeat these (tests/test_experiment.py checks the copies); its `data.grid`
+# `simulate` entries repeat these (tests/base/test_experiment.py checks the copies); its `data.grid`
 # default is `tiny` on purpose, for the default experiment's tiny model.
 DEFAULT_MODE = "aspect"
 DEFAULT_GRID = WAN_GRID.name

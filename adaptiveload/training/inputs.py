@@ -84,9 +84,9 @@ def prepare_data(
 def check_degrees(plan: pd.DataFrame, policy: str) -> None:
     """UserError if the plan runs micro-batches on sequence-parallel groups (degree > 1): this
     trainer runs every micro-batch on one rank, so it would train a group's pack once per
-    rank of the group. (To run them, a trainer builds the aligned process groups, splits
-    each segment's tokens over a group's ranks by the sampler's `BatchInfo.sp_rank`, and
-    weights each rank's loss by its chunk's share; docs/sampler.md.)"""
+    rank of the group. (To run them, a trainer builds the aligned groups, `sp_groups`, and
+    calls the model with each step's group from the sampler's `BatchInfo.sp_degree` and
+    `sp_rank`, every rank of a group with the same noise and loss; docs/sampler.md.)"""
     degree = table_degrees(plan)
     if (degree > 1).any():
         row = int(np.argmax(degree > 1))
