@@ -32,16 +32,19 @@ before the floor existed load unchanged). docs/calibration.md describes the fit.
 every segment's tokens cut into d chunks, rank r holding chunk r of each; attention runs on
 d-th of the heads after an all-to-all) costs each rank of the group
 
-    t_d(set) = max(t_floor, c0 + c_seq n + (a ΣS + b ΣS²) / d + E · t_a2a(d, ΣS/d · dim · e))
+    t_d(set) = max(t_floor, c0 + c_seq n + (a ΣS + b ΣS²) / d
+                             + L · passes · (t_a2a(d, 3 s) + t_a2a(d, s))),  s = ΣS/d · dim · e
     m_d(set) = m_static + m_tok ΣS / d + m_seq n
 
 (`CostModel.at_degree`, with the all-to-all from `SequenceParallel.cost_at`): the token and
 attention work divides over the d ranks; c0 and the floor do not (every rank pays its own
 launches), nor does c_seq or m_seq (the text's cross-attention keys and values are computed
-whole on every rank: the text is not split). E = L · 4 · passes all-to-alls a step (L blocks;
-per block and pass q, k, v to head shards and the output back; passes = 2, forward and
-backward, 3 with activation checkpointing, whose recomputed forward exchanges again), each of
-n = ΣS/d · dim · e bytes per rank (e = `CommModel.dtype_bytes`), costing
+whole on every rank: the text is not split). Per block (L of them) and pass, two all-to-alls
+(the model's `sequence_parallel`: q, k and v travel together to head shards, 3 s bytes per
+rank, and the output back, s bytes; the backward moves their gradients the same way; passes =
+2, forward and backward, 3 with activation checkpointing, whose recomputed forward exchanges
+again), s = ΣS/d · dim · e the bytes of one [L_r, dim] tensor of the rank's tokens (e =
+`CommModel.dtype_bytes`), each costing
 `t_a2a(d, n) = latency(d) + n (d-1)/d / bytes_per_s(d)` (`CommModel`: the calibration's
 measured `comm` section, or the analytic prior of NVLink inside a node of 8 and InfiniBand
 across nodes). The all-to-all sits inside the floor's max: below the floor the host, not the
@@ -74,6 +77,7 @@ import numpy as np
 from adaptiveload.errors import UserError
 from adaptiveload.experiment import schema_default
 from adaptiveload.io import read_json
+from adaptiveload.model.analytic import compute_bytes
 
 # the fraction of a device's memory the budgets leave free (an experiment's
 # calibration.headroom; files that do not record theirs were made with it)
@@ -264,9 +268,11 @@ class EpochBound:
     seconds: float
 
 
-# Ulysses all-to-alls of one block per pass: q, k and v to head shards and the output back
-# (forward); their gradients the same four ways back (backward)
-ALL_TO_ALLS_PER_PASS = 4
+# Ulysses exchanges of one block per pass (model.sequence_parallel): two all-to-alls, q, k and
+# v together to head shards and the output back (forward; their gradients the same way in
+# backward), moving four tensors of the rank's tokens in all
+ALL_TO_ALLS_PER_PASS = 2
+TENSORS_PER_PASS = 4
 COMM_SOURCES = ("measured", "model")
 COMM_BACKENDS = ("gloo", "nccl", "prior")
 # The analytic prior of one all-to-all (`CommModel.prior`), per GPU, as the bus bandwidth
@@ -316,7 +322,7 @@ class CommModel:
     source: str = "model"
     backend: str = "prior"
     device: str = PRIOR_DEVICE
-    dtype_bytes: int = 2
+    dtype_bytes: int = compute_bytes("cuda")  # the prior's: bf16 autocast, as on an H200
     points: tuple[dict[str, float], ...] = ()
 
     def __post_init__(self) -> None:
@@ -450,8 +456,13 @@ class SequenceParallel:
 
     @property
     def exchanges(self) -> int:
-        """E: the all-to-alls of one step (blocks x 4 x passes)."""
+        """The all-to-alls of one step, each paying the latency: blocks x 2 x passes."""
         return self.num_layers * ALL_TO_ALLS_PER_PASS * self.passes
+
+    @property
+    def tensors(self) -> int:
+        """The [L_r, dim] tensors those exchanges move in all: blocks x 4 x passes."""
+        return self.num_layers * TENSORS_PER_PASS * self.passes
 
     def max_degree(self, world_size: int) -> int:
         """The largest degree a group may have on `world_size` ranks: a power of two that
@@ -463,14 +474,15 @@ class SequenceParallel:
         return d
 
     def cost_at(self, cost: CostModel, degree: int) -> CostModel:
-        """`cost` for one rank of a group of `degree` ranks (module docstring): each of the E
-        all-to-alls moves ΣS/d * dim * dtype_bytes bytes per rank."""
+        """`cost` for one rank of a group of `degree` ranks (module docstring): `exchanges`
+        all-to-alls, each a latency, moving `tensors` tensors of ΣS/d * dim * dtype_bytes
+        bytes per rank in all."""
         if degree == 1:
             return cost
         latency, per_byte = (float(v) for v in self.comm.terms(degree))
         bytes_per_token = self.dim * self.comm.dtype_bytes / degree
-        e = self.exchanges
-        return cost.at_degree(degree, e * latency, e * per_byte * bytes_per_token)
+        return cost.at_degree(degree, self.exchanges * latency,
+                              self.tensors * per_byte * bytes_per_token)
 
     def bound(self, max_degree: int) -> GroupBound:
         """The epoch bound's terms where samples may run at degrees 1, 2, ..., `max_degree`."""

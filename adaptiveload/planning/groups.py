@@ -9,41 +9,46 @@ chunk r of each). The pack costs each of its ranks the cost of a set at degree d
 (`EpochLimits.at_degree`: memory m_tok ΣS/d + m_seq n under the device's usable bytes,
 ΣS^p/d <= M_comp, ΣS/d <= pack_tokens). A step's groups and single ranks fill its N ranks.
 
-**Degrees** (``adaptiveload-sp``, per token count): `d_min` is the smallest degree at which one
-sample's per-rank memory fits (the device's hard limit); its degree is the smallest one from
-d_min on at which it is within every limit alone (a sample over M_comp per rank at d_min would
-be the slowest group of its step: a larger d shortens it), or, within none, the one of its
-least time. Samples of degree 1 are the *small* ones. A sample that fits no degree up to the
-largest allowed, not even the device's whole capacity, is excluded as over capacity
-(`plan.over_capacity` at the policy's largest degree), as one over a single device's is today.
+**Degrees** (``adaptiveload-sp``, per token count, `choose_degrees`): `d_min` is the least
+degree at which one sample's per-rank memory fits the device's usable bytes (its hard limit).
+It is doubled, round by round, while the sample sets the epoch and a larger degree is faster:
+the samples costing w or more need at least ceil(their rank units / N) steps of at least w
+each, and where that exceeds the epoch's work spread over the N ranks, nothing else can hide
+them (the pigeonhole term of the epoch bound, docs/definitions.md); elsewhere more ranks would
+only add all-to-alls and fixed costs. Samples of degree 1 are the *small* ones. A sample that
+fits no allowed degree within the device's whole capacity is excluded as over capacity
+(`plan.over_capacity` at the policy's largest degree), as one over a single device is under
+the other policies. Where every sample is of degree 1, the plan is the packed policy's.
 
-**Plan** (all vectorised, deterministic from (seed, epoch)):
+**Plan** (vectorised but for a loop over steps; deterministic from (seed, epoch)):
 
-1. The samples of each degree d > 1 form packs of degree d (LPT, `packing.pack_members`), as
-   many as their volume at degree d needs (mostly one long sample a group); K, the steps, is
-   the fewest whole steps their rank units and the small samples' volume fill (or the step
-   count asked for).
-2. *Top-up*: a long group whose predicted time falls short of the epoch's mean rank time T
-   (its rank-seconds over K N) leaves its ranks idle, so a stratified share of the small
+1. The samples of each degree d > 1 form packs of degree d by LPT under the limits at d
+   (`packing.pack_members`, into as many packs as their volume at d needs, more where one
+   finds no room); K, the steps, is the fewest whole steps their rank units and the small
+   samples' volume fill (or the step count asked for).
+2. *Top-up*: a group whose predicted time falls short of the epoch's mean rank time T (its
+   rank-seconds over K N) would leave its ranks idle, so a stratified share of the small
    samples (every token count the same share, by a low-discrepancy sequence) joins the groups
-   of each degree, as much as fills their time to T and 80% of their memory room (LPT balances
-   what it gets; the rest of the room keeps it from failing).
-3. The groups are spread over the K steps round robin (largest degree first, so every step
-   holds a near-equal share of rank units), placed in each step from rank 0 in decreasing
-   degree (so every group is aligned); the ranks left are the step's single ranks.
-4. Per dealing window, the small samples left pack into exactly that window's single ranks
-   (`pack_members`; if they do not fit, the window gets another step of N single ranks) and
-   are dealt by sort-and-chunk: steps in order of their groups' slowest time, packs in order
-   of time, so costly packs join the steps whose groups are slow; steps and ranks are then
-   shuffled within the window (groups keep their aligned blocks). A single rank with no
-   sample left repeats one (padding, `is_padding`), as the packed policy pads.
+   of each degree, as much as fills their time to T within 80% of their free room
+   (`TOP_UP_ROOM`), and those groups are packed again with them.
+3. The groups are spread over the dealing windows stratified by time (a low-discrepancy
+   sequence over them from the slowest); a window's single ranks are its steps' ranks less
+   its groups' (a window gets more steps where its groups need them).
+4. Per window, the small samples left (spread over the windows in proportion to their single
+   ranks) pack into exactly those single ranks (LPT; where they do not fit, the window gets
+   another step of N single ranks; an empty pack takes a sample from a pack of several,
+   else it repeats one: padding). Groups and single packs are then dealt by sort-and-chunk
+   over rank units (`_chunks`: slowest first, each step filled to N ranks, a group that would
+   cross a step's end leading the next), so slow groups share steps with slow packs; steps
+   are shuffled within the window and so are the single ranks within a step, while the
+   groups sit from rank 0 in decreasing degree, each on an aligned block.
 
 ``adaptiveload-sp-fixed`` is the baseline of trainers that run sequence parallelism at one
 degree throughout (Wan's and DiffSynth's SP 4 or 8): every micro-batch at the degree D =
 `FIXED_DEGREE` (capped to the largest allowed: 4 for Wan 2.1 1.3B's 12 heads), i.e. the packed
 policy on N / D groups, each one rank of D times the room at the cost of a set at D.
 
-A plan that holds a group of degree > 1 has the column ``sp_degree`` (`batches.SP_DEGREE`):
+A plan that holds a group of degree > 1 has the column ``sp_degree`` (`step_table.SP_DEGREE`):
 one row per sample of each micro-batch, as always, with ``rank`` the group's first rank; the
 group is ranks ``rank .. rank + sp_degree - 1`` of its step, every one of which trains that
 pack (the sampler yields it to each, with its rank in the group). Plans without one have no
@@ -55,7 +60,6 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import numpy as np
-import pandas as pd
 
 from adaptiveload.costmodel import Calibration, CostModel, SequenceParallel
 from adaptiveload.errors import UserError
@@ -103,21 +107,25 @@ class _Packs:
     time: np.ndarray
 
 
-def _degrees(epoch: EpochInputs, sp: SequenceParallel, max_degree: int) -> tuple[
-    np.ndarray, np.ndarray, dict[int, _Degree]
-]:
-    """Every sample's type code, the sorted token counts and each allowed degree's terms."""
+def _degrees(
+    epoch: EpochInputs, sp: SequenceParallel, max_degree: int, code: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray, dict[int, _Degree]]:
+    """The epoch's distinct token counts (sorted, from its few buckets), how many samples
+    have each, and each allowed degree's terms: over those counts alone, or, given every
+    sample's index into them (`code`), over the samples (what packing needs)."""
     cal = epoch.cost_model
     assert isinstance(cal, Calibration)
-    code, values = pd.factorize(epoch.tokens, sort=True)
-    values = np.asarray(values, dtype=np.int64)
+    values, inverse = np.unique(epoch.buckets.tokens, return_inverse=True)
+    per_bucket = np.bincount(epoch.buckets.of, minlength=epoch.buckets.tokens.size)
+    count = np.bincount(inverse, weights=per_bucket, minlength=values.size).astype(np.int64)
     base = PackLimits.of(epoch.budgets, cal)
     p = float(epoch.budgets.p)
+    coded = np.zeros(0, dtype=np.int64) if code is None else code
     per = {}
     for d in sp.bound(max_degree).degrees:
         limits, cost = base.at_degree(d), sp.cost_at(cal.cost, d)
-        per[d] = _Degree(d, limits, cost, types_of(code, values, limits, cost, p))
-    return code, values, per
+        per[d] = _Degree(d, limits, cost, types_of(coded, values, limits, cost, p))
+    return values, count, per
 
 
 def choose_degrees(
@@ -169,21 +177,24 @@ def make_groups(
 ) -> MicroBatches | None:
     """The epoch's groups and single ranks, dealt (module docstring); None where every sample
     is of degree 1: the packed policy's plan is then the plan."""
-    code, values, per = _degrees(epoch, sp, max_degree)
-    count = np.bincount(code, minlength=values.size)
+    values, count, per = _degrees(epoch, sp, max_degree)
     degree = choose_degrees(values, count, per, epoch.world_size)
     if (degree == 1).all():
         return None
+    code = np.searchsorted(values, epoch.buckets.tokens)[epoch.buckets.of]
+    _, _, per = _degrees(epoch, sp, max_degree, code)
     rng, n = epoch.rng, epoch.world_size
     perm = rng.permutation(code.size)
     own = degree[code]
     long = [d for d in sorted(per, reverse=True) if (degree == d).any() and d > 1]
-    made = {d: _pack_degree(d, perm, own, per[d], None, rng).time.size for d in long}
+    own_packs = {d: _pack_degree(d, perm, own, per[d], None, rng) for d in long}
+    made = {d: p.time.size for d, p in own_packs.items()}
     small_volume = per[1].limits.min_micro_batches(values[degree == 1], count[degree == 1])
     steps = _step_count(epoch, sum(d * k for d, k in made.items()) + small_volume)
     joins = _top_up(values, count, degree, per, made, steps * n)
     group_of = _assign(perm, code, degree, joins, per, rng.random())
-    packs = [_pack_degree(d, perm, group_of, per[d], made[d], rng) for d in long]
+    packs = [_pack_degree(d, perm, group_of, per[d], made[d], rng) if joins.get(d) else
+             own_packs[d] for d in long]  # groups no small sample joins: as packed alone
     small = perm[group_of[perm] == 1]
     small = small[np.argsort(narrow(per[1].types.of[small], per[1].types.w.size), kind="stable")]
     layout = _Layout(n, epoch.window_steps or steps, packs, steps, rng)
@@ -296,12 +307,11 @@ def _nonempty(window: _Window) -> _Window:
 @dataclass(frozen=True)
 class _Small:
     """One dealing window's single-rank packs: what LPT made (None: no small sample in the
-    window), its single ranks to fill (its steps' ranks less its groups') and its steps."""
+    window; else exactly as many packs as the window has single ranks, empty ones padding)
+    and each pack's predicted time (0 for an empty one)."""
 
     window: _Window | None
-    slots: int
-    steps: int
-    time: np.ndarray  # each pack's predicted time (0 for an empty one)
+    time: np.ndarray
 
 
 class _Layout:
@@ -323,8 +333,9 @@ class _Layout:
         self.window_of = np.empty(self.time.size, dtype=np.int64)
         self.window_of[slowest] = at_step // per_window
         units = np.bincount(self.window_of, weights=self.degree, minlength=window_steps.size)
-        self.window_steps = np.maximum(window_steps, -(-units.astype(np.int64) // world_size))
-        self.free = self.window_steps * world_size - units.astype(np.int64)
+        units = units.astype(np.int64)
+        # each window's single ranks: its steps' (more steps where its groups need them)
+        self.free = np.maximum(window_steps, -(-units // world_size)) * world_size - units
 
     def pack_small(self, small: np.ndarray, t: _Degree, rng: np.random.Generator) -> list[_Small]:
         """The small samples (in type order) spread over the windows in proportion to their
@@ -337,17 +348,15 @@ class _Layout:
         by = np.argsort(narrow(at, free.size), kind="stable")
         parts = np.split(small[by], np.searchsorted(at[by], np.arange(1, free.size)))
         out = []
-        for slots, steps, part in zip(free, self.window_steps, parts, strict=True):
-            slots, steps = int(slots), int(steps)
+        for slots, part in zip(free.tolist(), parts, strict=True):
             if part.size == 0:
-                out.append(_Small(None, slots, steps, np.zeros(0)))
+                out.append(_Small(None, np.zeros(0)))
                 continue
             packed = pack_members(part, t.types, slots or n, n, rng.random)
-            extra = -(-max(0, packed.fill.size.size - slots) // n)
+            extra = -(-max(0, packed.fill.size.size - slots) // n)  # whole steps more
             filled = _fill_to(packed, slots + extra * n, t.types)
             f = filled.fill
-            out.append(_Small(filled, slots + extra * n, steps + extra,
-                              t.cost.pack_time(f.size, f.sum_s, f.sum_sq)))
+            out.append(_Small(filled, t.cost.pack_time(f.size, f.sum_s, f.sum_sq)))
         return out
 
     def deal(self, windows: list[_Small], rng: np.random.Generator) -> tuple[np.ndarray, ...]:
@@ -379,34 +388,13 @@ class _Layout:
         pool: np.ndarray, rng: np.random.Generator,
     ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
         """A window's groups and single-rank packs (`items`, padding repeats where `pad`) as
-        whole steps, by sort-and-chunk over rank units: slowest first, each step filled to N
-        ranks, a group that does not fit the step's last ranks leading the next one; steps
-        then shuffled. A step left short is filled with padding (`_step_row`; `pool`: the
-        epoch's real single-rank packs)."""
-        by_time = np.lexsort((rng.random(items.size), -time[items]))
-        steps, step, used, waiting = [], [], 0, []
-        for i in by_time:
-            if used + degree[items[i]] > self.world_size:
-                waiting.append(i)
-                continue
-            step.append(i)
-            used += degree[items[i]]
-            if used == self.world_size:
-                steps.append(step)
-                step, used = [], 0
-                while waiting and used + degree[items[waiting[0]]] <= self.world_size:
-                    j = waiting.pop(0)
-                    step.append(j)
-                    used += degree[items[j]]
-        while waiting:  # groups no single pack is left to follow: steps of their own
-            j = waiting.pop(0)
-            if used + degree[items[j]] > self.world_size:
-                steps.append(step)
-                step, used = [], 0
-            step.append(j)
-            used += degree[items[j]]
-        if step:
-            steps.append(step)
+        whole steps, by sort-and-chunk over rank units (`_chunks`); steps then shuffled. A
+        step left short is filled with padding (`_step_row`; `pool`: the epoch's real
+        single-rank packs)."""
+        is_group = degree[items] > 1
+        slow = np.lexsort((rng.random(items.size), -time[items]))
+        groups, singles = slow[is_group[slow]], slow[~is_group[slow]]
+        steps = _chunks(groups, singles, degree[items], time[items], self.world_size)
         return [self._step_row(items[steps[k]], pad[steps[k]], degree, pool, rng)
                 for k in rng.permutation(len(steps))]
 
@@ -437,6 +425,51 @@ class _Layout:
             at = used + np.arange(fill.size) * least
             slot[at], flags[at], out[at] = fill, True, least
         return slot, flags, out
+
+
+def _chunks(
+    groups: np.ndarray, singles: np.ndarray, degree: np.ndarray, time: np.ndarray,
+    world_size: int,
+) -> list[np.ndarray]:
+    """Sort-and-chunk over rank units: `groups` and `singles` (item indices, each slowest
+    first; `degree`, `time` per item) into steps of N ranks, each step the slowest items left
+    whose units fill it, in their merged order by time (as dealing's sort-and-chunk takes the
+    next N batches): a group that would cross the step's end waits for the next step and the
+    step's last ranks take the next singles; once the singles are out, later groups that
+    still fit, then nothing (`_step_row` pads the step)."""
+    n, g_deg, g_time, s_time = world_size, degree[groups], time[groups], time[singles]
+    steps, gi, si = [], 0, 0
+    used = np.zeros(groups.size, dtype=bool)
+    while True:
+        while gi < groups.size and used[gi]:
+            gi += 1
+        if gi >= groups.size and si >= singles.size:
+            return steps
+        head_g = gi + np.flatnonzero(~used[gi : gi + n])
+        head_s = np.arange(si, min(si + n, singles.size))
+        t = np.concatenate([g_time[head_g], s_time[head_s]])
+        units = np.concatenate([g_deg[head_g], np.ones(head_s.size, dtype=np.int64)])
+        single = np.arange(t.size) >= head_g.size
+        order = np.lexsort((single, -t))  # slowest first, a group before a single as slow
+        cum = np.cumsum(units[order])
+        taken = order[: int(np.searchsorted(cum, n, side="right"))]
+        took_g = head_g[taken[~single[taken]]]
+        rest = n - int(units[taken].sum())
+        n_s = int(single[taken].sum())
+        extra = min(rest, singles.size - si - n_s)
+        n_s, rest = n_s + extra, rest - extra
+        used[took_g] = True
+        fill = []
+        k = gi
+        while rest > 0 and k < groups.size:  # the singles are out: later groups that fit
+            if not used[k] and g_deg[k] <= rest:
+                used[k] = True
+                fill.append(k)
+                rest -= int(g_deg[k])
+            k += 1
+        picked = np.concatenate([took_g, np.asarray(fill, dtype=np.int64)])
+        steps.append(np.concatenate([groups[picked], singles[si : si + n_s]]))
+        si += n_s
 
 
 def _fill_to(window: _Window, slots: int, types: _Types) -> _Window:

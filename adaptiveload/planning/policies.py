@@ -224,10 +224,15 @@ class AdaptiveLoadPacked(AdaptiveLoad):
 
 def _sequence_parallel(cost_model: CostModel | Calibration | None) -> SequenceParallel | None:
     """What the cost of a set at a degree takes, from a Calibration that knows its device's
-    capacity; None otherwise (no sample is then known to need more than one rank)."""
-    if isinstance(cost_model, Calibration) and cost_model.capacity_bytes:
+    capacity and its model's shape (recorded, or a registered config); None otherwise: no
+    sample is then known to need more than one rank, and the SP policies plan as
+    ``adaptiveload-packed`` does."""
+    if not (isinstance(cost_model, Calibration) and cost_model.capacity_bytes):
+        return None
+    try:
         return SequenceParallel.of(cost_model)
-    return None
+    except UserError:  # a model of unknown shape: its heads, so its degrees, are unknown
+        return None
 
 
 class AdaptiveLoadSP(AdaptiveLoadPacked):

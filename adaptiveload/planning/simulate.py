@@ -234,7 +234,8 @@ def _step_table(
     compute, memory = _cell_costs(cost_model, cell, degree, n)
     compute = compute.reshape(steps, n)
     t_step = compute.max(axis=1)
-    empty = pd.array([pd.NA] * (steps * n), dtype="Float64")  # what only a measurement has
+    # what only a measurement has: missing (a Float64 column of NaN input is all NA)
+    empty = pd.array(np.full(steps * n, np.nan), dtype="Float64")
     frame = pd.DataFrame(
         {
             "step": np.repeat(np.arange(steps), n),
