@@ -16,8 +16,9 @@ its samples once in G: each rank's gradients are its tokens' share and the world
 still the step's mean over its samples (torchrun only: emulated ranks refuse groups). Then
 one clipped AdamW step. Each micro-batch is timed on its own by the run's timer
 (`distributed.timer_of`: CUDA events on GPU; on CPU the computing thread's CPU time when
-ranks are emulated, the wall clock under torchrun) and, beside it, by the wall clock; the rows of the per-step table are produced (with groups, each rank's row carries its
-group's degree and a group's samples count on its first rank's row only).
+ranks are emulated, the wall clock under torchrun) and, beside it, by the wall clock; the
+rows of the per-step table are produced (with groups, each rank's row carries its group's
+degree and a group's samples count on its first rank's row only).
 
 Emulated step time (what the N ranks would take in parallel, minus communication), once per
 clock (`step_time_s` by the timer, `step_wall_s` by the wall clock):
