@@ -2,7 +2,7 @@
 torchrun, wall clock per step -> results/benchmarks/sp_training_cpu.json.
 
 Run: .venv/bin/python tests/bench/bench_sp_training.py [--calibration FILE] [--samples 60]
-     [-o results/benchmarks/sp_training_cpu.json]
+     [--repeats 3] [-o results/benchmarks/sp_training_cpu.json]
 
 Each run is one torchrun launch of this script's worker (`--worker`: one `Trainer`, the
 default experiment's model (wan2.1-tiny) and data mixture on `--samples` samples, one whole
@@ -19,6 +19,8 @@ epoch after 2 warm-up steps, no checkpoints, one torch thread per process):
    its degree through the calibration's cost model with its comm section, the step's slowest
    rank plus the all-reduce).
 
+The three runs are repeated `--repeats` times in turn (d1, d2, mixed, d1, ...), so a load
+that drifts on a shared machine falls on all of them alike; each repeat is reported apart.
 Without --calibration the CPU calibration is measured first (`adaptiveload calibrate measure`
 on the default experiment, then `calibrate comm` under torchrun with 4 processes into it).
 """
@@ -107,11 +109,12 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def launch(run: str, config: Path, calibration: Path, out: Path) -> float:
-    """One run of RUNS in a fresh torchrun; its wall clock end to end."""
+    """One run of RUNS in a fresh torchrun, into folder `out`; its wall clock end to end."""
     procs, policy, base_world, groups = RUNS[run]
     cfg = yaml.safe_load(config.read_text())
     cfg["train"]["world_size"] = procs
-    path = out / f"{run}.yaml"
+    out.mkdir(parents=True)
+    path = out / "experiment.yaml"
     path.write_text(yaml.safe_dump(cfg))
     env = dict(os.environ, OMP_NUM_THREADS="1", MLFLOW_ENABLE_TELEMETRY="false")
     t0 = time.perf_counter()
@@ -119,7 +122,7 @@ def launch(run: str, config: Path, calibration: Path, out: Path) -> float:
         [TORCHRUN, "--nproc-per-node", str(procs), "--master-addr", "127.0.0.1",
          "--master-port", str(29600 + procs), __file__, "--worker", "--config", str(path),
          "--calibration", str(calibration), "--policy", policy, "--base-world", str(base_world),
-         "--groups", groups, "--out", str(out / run)],
+         "--groups", groups, "--out", str(out)],
         env=env, check=True, cwd=ROOT,
     )
     return time.perf_counter() - t0
@@ -206,64 +209,31 @@ def calibrate(work: Path) -> Path:
     return cal
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--config", type=Path, default=ROOT / "experiments/default.yaml")
-    parser.add_argument("--calibration", type=Path, default=None)
-    parser.add_argument("--policy", default="adaptiveload-packed", help=argparse.SUPPRESS)
-    parser.add_argument("--base-world", type=int, default=1, help=argparse.SUPPRESS)
-    parser.add_argument("--groups", default="", help=argparse.SUPPRESS)
-    parser.add_argument("--out", type=Path, default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--samples", type=int, default=60)
-    parser.add_argument("-o", "--output", type=Path,
-                        default=ROOT / "results/benchmarks/sp_training_cpu.json")
-    args = parser.parse_args()
-    if args.worker:
-        return worker(args)
-    work = Path(tempfile.mkdtemp(prefix="bench_sp_training_"))
-    load_before = os.getloadavg()
-    calibration_path = args.calibration or calibrate(work)
-    calibration = Calibration.load(calibration_path)
-    cfg = yaml.safe_load(args.config.read_text())
-    cfg["data"]["num_samples"] = args.samples
-    cfg["train"].update(steps="epoch", warmup_steps=WARMUP, val_every=0)
-    cfg["policies"] = sorted({policy for _, policy, _, _ in RUNS.values()})
-    config = work / "bench.yaml"
-    config.write_text(yaml.safe_dump(cfg))
-    device = sp_device(calibration_path, config, work)
-    runs = {}
-    for run in RUNS:
-        launch_s = launch(run, config, device if run == "mixed" else calibration_path, work)
-        steps = per_step(work / run)
-        plan = pd.read_parquet(work / run / "plan.parquet")
-        cells = plan.groupby(["step", "rank"])
-        degrees = (cells[SP_DEGREE].first() if SP_DEGREE in plan
-                   else pd.Series(1, index=range(cells.ngroups)))
-        runs[run] = {
-            "processes": RUNS[run][0], "policy": RUNS[run][1],
-            "epoch0_micro_batches_by_degree": {
-                int(d): int(k) for d, k in degrees.value_counts().sort_index().items()},
-            "launch_wall_s": launch_s, "step_wall_s": stats(steps["wall_s"]),
-            "cpu_s_per_step_by_process": cpu_per_step(work / run, RUNS[run][0]),
-            "rank_compute_max_s": stats(steps["compute_max_s"]),
-            "real_samples": int((steps["samples"] - steps["padding"]).sum()),
-            "planned_samples": int((~plan["is_padding"]).sum()),
-            "tokens": int(steps["tokens"].sum()),
-        }
-    same = per_step(work / "d1").join(per_step(work / "d2"), rsuffix="_d2")
-    mixed_model, mixed_rank_model = predicted(work / "mixed", Calibration.load(device), 4)
-    mixed = per_step(work / "mixed").join(mixed_model)
-    result = {
-        **stamp("SP training under torchrun (gloo): degrees 1 and 2 over the same samples; a "
-                "4-process plan of degrees 1 and 2 against its prediction", "measured", NOTE,
-                torch=torch.__version__),
-        "model": cfg["model"]["config"], "samples": args.samples, "warmup_steps": WARMUP,
-        "calibration": calibration.label, "sp_capacity_gb": SP_CAPACITY_GB,
-        "comm": calibration.extra.get("comm", {}).get("links"),
-        "load_average_before": load_before, "load_average_after": os.getloadavg(),
-        "runs": runs,
-        "same_packs_model_s_per_step": same_packs_model(work / "d1", calibration),
+def one_run(run: str, out: Path) -> dict:
+    """What one launch of `run` measured (its folder `out`)."""
+    steps = per_step(out)
+    plan = pd.read_parquet(out / "plan.parquet")
+    cells = plan.groupby(["step", "rank"])
+    degrees = (cells[SP_DEGREE].first() if SP_DEGREE in plan
+               else pd.Series(1, index=range(cells.ngroups)))
+    return {
+        "epoch0_micro_batches_by_degree": {
+            int(d): int(k) for d, k in degrees.value_counts().sort_index().items()},
+        "step_wall_s": stats(steps["wall_s"]),
+        "cpu_s_per_step_by_process": cpu_per_step(out, RUNS[run][0]),
+        "rank_compute_max_s": stats(steps["compute_max_s"]),
+        "real_samples": int((steps["samples"] - steps["padding"]).sum()),
+        "planned_samples": int((~plan["is_padding"]).sum()),
+        "tokens": int(steps["tokens"].sum()),
+    }
+
+
+def compared(folders: dict[str, Path], device: Calibration) -> dict:
+    """One repeat's comparisons: d2's steps over d1's, the mixed run against its prediction."""
+    same = per_step(folders["d1"]).join(per_step(folders["d2"]), rsuffix="_d2")
+    model, rank_model = predicted(folders["mixed"], device, 4)
+    mixed = per_step(folders["mixed"]).join(model)
+    return {
         "d2_over_d1_step_wall": {
             "median_of_steps": float((same["wall_s_d2"] / same["wall_s"]).median()),
             "epoch": float(same["wall_s_d2"].sum() / same["wall_s"].sum()),
@@ -274,13 +244,72 @@ def main() -> None:
                 float((mixed["wall_s"] / mixed["predicted_s"]).median()),
             "measured_epoch_s": float(mixed["wall_s"].sum()),
             "predicted_epoch_s": float(mixed["predicted_s"].sum()),
-            "cpu_s_per_step_by_process": runs["mixed"]["cpu_s_per_step_by_process"],
-            "predicted_compute_s_per_step_by_rank": mixed_rank_model,
+            "predicted_compute_s_per_step_by_rank": rank_model,
             "per_step": mixed.reset_index().round(5).to_dict(orient="records"),
         },
     }
+
+
+def bench_config(args: argparse.Namespace, work: Path) -> Path:
+    """The default experiment on `--samples` samples, one whole epoch after the warm-up."""
+    cfg = yaml.safe_load(args.config.read_text())
+    cfg["data"]["num_samples"] = args.samples
+    cfg["train"].update(steps="epoch", warmup_steps=WARMUP, val_every=0)
+    cfg["policies"] = sorted({policy for _, policy, _, _ in RUNS.values()})
+    config = work / "bench.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    return config
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--config", type=Path, default=ROOT / "experiments/default.yaml")
+    parser.add_argument("--calibration", type=Path, default=None)
+    parser.add_argument("--policy", default="adaptiveload-packed", help=argparse.SUPPRESS)
+    parser.add_argument("--base-world", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--groups", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--out", type=Path, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--samples", type=int, default=60)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("-o", "--output", type=Path,
+                        default=ROOT / "results/benchmarks/sp_training_cpu.json")
+    args = parser.parse_args()
+    if args.worker:
+        return worker(args)
+    work = Path(tempfile.mkdtemp(prefix="bench_sp_training_"))
+    load_before = os.getloadavg()
+    calibration_path = args.calibration or calibrate(work)
+    calibration = Calibration.load(calibration_path)
+    config = bench_config(args, work)
+    device = sp_device(calibration_path, config, work)
+    repeats = []
+    for k in range(args.repeats):  # d1, d2, mixed in turn, so drifting load hits them alike
+        folders, measured = {}, {}
+        for run in RUNS:
+            folders[run] = work / f"repeat{k}" / run
+            launch_s = launch(run, config, device if run == "mixed" else calibration_path,
+                              folders[run])
+            measured[run] = {"launch_wall_s": launch_s, **one_run(run, folders[run])}
+        repeats.append({"load_average": os.getloadavg(), "runs": measured,
+                        **compared(folders, Calibration.load(device))})
+    result = {
+        **stamp("SP training under torchrun (gloo): degrees 1 and 2 over the same samples; a "
+                "4-process plan of degrees 1 and 2 against its prediction", "measured", NOTE,
+                torch=torch.__version__),
+        "model": yaml.safe_load(config.read_text())["model"]["config"], "samples": args.samples,
+        "warmup_steps": WARMUP, "calibration": calibration.label,
+        "sp_capacity_gb": SP_CAPACITY_GB, "comm": calibration.extra.get("comm", {}).get("links"),
+        "runs": {run: {"processes": procs, "policy": policy}
+                 for run, (procs, policy, _, _) in RUNS.items()},
+        "same_packs_model_s_per_step": same_packs_model(folders["d1"], calibration),
+        "load_average_before": load_before, "load_average_after": os.getloadavg(),
+        "repeats": repeats,
+    }
     write_json(args.output, result)
-    print(yaml.safe_dump({k: result[k] for k in ("d2_over_d1_step_wall", "runs")}))
+    for k, rep in enumerate(repeats):
+        print(k, {run: (round(m["step_wall_s"]["median"], 3), m["cpu_s_per_step_by_process"])
+                  for run, m in rep["runs"].items()}, rep["d2_over_d1_step_wall"])
     return None
 
 
