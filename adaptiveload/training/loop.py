@@ -60,7 +60,7 @@ from adaptiveload.training import distributed as dd
 from adaptiveload.training.objective import per_sample_loss, step_generator
 from adaptiveload.training.settings import TrainConfig
 from adaptiveload.training.sp_groups import SPGroups
-from adaptiveload.training.sp_plan import GroupedPlans, Placement, check_groups
+from adaptiveload.training.sp_plan import Placement, PlanGroups, check_groups
 from adaptiveload.training.validation import Validator
 
 # per-rank MLflow metrics of every step (`rank{r}/<column>`): the rank's compute time and what
@@ -233,9 +233,8 @@ class Trainer:
             raise ValueError(
                 f"plan is for {data.builder.world_size} ranks, launch has {self.ranks.world_size}"
             )
-        # each epoch's plan as the ranks of its sequence-parallel groups run it (one rank per
-        # micro-batch: the plan itself)
-        self.plans = GroupedPlans(data.builder, data.builder.world_size)
+        # each epoch's sequence-parallel groups: every micro-batch's number in its step
+        self.plans = PlanGroups(data.builder, data.builder.world_size)
         check_groups(data.builder(0).table, cfg, ranks.distributed, "plan")
         self.timer = dd.timer_of(cfg.launch_mode, cfg.device)
         self.clock = dd.Clock(self.device, self.timer)
@@ -253,8 +252,7 @@ class Trainer:
         )
         # fp16 gradients underflow without loss scaling; disabled, the scaler passes through
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=cfg.precision == "fp16")
-        ids = data.builder.samples["sample_id"]
-        self.samplers = {r: PlanBatchSampler(self.plans, r, ids) for r in self.ranks.local}
+        self.samplers = {r: PlanBatchSampler(data.builder, r) for r in self.ranks.local}
         if self.ranks.distributed:  # processes that read their inputs differently stop here
             next(iter(self.samplers.values())).check_ranks()
         self.sp, self.columns = self._sp_groups()
@@ -379,8 +377,7 @@ class Trainer:
         """`rank`'s next micro-batch on the device, in the run's layout, its load timed."""
         w0, t0 = self.clock.both()
         indices = self._next_batch(rank)
-        info = indices.info
-        place = self.plans.at(info.epoch, info.step, rank)
+        place = self.plans.at(indices.info, rank)
         batch = collate([self.data.dataset[i] for i in indices]).to(self.device, self.dtype)
         x0 = batch.latents if self.cfg.execution.packed else batch.dense()
         w1, t1 = self.clock.both()
@@ -440,8 +437,9 @@ class Trainer:
         cuda = self.device.type == "cuda"
         padding = indices.info.is_padding
         place = loaded.place
-        model_bytes = self.data.calibration.cost.set_memory(tokens) if (
-            self.data.calibration and place.degree == 1) else None  # no model of a rank at d > 1
+        # a rank's bytes at its group's degree (`CostModel.at_degree`), as the simulator's
+        cal = self.data.calibration
+        model_bytes = cal.cost.at_degree(place.degree).set_memory(tokens) if cal else None
         row = {
             "step": step,
             "rank": rank,
@@ -465,7 +463,7 @@ class Trainer:
         }
         if not place.leads(rank):  # a group's samples count once, on its first rank's row
             row.update(samples=0, tokens=0, tokens_sq=0, frames=0, height=0, width=0,
-                       peak_bytes_model=None, loss=None, padding_samples=0, padding_tokens=0)
+                       loss=None, padding_samples=0, padding_tokens=0)
         return MicroBatchTiming(row, load_s=loaded.load_s, load_wall_s=loaded.load_wall_s)
 
     def _micro_batch(self, step: int, rank: int) -> MicroBatchTiming:

@@ -5,28 +5,14 @@ sample (a warning, or a refusal with --strict), shipped calibrations by name."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
+from cli_runner import run
 
-from adaptiveload.cli import main
 from adaptiveload.data.manifest import write_manifest
 from adaptiveload.data.mixtures import synthesize
 from adaptiveload.planning.policies import POLICIES
-
-
-def run(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    """One `adaptiveload` command in this process: (exit code, stdout, stderr)."""
-    monkeypatch.setattr(sys, "argv", ["adaptiveload", *args])
-    capsys.readouterr()
-    try:
-        main()
-        code = 0
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 @pytest.fixture(scope="module")

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from cli_runner import run
 from safetensors.torch import load_file, save_file
-from test_compare_cli import run
 
 from adaptiveload.errors import UserError
 from adaptiveload.model import weights

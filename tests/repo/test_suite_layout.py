@@ -84,3 +84,16 @@ def test_the_fast_lane_refuses_an_end_to_end_run():
         subprocess.run([sys.executable, "-m", "snakemake", "--version"], capture_output=True)
     done = subprocess.run([sys.executable, "-c", "print(2)"], capture_output=True, text=True)
     assert done.stdout == "2\n"  # other subprocesses run
+
+
+def test_a_test_file_imports_test_modules_of_its_own_folder_only():
+    """A file runs alone (`pytest tests/model/test_x.py`) only if what it imports is on the
+    path without other folders collected first: test modules of its own folder, or
+    tests/support/. An import of another folder's test module passes in the whole suite (that
+    folder was collected earlier) and fails alone."""
+    crossing = []
+    for path in _test_files():
+        for name in re.findall(r"^(?:from|import) (test_\w+)", path.read_text(), re.M):
+            if not (path.parent / f"{name}.py").exists():
+                crossing.append(f"{path.relative_to(TESTS).as_posix()}: {name}")
+    assert not crossing, f"move what these share into tests/support/: {crossing}"

@@ -15,6 +15,8 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from adaptiveload.costmodel import Calibration, CostModel
+from adaptiveload.io import write_json
 from adaptiveload.planning.batches import starts
 from adaptiveload.planning.plan import Plan
 from adaptiveload.planning.policies import POLICIES
@@ -137,3 +139,16 @@ class GroupedSteps(PlanBuilder):
         table["rank"], table[SP_DEGREE] = first[k, j], degree[k, j]
         digest = f"{plan.summary['plan_digest']}-sp{self.compositions}"
         return Plan(table, dict(plan.summary, world_size=self.world_size, plan_digest=digest))
+
+
+# a micro-model calibration whose pretend device holds tiny-cpu's longest clip (3,740
+# tokens: 12.3 MB by this cost) on two ranks only: adaptiveload-sp then plans groups of 2
+SP_COST = CostModel(c0=0.01, a=1e-5, b=1e-9, m_static=1e6, m_tok=3e3, m_seq=5e4)
+
+
+def sp_calibration(tmp_path: Path) -> Path:
+    """A calibration file (`SP_COST`, a 10 MB device) under tmp_path."""
+    path = tmp_path / "sp_calibration.json"
+    write_json(path, Calibration("wan2.1-micro", "cpu", "model", SP_COST, p=1.4, m_mem=1e4,
+                                 m_comp=1e6, capacity_bytes=10e6).to_dict())
+    return path

@@ -1,12 +1,12 @@
 """Sequence-parallel groups in the trainer (docs/sequence_parallel.md, Training), without
-processes: each rank of a group loads its group's pack and the first ranks' packs
-are every sample of the epoch once (`sp_plan.GroupedPlans` under `PlanBatchSampler`); a
-micro-batch's placement (degree, first rank, its number in the step, G counting each sample
-once); a plan of one rank per micro-batch passes through unchanged; the refusals (emulated
-ranks, the dense layout, a degree that does not divide the heads, overlapping groups); a
-step's logged loss counts a group once.
-The torchrun runs are in tests/slow/training/test_sp_train_slow.py.
-"""
+processes: each rank of a group loads its group's pack (`PlanBatchSampler`) and the first
+ranks' packs are every sample of the epoch once; a micro-batch's placement
+(`sp_plan.PlanGroups`: degree, first rank, its number in the step, G counting each sample
+once); with one rank per micro-batch the number is the rank; the refusals (emulated ranks,
+the dense layout, a degree that is no power of two dividing the world or does not divide the
+heads, overlapping groups); a step's logged loss counts a group once; `adaptiveload train`
+refuses adaptiveload-sp's groups on emulated ranks before writing anything. The torchrun
+runs are in tests/slow/training/test_sp_train_slow.py."""
 
 from __future__ import annotations
 
@@ -14,20 +14,21 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pytest
-from training_setup import GroupedSteps, write_experiment
+from training_setup import GroupedSteps, sp_calibration, write_experiment
 
 from adaptiveload import experiment
 from adaptiveload.errors import UserError
 from adaptiveload.planning.plan import Plan
 from adaptiveload.planning.sampler import PlanBatchSampler
 from adaptiveload.step_table import SP_DEGREE, VAL_COLUMNS
+from adaptiveload.training import session
 from adaptiveload.training.distributed import Ranks
 from adaptiveload.training.inputs import prepare_data
 from adaptiveload.training.loop import TrainData, Trainer, step_metrics
+from adaptiveload.training.session import Request
 from adaptiveload.training.settings import from_experiment
-from adaptiveload.training.sp_plan import GroupedPlans, Placement, check_groups
+from adaptiveload.training.sp_plan import Placement, PlanGroups, check_groups
 
 POLICY = "adaptiveload-packed"
 RTOL = 1e-5
@@ -51,9 +52,9 @@ def _grouped(base: TrainData, compositions=((1, 1, 2), (2, 1, 1))) -> GroupedSte
                         compositions=compositions)
 
 
-def _batches(plans: GroupedPlans, world: int, ids: pd.Series) -> list[list]:
-    """Every rank's batches of epoch 0 (a PlanBatchSampler per rank over `plans`)."""
-    return [list(PlanBatchSampler(plans, r, ids)) for r in range(world)]
+def _batches(builder: GroupedSteps, world: int) -> list[list]:
+    """Every rank's batches of epoch 0 (a PlanBatchSampler per rank, as the trainer's)."""
+    return [list(PlanBatchSampler(builder, r)) for r in range(world)]
 
 
 def test_each_rank_of_a_group_loads_its_pack_and_the_first_ranks_hold_every_sample_once(
@@ -61,10 +62,9 @@ def test_each_rank_of_a_group_loads_its_pack_and_the_first_ranks_hold_every_samp
 ):
     _, _, base = _base(tmp_path)
     builder = _grouped(base)
-    plans = GroupedPlans(builder, 4)
-    ids = builder.samples["sample_id"]
-    per_rank = _batches(plans, 4, ids)
-    reference = _batches(GroupedPlans(base.builder, 3), 3, ids)  # the 3 micro-batches a step
+    plans = PlanGroups(builder, 4)
+    per_rank = _batches(builder, 4)
+    reference = _batches(base.builder, 3)  # the 3 micro-batches of each step
     steps = len(per_rank[0])
     assert steps == len(reference[0]) >= 2
     trained = []
@@ -75,20 +75,20 @@ def test_each_rank_of_a_group_loads_its_pack_and_the_first_ranks_hold_every_samp
         for j, (first, d) in enumerate(zip(groups, degrees, strict=True)):
             for r in range(first, first + d):
                 assert list(per_rank[r][s]) == list(reference[j][s])  # same samples, same order
-                assert plans.at(0, s, r) == Placement(d, first, j, step_samples)
+                assert plans.at(per_rank[r][s].info, r) == Placement(d, first, j, step_samples)
             trained += list(per_rank[first][s])
-    assert sorted(trained) == list(range(len(ids)))  # every sample once, on first ranks
+    assert sorted(trained) == list(range(len(builder.samples)))  # every sample once
     assert plans.degrees(0) == (2,)
-    assert plans.at(0, 0, 3).leads(3) is False and plans.at(0, 0, 2).leads(2)
+    assert not plans.at(per_rank[3][0].info, 3).leads(3)
 
 
-def test_a_plan_of_one_rank_per_micro_batch_passes_through(tmp_path):
+def test_with_one_rank_per_micro_batch_each_is_its_rank_s(tmp_path):
     _, _, base = _base(tmp_path)
-    plans = GroupedPlans(base.builder, 3)
-    assert plans(0) is base.builder(0) and plans.degrees(0) == ()
-    for r, batches in enumerate(_batches(plans, 3, base.builder.samples["sample_id"])):
-        for s, batch in enumerate(batches):
-            assert plans.at(0, s, r) == Placement(1, r, r, batch.info.step_samples)
+    plans = PlanGroups(base.builder, 3)
+    assert plans.degrees(0) == ()
+    for r, batches in enumerate(_batches(base.builder, 3)):
+        for batch in batches:  # numbered by rank: the noise such runs always drew
+            assert plans.at(batch.info, r) == Placement(1, r, r, batch.info.step_samples)
 
 
 def test_groups_past_the_last_rank_or_overlapping_are_refused(tmp_path):
@@ -97,11 +97,11 @@ def test_groups_past_the_last_rank_or_overlapping_are_refused(tmp_path):
     past = plan.table.assign(**{SP_DEGREE: np.where(plan.table["rank"] == 3, 2, 1)})
     past.loc[past["rank"] == 2, SP_DEGREE] = 1
     with pytest.raises(ValueError, match="passes the last of 4 ranks"):
-        GroupedPlans(lambda e: Plan(past, plan.summary), 4)(0)
+        PlanGroups(lambda e: Plan(past, plan.summary), 4).degrees(0)
     overlap = plan.table.copy()  # step 0 is {1, 1, 2}: a group of 2 from rank 0 takes rank 1's
     overlap.loc[(overlap["step"] == 0) & (overlap["rank"] == 0), SP_DEGREE] = 2
     with pytest.raises(ValueError, match="in two groups"):
-        GroupedPlans(lambda e: Plan(overlap, plan.summary), 4)(0)
+        PlanGroups(lambda e: Plan(overlap, plan.summary), 4).degrees(0)
 
 
 def test_the_run_refuses_groups_it_cannot_train(tmp_path):
@@ -148,3 +148,11 @@ def test_a_step_logs_a_group_s_loss_once_and_each_rank_s_degree():
     assert logged["loss"] == pytest.approx((2 * 1.0 + 4.0 + 2 * 2.0) / 5)
     assert [logged[f"rank{r}/{SP_DEGREE}"] for r in range(4)] == [1, 1, 2, 2]
     assert logged["samples_per_s"] == pytest.approx(5 / 2.0)
+
+
+def test_adaptiveload_train_refuses_the_sp_policy_on_emulated_ranks(tmp_path):
+    req = Request(_experiment(tmp_path), "adaptiveload-sp", 0, emulate_world_size=4,
+                  calibration=sp_calibration(tmp_path), out=tmp_path / "run", progress=False)
+    with pytest.raises(UserError, match="torchrun --nproc-per-node 4"):
+        session.train(req)
+    assert not (tmp_path / "run").exists()  # nothing written

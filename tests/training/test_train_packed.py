@@ -167,7 +167,7 @@ def test_auto_layout_is_packed_for_a_policy_that_plans_packs(tmp_path):
     assert exp["model"]["batch_layout"] == "auto"
     for policy in POLICIES:
         cfg = from_experiment(exp, policy, 0, launch_mode="emulated", world_size=2)
-        want = "packed" if policy == "adaptiveload-packed" else "dense"
+        want = "packed" if POLICIES[policy].packed else "dense"
         assert cfg.batch_layout == want, policy
         assert cfg.fingerprint() == replace(cfg, batch_layout=want).fingerprint()
     forced = experiment_config.load(write_experiment(tmp_path, model={"batch_layout": "packed"}))
