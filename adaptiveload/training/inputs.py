@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from adaptiveload.costmodel import Calibration
@@ -18,7 +17,6 @@ from adaptiveload.data.mixtures import synthesize
 from adaptiveload.errors import UserError
 from adaptiveload.io import read_json
 from adaptiveload.model.architectures import get_config
-from adaptiveload.planning.batches import table_degrees
 from adaptiveload.planning.plan import plan_difference
 from adaptiveload.planning.policies import Budgets
 from adaptiveload.planning.sampler import PlanBuilder
@@ -57,7 +55,6 @@ def prepare_data(
         excluded_ids=bucketed.excluded_ids.tolist(),
     )
     epoch0 = builder(0)  # plan epoch 0 now: a missing or bad budget fails before any output
-    check_degrees(epoch0.table, cfg.policy)
     if plan is not None:
         check_plan(plan, epoch0.summary)
     mcfg = get_config(cfg.model)
@@ -79,23 +76,6 @@ def prepare_data(
     )
     # without the samples over the device's capacity (the builder took them out)
     return TrainData(builder, dataset_of(builder.samples), calibration, validation)
-
-
-def check_degrees(plan: pd.DataFrame, policy: str) -> None:
-    """UserError if the plan runs micro-batches on sequence-parallel groups (degree > 1): this
-    trainer runs every micro-batch on one rank, so it would train a group's pack once per
-    rank of the group. (To run them, a trainer builds the aligned groups, `sp_groups`, and
-    calls the model with each step's group from the sampler's `BatchInfo.sp_degree` and
-    `sp_rank`, every rank of a group with the same noise and loss; docs/sampler.md.)"""
-    degree = table_degrees(plan)
-    if (degree > 1).any():
-        row = int(np.argmax(degree > 1))
-        raise UserError(
-            f"policy {policy} plans sequence-parallel groups (degree up to {degree.max()}, "
-            f"the first at step {plan['step'].iat[row]}, rank {plan['rank'].iat[row]}), which "
-            "this trainer does not run yet; train adaptiveload-packed, or plan and simulate "
-            "this policy (`adaptiveload plan --simulation-summary`)"
-        )
 
 
 def check_plan(path: Path, planned: dict[str, Any]) -> None:

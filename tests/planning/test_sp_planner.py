@@ -20,7 +20,6 @@ from adaptiveload.planning.batches import table_degrees
 from adaptiveload.planning.plan import build_plan, check_table, over_capacity
 from adaptiveload.planning.policies import Budgets
 from adaptiveload.planning.sampler import PlanBatchSampler, PlanBuilder
-from adaptiveload.training.inputs import check_degrees
 
 SP, FIXED, PACKED = "adaptiveload-sp", "adaptiveload-sp-fixed", "adaptiveload-packed"
 # a device of 10 GB above 1 GB of static state, 1e5 bytes a token: up to ~100k tokens a rank
@@ -180,14 +179,10 @@ def test_a_groups_ranks_are_busy_its_time_in_the_simulation():
                                 "tokens"].astype(float) ** 2).sum())))
 
 
-def test_a_plan_of_groups_is_refused_by_the_trainer_and_a_misaligned_one_by_check_table():
+def test_a_misaligned_plan_of_groups_is_refused_by_check_table():
+    """(What the trainer refuses of a plan of groups: tests/training/test_sp_train.py.)"""
     frame, cal = samples(100, 6), calibration()
     table = build_plan(frame, SP, budgets(cal), 8, 0, cost_model=cal).table
-    with pytest.raises(UserError) as info:
-        check_degrees(table, SP)
-    assert f"policy {SP} plans sequence-parallel groups" in str(info.value)
-    one = build_plan(samples(50, 6, SHAPES[:3]), SP, budgets(cal), 1, 0, cost_model=cal)
-    check_degrees(one.table, SP)  # one rank: degree 1 throughout, which trains
     bad = table.copy()
     row = int(np.flatnonzero(bad["sp_degree"].to_numpy() > 1)[0])
     bad.loc[row, "rank"] = bad.loc[row, "rank"] + 1

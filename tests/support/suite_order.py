@@ -21,7 +21,8 @@ LONGEST_FIRST = (
     "slow/calibration/test_calibration_slow.py", "slow/training/test_train_packed_slow.py",
     "slow/repo/test_routes_slow.py", "slow/planning/test_sampler_docs_slow.py",
     "slow/training/test_train_distributed_slow.py", "planning/test_packing.py",
-    "slow/model/test_sp_model_slow.py", "ops/test_kernel_ops.py",
+    "slow/training/test_sp_train_slow.py", "slow/model/test_sp_model_slow.py",
+    "ops/test_kernel_ops.py",
     "slow/ops/test_kernel_build.py", "slow/training/test_train_resume.py",
     "slow/repo/test_kernel_check.py", "ops/test_kernel_segments.py",
 )
