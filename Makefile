@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 CORES  ?= all
 # pytest processes: the suite is mostly subprocesses (Snakemake, torchrun, CLI runs) that
 # leave a core idle while they start; a test file runs in one process (its fixtures once),
-# the longest files first (tests/conftest.py: LONGEST_FIRST)
+# the longest files first (tests/support/suite_order.py: LONGEST_FIRST)
 WORKERS ?= 2
 PYTEST  := $(VENV)/bin/python -m pytest -q -n $(WORKERS) --dist loadfile --no-loadscope-reorder
 

@@ -1,6 +1,6 @@
 """AdaptiveLoad: compute-aware data loading for video diffusion-transformer training.
 
-Layers, bottom to top (no module imports from a layer above its own; tests/test_layers.py
+Layers, bottom to top (no module imports from a layer above its own; tests/repo/test_layers.py
 holds the list and checks it):
 
     base         errors, io, progress, tokens, metrics, extras, provenance, experiment (the

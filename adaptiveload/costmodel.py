@@ -28,6 +28,33 @@ about the same whatever its size (measured on an H200: ~0.28 s up to ~6k tokens 
 `c_seq` and `t_floor` default to 0 (the three-term form of the analytic priors; files written
 before the floor existed load unchanged). docs/calibration.md describes the fit.
 
+**A set at sequence-parallel degree d** (Ulysses: a group of d ranks runs one pack together,
+every segment's tokens cut into d chunks, rank r holding chunk r of each; attention runs on
+d-th of the heads after an all-to-all) costs each rank of the group
+
+    t_d(set) = max(t_floor, c0 + c_seq n + (a ΣS + b ΣS²) / d
+                             + L · passes · (t_a2a(d, 3 s) + t_a2a(d, s))),  s = ΣS/d · dim · e
+    m_d(set) = m_static + m_tok ΣS / d + m_seq n
+
+(`CostModel.at_degree`, with the all-to-all from `SequenceParallel.cost_at`): the token and
+attention work divides over the d ranks; c0 and the floor do not (every rank pays its own
+launches), nor does c_seq or m_seq (the text's cross-attention keys and values are computed
+whole on every rank: the text is not split). Per block (L of them) and pass, two all-to-alls
+(the model's `sequence_parallel`: q, k and v travel together to head shards, 3 s bytes per
+rank, and the output back, s bytes; the backward moves their gradients the same way; passes =
+2, forward and backward, 3 with activation checkpointing, whose recomputed forward exchanges
+again), s = ΣS/d · dim · e the bytes of one [L_r, dim] tensor of the rank's tokens (e =
+`CommModel.dtype_bytes`), each costing
+`t_a2a(d, n) = latency(d) + n (d-1)/d / bytes_per_s(d)` (`CommModel`: the calibration's
+measured `comm` section, or the analytic prior of NVLink inside a node of 8 and InfiniBand
+across nodes). The all-to-all sits inside the floor's max: below the floor the host, not the
+device, sets the time, and the exchange runs on the device meanwhile; no overlap with compute
+is assumed otherwise (an upper bound on its cost). The static part stays whole: SP changes how
+a pack's activations divide, not how the parameters and optimizer state are held; under FSDP
+the calibration's m_static is already the sharded state (its `setup.shard_world_size`), which
+SP groups, inside the same N ranks, leave as it is. At d = 1 both are `pack_time` and
+`pack_memory` exactly (the same `CostModel`).
+
 The coefficients are fitted by `adaptiveload.calibration.fit` (from measured or analytic
 points); `derive_budgets` turns
 them into the policies' budgets for a manifest (rules in BUDGET_RULES): p, M_mem and M_comp
@@ -50,6 +77,7 @@ import numpy as np
 from adaptiveload.errors import UserError
 from adaptiveload.experiment import schema_default
 from adaptiveload.io import read_json
+from adaptiveload.model.analytic import compute_bytes
 
 # the fraction of a device's memory the budgets leave free (an experiment's
 # calibration.headroom; files that do not record theirs were made with it)
@@ -115,6 +143,22 @@ class CostModel:
         s = np.asarray(tokens, dtype=np.float64).ravel()
         return float(self.pack_memory(s.size, s.sum()))
 
+    def at_degree(
+        self, degree: int, latency_s: float = 0.0, s_per_token: float = 0.0
+    ) -> CostModel:
+        """This cost model for one rank of a sequence-parallel group of `degree` ranks that runs
+        a set together (module docstring): a, b and m_tok over `degree`; each of the step's
+        all-to-alls adds `latency_s` in all (to c0) and `s_per_token` per token of the set (to
+        a); c0, c_seq, the floor, m_static and m_seq stay whole. Degree 1 without
+        communication is this very model. `SequenceParallel.cost_at` supplies the
+        communication terms."""
+        if degree == 1 and latency_s == 0 and s_per_token == 0:
+            return self
+        return replace(
+            self, c0=self.c0 + latency_s, a=self.a / degree + s_per_token, b=self.b / degree,
+            m_tok=self.m_tok / degree,
+        )
+
     def step_lower_bound(self, work_sum: Any, work_max: Any, ranks: int) -> Any:
         """The least slowest-rank time any packing of one step's samples over `ranks` ranks
         can reach, given their per-sample costs' sum `work_sum` and maximum `work_max`
@@ -125,10 +169,15 @@ class CostModel:
         return np.maximum(self.t_floor, self.c0 + work)
 
     def epoch_lower_bound(
-        self, tokens: Any, count: Any, limits: EpochLimits, ranks: int, step_s: float = 0.0
+        self, tokens: Any, count: Any, limits: EpochLimits, ranks: int, step_s: float = 0.0,
+        groups: GroupBound | None = None,
     ) -> EpochBound:
         """The least epoch any plan of these samples on `ranks` ranks could take, each
-        micro-batch within `limits` (docs/definitions.md derives it).
+        micro-batch within `limits` (docs/definitions.md derives it). `groups`: where samples
+        may run in sequence-parallel groups, what each one costs at the degrees allowed
+        (`SequenceParallel.bound`): a sample then occupies d ranks for its time at d, so the
+        micro-batches count rank units, the spread is over rank-seconds and the pigeonhole
+        term takes each sample's least time at any allowed degree. None: one rank each.
 
         `tokens` are the epoch's distinct token counts and `count` how many real samples have
         each (padding is no work: leave it out). K_min = ⌈P_min / N⌉ steps at least
@@ -145,13 +194,16 @@ class CostModel:
         tok, n = tok[keep], n[keep]
         if tok.size == 0:
             return EpochBound(micro_batches=0, steps=0, seconds=0.0)
-        packs = limits.min_micro_batches(tok, n)
+        if groups is None:
+            packs = limits.min_micro_batches(tok, n)
+            work = least = self.per_sample_time(tok)
+        else:
+            packs, work, least = groups.terms(self, tok, n, limits)
         steps = -(-packs // ranks)
-        w = self.per_sample_time(tok)
-        spread = float((w * n).sum()) / ranks
-        by_cost = np.argsort(-w, kind="stable")
+        spread = float((work * n).sum()) / ranks
+        by_cost = np.argsort(-least, kind="stable")
         at_least = np.cumsum(n[by_cost])  # samples costing w_t or more
-        indivisible = float((w[by_cost] * -(-at_least // ranks)).max())
+        indivisible = float((least[by_cost] * -(-at_least // ranks)).max())
         compute = max(steps * self.t_floor, steps * self.c0 + max(spread, indivisible))
         return EpochBound(micro_batches=packs, steps=steps, seconds=compute + steps * step_s)
 
@@ -174,6 +226,9 @@ class EpochLimits:
     power: tuple[float, ...]
     per_sample: tuple[float, ...]
     caps: tuple[float, ...]
+    # which limits a sample cannot break even alone (the device's memory): over one at a
+    # sequence-parallel degree, it cannot run at that degree (`GroupBound`); () = none
+    hard: tuple[bool, ...] = ()
 
     def use(self, tokens: Any) -> np.ndarray:
         """[len(tokens), limits]: what one sample of each token count counts against each."""
@@ -181,6 +236,14 @@ class EpochLimits:
         return np.asarray(self.per_token) * s ** np.asarray(self.power) + np.asarray(
             self.per_sample
         )
+
+    def at_degree(self, degree: int) -> EpochLimits:
+        """These limits as one rank of a sequence-parallel group of `degree` ranks counts them:
+        a sample's per-token part over `degree` (each rank holds a d-th of its tokens), its
+        per-sample part whole (`CostModel.at_degree`). Degree 1: these limits."""
+        if degree == 1:
+            return self
+        return replace(self, per_token=tuple(p / degree for p in self.per_token))
 
     def min_micro_batches(self, tokens: Any, count: Any) -> int:
         """P_min, the volume bound: a sample over a limit on its own runs alone (one
@@ -203,6 +266,285 @@ class EpochBound:
     micro_batches: int
     steps: int
     seconds: float
+
+
+# Ulysses exchanges of one block per pass (model.sequence_parallel): two all-to-alls, q, k and
+# v together to head shards and the output back (forward; their gradients the same way in
+# backward), moving four tensors of the rank's tokens in all
+ALL_TO_ALLS_PER_PASS = 2
+TENSORS_PER_PASS = 4
+COMM_SOURCES = ("measured", "model")
+COMM_BACKENDS = ("gloo", "nccl", "prior")
+# The analytic prior of one all-to-all (`CommModel.prior`), per GPU, as the bus bandwidth
+# nccl-tests reports for it (the bytes each rank sends over the seconds the exchange takes):
+# - inside a node: NVLink 4 (H100/H200 SXM) carries 450 GB/s each way (900 GB/s
+#   bidirectional); NCCL's developers put what NCCL gets of it, protocol overhead taken off,
+#   at about 370 GB/s, the bus bandwidth nccl-tests shows for collectives other than
+#   all-reduce on 8 GPUs (a few hundred GB/s for all-to-all on 8x H100/H200);
+# - across nodes: one 400 Gb/s InfiniBand NIC per GPU (8 x 400 Gb/s a node) carries 48-49
+#   GB/s, and an all-to-all cannot spread one rank's traffic over several NICs (nccl-tests'
+#   maintainers), so the (d - node)/d of each rank's bytes that leave its node set the time;
+# - latency, 20 us inside a node and 50 us across: our assumption (tens of microseconds for a
+#   small all-to-all of NCCL on 8 GPUs).
+NVLINK_BYTES_PER_S = 3.7e11
+NVLINK_LATENCY_S = 2e-5
+INFINIBAND_BYTES_PER_S = 4.8e10
+INFINIBAND_LATENCY_S = 5e-5
+NODE_SIZE = 8
+PRIOR_DEVICE = "NVIDIA H200 nodes of 8, NVLink 4 + 400 Gb/s InfiniBand (analytic prior)"
+PRIOR_MAX_DEGREE = 1024  # links of the prior up to this degree; above it the largest's
+
+
+@dataclass(frozen=True)
+class CommLink:
+    """One all-to-all link of a `CommModel`: at `degree` ranks, n bytes per rank take
+    ``latency_s + n (degree - 1) / degree / bytes_per_s`` seconds."""
+
+    degree: int
+    latency_s: float
+    bytes_per_s: float
+
+
+@dataclass(frozen=True)
+class CommModel:
+    """How long one Ulysses all-to-all takes on a device, per sequence-parallel degree d: a
+    calibration's ``comm`` section (measured: fitted per measured degree by least squares of
+    seconds on n (d-1)/d) or the analytic prior (`prior`).
+
+    ``t(d, n) = latency_s(d) + n (d-1)/d / bytes_per_s(d)`` for n bytes each rank holds before
+    the exchange (it keeps n/d and sends the rest). A degree between measured ones takes the
+    next larger measured degree's link (conservative), one above them the largest's; d = 1
+    costs 0. `dtype_bytes` is the activation element size the cost of a set assumes;
+    `points` the measured (degree, bytes, seconds) the links were fitted to (none for a prior).
+    """
+
+    links: tuple[CommLink, ...]
+    source: str = "model"
+    backend: str = "prior"
+    device: str = PRIOR_DEVICE
+    dtype_bytes: int = compute_bytes("cuda")  # the prior's: bf16 autocast, as on an H200
+    points: tuple[dict[str, float], ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.links:
+            raise ValueError("a CommModel needs at least one link")
+        object.__setattr__(self, "links", tuple(sorted(self.links, key=lambda k: k.degree)))
+
+    def terms(self, degree: Any) -> tuple[np.ndarray, np.ndarray]:
+        """(latency_s, seconds per byte held) of one all-to-all at each `degree`: t(d, n) =
+        latency + n * per_byte, the one home of the formula (0 and 0 at d = 1)."""
+        d = np.asarray(degree, dtype=np.float64)
+        known = np.array([k.degree for k in self.links], dtype=np.float64)
+        at = np.minimum(np.searchsorted(known, d, side="left"), known.size - 1)
+        latency = np.array([k.latency_s for k in self.links])[at]
+        bandwidth = np.array([k.bytes_per_s for k in self.links])[at]
+        single = d <= 1
+        return np.where(single, 0.0, latency), np.where(single, 0.0, (d - 1) / d / bandwidth)
+
+    def all_to_all_s(self, degree: Any, bytes_per_rank: Any) -> Any:
+        """Seconds of one all-to-all of `bytes_per_rank` bytes per rank at `degree` ranks;
+        broadcasts over arrays."""
+        latency, per_byte = self.terms(degree)
+        return latency + np.asarray(bytes_per_rank, dtype=np.float64) * per_byte
+
+    @classmethod
+    def prior(
+        cls,
+        bytes_per_s: float = NVLINK_BYTES_PER_S,
+        latency_s: float = NVLINK_LATENCY_S,
+        node_size: int = NODE_SIZE,
+        inter_node_bytes_per_s: float = INFINIBAND_BYTES_PER_S,
+        inter_node_latency_s: float = INFINIBAND_LATENCY_S,
+        max_degree: int = PRIOR_MAX_DEGREE,
+    ) -> CommModel:
+        """The analytic prior (sources beside NVLINK_BYTES_PER_S): groups of up to `node_size`
+        ranks inside one node at `bytes_per_s`; a larger group spans nodes, and the share
+        (d - node_size)/d of each rank's bytes that crosses the boundary, at
+        `inter_node_bytes_per_s`, sets the time: an effective rate of
+        ``inter_node_bytes_per_s (d - 1) / (d - node_size)`` over the bytes sent. Links at
+        every power of two from 2 to `max_degree`."""
+        links, d = [], 2
+        while d <= max_degree:
+            if d <= node_size:
+                links.append(CommLink(d, latency_s, bytes_per_s))
+            else:
+                rate = inter_node_bytes_per_s * (d - 1) / (d - node_size)
+                links.append(CommLink(d, inter_node_latency_s, rate))
+            d *= 2
+        return cls(links=tuple(links))
+
+    @classmethod
+    def from_dict(cls, section: Any, origin: str = "<dict>") -> CommModel:
+        """A calibration's ``comm`` section; UserError naming the field for anything else."""
+        where = f"{origin}: field 'comm"
+        fix = "write it with the comm calibration or leave it out (the analytic prior is used)"
+        if not isinstance(section, dict):
+            raise UserError(f"{where}' must be an object; {fix}")
+        for name, allowed in (("source", COMM_SOURCES), ("backend", COMM_BACKENDS)):
+            if section.get(name) not in allowed:
+                raise UserError(f"{where}.{name}' must be one of {', '.join(allowed)}; {fix}")
+        if not isinstance(section.get("device"), str):
+            raise UserError(f"{where}.device' must be the device's name; {fix}")
+        e = section.get("dtype_bytes")
+        if isinstance(e, bool) or not isinstance(e, int) or e < 1:
+            raise UserError(f"{where}.dtype_bytes' must be an integer >= 1 (2 for bf16); {fix}")
+        links = section.get("links")
+        if not isinstance(links, list) or not links:
+            raise UserError(f"{where}.links' must be a non-empty list; {fix}")
+        made = [_comm_link(link, f"{where}.links[{i}]", fix) for i, link in enumerate(links)]
+        if len({k.degree for k in made}) < len(made):
+            raise UserError(f"{where}.links' lists a degree twice; {fix}")
+        points = section.get("points", [])
+        if not isinstance(points, list) or not all(isinstance(q, dict) for q in points):
+            raise UserError(f"{where}.points' must be a list of objects; {fix}")
+        return cls(links=tuple(made), source=section["source"], backend=section["backend"],
+                   device=section["device"], dtype_bytes=e, points=tuple(points))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``comm`` section of a calibration file (`from_dict` reads it back)."""
+        out = {"source": self.source, "backend": self.backend, "device": self.device,
+               "dtype_bytes": self.dtype_bytes, "links": [asdict(k) for k in self.links]}
+        if self.points:
+            out["points"] = [dict(q) for q in self.points]
+        return out
+
+
+def _comm_link(link: Any, where: str, fix: str) -> CommLink:
+    """One entry of a ``comm.links`` list, checked (`where` names it in an error)."""
+    if not isinstance(link, dict):
+        raise UserError(f"{where}' must be an object; {fix}")
+    d = link.get("degree")
+    if isinstance(d, bool) or not isinstance(d, int) or d < 2:
+        raise UserError(f"{where}.degree' must be an integer >= 2; {fix}")
+    if not (_finite_number(link.get("latency_s")) and link["latency_s"] >= 0):
+        raise UserError(f"{where}.latency_s' must be a number >= 0; {fix}")
+    if not (_finite_number(link.get("bytes_per_s")) and link["bytes_per_s"] > 0):
+        raise UserError(f"{where}.bytes_per_s' must be a positive number; {fix}")
+    return CommLink(int(d), float(link["latency_s"]), float(link["bytes_per_s"]))
+
+
+@dataclass(frozen=True)
+class SequenceParallel:
+    """What the cost of a set at a sequence-parallel degree takes beside the cost model
+    (module docstring): the all-to-all model and the model's shape (blocks, width, heads),
+    and how many passes exchange (2, forward and backward; 3 with activation
+    checkpointing)."""
+
+    comm: CommModel
+    num_layers: int
+    dim: int
+    num_heads: int
+    passes: int = 2
+
+    @classmethod
+    def of(cls, calibration: Calibration) -> SequenceParallel:
+        """A calibration's: its ``comm`` section (else `CommModel.prior`), the shape it
+        records (``model_config``, else the registered config of its model) and its
+        ``setup.activation_checkpointing``."""
+        shape = calibration.extra.get("model_config")
+        if not (isinstance(shape, dict) and {"num_layers", "dim", "num_heads"} <= set(shape)):
+            from adaptiveload.model.architectures import get_config
+
+            shape = get_config(calibration.model).to_dict()
+        setup = calibration.extra.get("setup")
+        checkpointing = isinstance(setup, dict) and bool(setup.get("activation_checkpointing"))
+        return cls(
+            comm=calibration.comm or CommModel.prior(), num_layers=int(shape["num_layers"]),
+            dim=int(shape["dim"]), num_heads=int(shape["num_heads"]),
+            passes=3 if checkpointing else 2,
+        )
+
+    @property
+    def exchanges(self) -> int:
+        """The all-to-alls of one step, each paying the latency: blocks x 2 x passes."""
+        return self.num_layers * ALL_TO_ALLS_PER_PASS * self.passes
+
+    @property
+    def tensors(self) -> int:
+        """The [L_r, dim] tensors those exchanges move in all: blocks x 4 x passes."""
+        return self.num_layers * TENSORS_PER_PASS * self.passes
+
+    def max_degree(self, world_size: int) -> int:
+        """The largest degree a group may have on `world_size` ranks: a power of two that
+        divides the head count (Ulysses gives every rank whole heads) and the world size
+        (groups are aligned blocks of ranks, [k d, (k+1) d))."""
+        d = 1
+        while self.num_heads % (2 * d) == 0 and world_size % (2 * d) == 0:
+            d *= 2
+        return d
+
+    def cost_at(self, cost: CostModel, degree: int) -> CostModel:
+        """`cost` for one rank of a group of `degree` ranks (module docstring): `exchanges`
+        all-to-alls, each a latency, moving `tensors` tensors of ΣS/d * dim * dtype_bytes
+        bytes per rank in all."""
+        if degree == 1:
+            return cost
+        latency, per_byte = (float(v) for v in self.comm.terms(degree))
+        bytes_per_token = self.dim * self.comm.dtype_bytes / degree
+        return cost.at_degree(degree, self.exchanges * latency,
+                              self.tensors * per_byte * bytes_per_token)
+
+    def bound(self, max_degree: int) -> GroupBound:
+        """The epoch bound's terms where samples may run at degrees 1, 2, ..., `max_degree`."""
+        return GroupBound(self, max_degree)
+
+
+@dataclass(frozen=True)
+class GroupBound:
+    """What `CostModel.epoch_lower_bound` counts when samples may run in sequence-parallel
+    groups of the powers of two up to `max_degree` (docs/definitions.md): each sample's
+    least degree `d_min` (the first within the hard limits; 1 where none is: then it runs
+    alone somewhere, and one rank keeps the bound a bound), the rank-seconds it takes at
+    least (min over d >= d_min of d * w_d, w_d its per-sample time at d) and its least
+    time (min of w_d)."""
+
+    sp: SequenceParallel
+    max_degree: int
+
+    @property
+    def degrees(self) -> list[int]:
+        return [1 << k for k in range(self.max_degree.bit_length()) if 1 << k <= self.max_degree]
+
+    def sample_terms(
+        self, cost: CostModel, tokens: Any, limits: EpochLimits
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Per token count: (rank-seconds at least, least time, d_min, rank units per limit).
+        A sample within every limit at some d >= d_min counts, per limit, the least of d_min
+        (it may run alone at d_min) and d_fit * use / cap at the first such d_fit; one within
+        none counts NaN (it runs alone: d_min rank units, `terms`)."""
+        tok = np.asarray(tokens, dtype=np.float64).ravel()
+        caps = np.asarray(limits.caps, dtype=np.float64)
+        hard = np.asarray(limits.hard or (False,) * caps.size, dtype=bool)
+        uses = {d: limits.at_degree(d).use(tok) for d in self.degrees}
+        d_min = np.zeros(tok.size, dtype=np.int64)
+        for d in reversed(self.degrees):  # the first degree within the hard limits
+            d_min[~((uses[d] > caps) & hard).any(axis=1)] = d
+        d_min[d_min == 0] = 1
+        work, least = np.full(tok.size, np.inf), np.full(tok.size, np.inf)
+        units = np.full((tok.size, caps.size), np.nan)
+        for d in self.degrees:
+            runs = d >= d_min
+            w = self.sp.cost_at(cost, d).per_sample_time(tok)
+            work = np.where(runs, np.minimum(work, d * w), work)
+            least = np.where(runs, np.minimum(least, w), least)
+            fits = runs & np.isnan(units[:, 0]) & ~(uses[d] > caps).any(axis=1)
+            units[fits] = np.minimum(d_min[fits, None], d * uses[d][fits] / caps)
+        return work, least, d_min, units
+
+    def terms(
+        self, cost: CostModel, tokens: np.ndarray, count: np.ndarray, limits: EpochLimits
+    ) -> tuple[int, np.ndarray, np.ndarray]:
+        """(P_min in rank units, rank-seconds per sample, least time per sample) of the epoch's
+        distinct token counts `tokens`, `count` real samples each."""
+        work, least, d_min, units = self.sample_terms(cost, tokens, limits)
+        n = np.asarray(count, dtype=np.float64)
+        alone = np.isnan(units[:, 0])
+        volume = (units[~alone] * n[~alone, None]).sum(axis=0)
+        # a relative 1e-12 keeps sums that fill caps exactly from rounding up one more
+        packs = int((d_min[alone] * n[alone]).sum()) + math.ceil(
+            float(volume.max(initial=0.0)) * (1 - 1e-12)
+        )
+        return packs, work, least
 
 
 @dataclass
@@ -265,6 +607,14 @@ class Calibration:
         return max(sizes) if sizes else None
 
     @property
+    def comm(self) -> CommModel | None:
+        """The file's ``comm`` section (`CommModel`), None where it has none (then the cost of
+        a set at a degree takes `CommModel.prior`)."""
+        section = self.extra.get("comm")
+        origin = f"calibration of {self.model}"
+        return None if section is None else CommModel.from_dict(section, origin)
+
+    @property
     def headroom(self) -> float:
         """The fraction of the capacity its budgets left free."""
         return float(self.extra.get("headroom", DEFAULT_HEADROOM))
@@ -305,6 +655,8 @@ class Calibration:
         if m_tok is not None and not (isinstance(m_tok, (int, float)) and m_tok > 0):
             raise UserError(f"{origin}: field 'm_tok' must be a positive number (or absent)")
         known = set(required) | {"capacity_bytes", "m_tok"}
+        if data.get("comm") is not None:
+            CommModel.from_dict(data["comm"], origin)  # a bad section fails on load, named
         return cls(
             model=data["model"],
             device=data["device"],
@@ -398,6 +750,15 @@ class Calibration:
                 "regenerate it with `adaptiveload calibrate` or give M_comp explicitly"
             )
         return scale * (b_ref * s_ref**p)
+
+
+def group_bound(cost_model: CostModel | Calibration | None, max_degree: int) -> GroupBound | None:
+    """The epoch bound's terms where samples may run in sequence-parallel groups up to
+    `max_degree` (a plan summary's ``sp_max_degree``): None at degree 1 or without a
+    Calibration (one rank each, `CostModel.epoch_lower_bound`'s own terms)."""
+    if max_degree <= 1 or not isinstance(cost_model, Calibration):
+        return None
+    return SequenceParallel.of(cost_model).bound(max_degree)
 
 
 def shipped_calibrations() -> dict[str, Path]:

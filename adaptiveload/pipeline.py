@@ -133,6 +133,11 @@ class Layout:
     def sim_manifest(self, sim: str, mixture: str) -> str:
         return f"{self.root}/sim/{sim}/manifests/{mixture}.parquet"
 
+    def sim_budgets(self, sim: str, mixture: str) -> str:
+        """The budgets a simulate entry with its own `capacity_gb` plans with: its calibration's
+        derived again for the mixture's samples at that capacity (`adaptiveload budgets`)."""
+        return f"{self.root}/sim/{sim}/budgets/{mixture}.json"
+
     def sim_dir(self, sim: str, variant: str, policy: str, seed: int | str) -> str:
         """A simulation's folder: plan.json, steps.parquet, summary.json."""
         return f"{self.root}/sim/{sim}/{variant}/{policy}/seed{seed}"
@@ -289,7 +294,7 @@ def run_index(config: dict[str, Any]) -> list[dict[str, Any]]:
                                  "calibration": out.calibration})
     for sim in config["simulate"]:
         for variant in variants(config["sweeps"]):
-            for policy in config["policies"]:
+            for policy in sim_policies(config, sim):
                 for seed in config["seeds"]:
                     d = out.sim_dir(sim["name"], variant, policy, seed)
                     runs.append({"setup": f"sim/{sim['name']}", "variant": variant,
@@ -297,6 +302,19 @@ def run_index(config: dict[str, Any]) -> list[dict[str, Any]]:
                                  "summary": f"{d}/summary.json", "steps": f"{d}/steps.parquet",
                                  "calibration": sim["calibration"]})
     return runs
+
+
+def sim_policies(config: dict[str, Any], sim: dict[str, Any]) -> list[str]:
+    """The policies a `simulate:` entry plans: its own `policies`, else the experiment's."""
+    return list(sim.get("policies") or config["policies"])
+
+
+def all_policies(config: dict[str, Any]) -> list[str]:
+    """Every policy the validated experiment `config` trains or simulates, in first-seen
+    order (the rules' `policy` wildcard)."""
+    found = [*config["policies"], *(p for sim in config["simulate"]
+                                    for p in sim_policies(config, sim))]
+    return list(dict.fromkeys(found))
 
 
 def run_files(index: list[dict[str, Any]]) -> list[str]:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
+import os
 import platform
 import subprocess
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 
 def cpu_model() -> str:
@@ -27,6 +30,22 @@ def device_name(device: str) -> str:
     if str(device).startswith("cuda") and torch.cuda.is_available():
         return f"cuda:{torch.cuda.get_device_name(torch.device(device))}"
     return f"cpu:{cpu_model()}"
+
+
+def measurement_provenance(device: str) -> dict[str, Any]:
+    """Where and when a measurement on `device` ran: the device's name, torch and CUDA
+    versions, host, torch's CPU threads, the machine's load and the date (UTC)."""
+    import torch
+
+    return {
+        "device": device_name(device),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "host": platform.node(),
+        "cpu_threads": torch.get_num_threads(),
+        "load_average_1m": os.getloadavg()[0],
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+    }
 
 
 def git_commit() -> str:

@@ -40,6 +40,13 @@ STEP_COLUMNS = (
     "step_wall_s", "lower_bound_s", "padding_samples", "padding_tokens", "samples_seen",
     *VAL_COLUMNS,
 )
+# the column of the sequence-parallel degree of a micro-batch's group (planning.groups,
+# docs/sequence_parallel.md): in a plan table a row's micro-batch runs on ranks rank ..
+# rank + sp_degree - 1 of its step, `rank` the group's first rank; in a per-step table each
+# rank's row carries its group's degree, and a group's samples, tokens and loss count once,
+# on its first rank's row (its other ranks' rows hold their own times and no samples).
+# Present only where some group has d > 1, so tables without groups are as they were
+SP_DEGREE = "sp_degree"
 # the columns a table must have to be analysed; a producer may leave the others out
 REQUIRED_STEP_COLUMNS = (
     "step",

@@ -1,36 +1,44 @@
-"""Fixtures and helpers shared by the test modules."""
+"""Fixtures and hooks shared by every test folder (the helpers to import live in
+tests/support/; tests/slow/conftest.py marks the slow lane)."""
 
 from __future__ import annotations
 
 import importlib
+import json
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
 import pytest
-
-GPU_SCRIPTS = Path(__file__).resolve().parents[1] / "experiments" / "gpu"
-
-# The test files that take longest, longest first (each over ~50 s in a 2-process run on the
-# 2-core machine). They are collected first, and `make test` hands whole files to its pytest
-# processes in collection order (--dist loadfile --no-loadscope-reorder), so the run ends on
-# short files instead of one process running the pipeline test alone while the other idles:
-# longest-processing-time-first, as the planner deals its packs. Other files follow in their
-# usual order; the order of tests inside a file never changes.
-LONGEST_FIRST = (
-    "test_pipeline.py", "test_faults.py", "test_gpu_check.py", "test_install.py",
-    "test_tracking.py", "test_run_state.py", "test_calibration.py", "test_train_packed.py",
-    "test_routes.py", "test_sampler_docs.py", "test_train_distributed.py", "test_kernel_ops.py",
-    "test_kernel_build.py", "test_train_resume.py", "test_kernel_check.py",
-    "test_kernel_segments.py",
-)
+from repo_paths import GPU_SCRIPTS
+from suite_order import end_to_end, longest_first
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Longest files first (LONGEST_FIRST); a stable sort, so nothing else moves."""
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+    """Longest files first (suite_order.LONGEST_FIRST); nothing else moves."""
+    longest_first(items)
+
+
+@pytest.fixture(autouse=True)
+def _fast_lane_starts_no_end_to_end_run(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A test outside tests/slow/ that starts the pipeline, torchrun, an MLflow server or an
+    install fails at that call, naming the program: such a test belongs in the slow lane."""
+    if request.node.get_closest_marker("slow"):
+        return
+    start = subprocess.Popen.__init__
+
+    def guarded(self: subprocess.Popen, args: object, *rest: object, **kw: object) -> None:
+        program = end_to_end(args)
+        if program:
+            raise AssertionError(f"{request.node.nodeid} starts {program}: the fast lane "
+                                 "starts no end-to-end run; move the test under tests/slow/")
+        start(self, args, *rest, **kw)
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", guarded)
 
 
 @pytest.fixture(scope="session")
@@ -44,3 +52,40 @@ def gpu_script() -> Callable[[str], ModuleType]:
         return importlib.import_module(name)
 
     return load
+
+
+@pytest.fixture(scope="module")
+def plan_inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """What `adaptiveload plan` reads (tests/cli/ and tests/slow/cli/): an 800-sample
+    paper-mixed manifest and a 1.3B H200 calibration of known coefficients, in a folder the
+    tests write their plans to."""
+    from adaptiveload.data.manifest import write_manifest
+    from adaptiveload.data.mixtures import synthesize
+
+    root = tmp_path_factory.mktemp("plan_cli")
+    manifest = root / "manifest.parquet"
+    write_manifest(manifest, synthesize("paper-mixed", 800, seed=0))
+    calibration = root / "cal.json"
+    calibration.write_text(
+        json.dumps(
+            {
+                "model": "wan2.1-t2v-1.3b",
+                "device": "H200",
+                "source": "model",
+                "cost": {
+                    "c0": 0.02,
+                    "a": 1.6e-5,
+                    "b": 1.1e-9,
+                    "m_static": 2e10,
+                    "m_tok": 1.5e6,
+                    "m_seq": 1e6,
+                },
+                "p": 1.36,
+                "m_mem": 80_000,
+                "m_comp": 75_600**1.36,
+                "capacity_bytes": 1.4e11,
+                "num_params": 1.3e9,
+            }
+        )
+    )
+    return {"root": root, "manifest": manifest, "calibration": calibration}

@@ -1,9 +1,9 @@
 """Replan every plan the pipeline would make for the experiment files and list their digests.
 
     python tests/plan_digests.py -o digests.json                   # all experiments/*.yaml
-    python tests/plan_digests.py --compare tests/data/plan_digests.json    # all of them again
+    python tests/plan_digests.py --compare tests/fixtures/plan_digests.json  # all of them again
 
-tests/data/plan_digests.json holds the digests of the 489 plans of every experiment file at
+tests/fixtures/plan_digests.json holds the digests of the 489 plans of every experiment file at
 commit b54dae1: the 360 plans of commit 48e969a (before the refactor that gave each module its
 layer), identical there, under the digest that names samples by id (`data_digest` inside
 `plan_digest`; those 360 were checked unchanged by the former digest before the file was
@@ -24,7 +24,7 @@ A plan is named by where the pipeline puts it under results/ (`plan_name`: e.g.
 
 A training plan's calibration is measured by the pipeline (`results/<name>/calibration/`), so
 here it is replaced by a fixed stand-in of the same model: the shipped H200 prior where one
-exists (`experiments/calibration/h200-<model>.json`), else `tests/data/tiny-prior.json`.
+exists (`experiments/calibration/h200-<model>.json`), else `tests/fixtures/tiny-prior.json`.
 Everything runs in one process, outputs in a temporary folder; nothing in the checkout is
 written but Snakemake's own `.snakemake/` metadata.
 """
@@ -32,6 +32,7 @@ written but Snakemake's own `.snakemake/` metadata.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -42,13 +43,15 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-STAND_IN_TINY = REPO / "tests" / "data" / "tiny-prior.json"
-# the pipeline's commands that make a plan's inputs or the plan itself
-PLANNING = (("manifest", "synth"), ("plan",))
+STAND_IN_TINY = REPO / "tests" / "fixtures" / "tiny-prior.json"
+# the pipeline's commands that make a plan's inputs or the plan itself (`budgets`: a simulate
+# entry's budgets at its own capacity_gb, which it prints to the file its rule redirects to)
+PLANNING = (("manifest", "synth"), ("budgets",), ("plan",))
 
 
 def pipeline_commands(experiment: Path) -> list[list[str]]:
-    """The `adaptiveload` command lines (argument lists) of every planning job of a dry run."""
+    """The `adaptiveload` command lines (argument lists) of every planning job of a dry run;
+    one that prints its output to a file (`> FILE 2> LOG`) ends with ">", FILE."""
     proc = subprocess.run(
         [str(Path(sys.executable).parent / "snakemake"), "-n", "-p", "-F", "--configfile",
          str(experiment.relative_to(REPO))],
@@ -59,6 +62,8 @@ def pipeline_commands(experiment: Path) -> list[list[str]]:
         shell = re.sub(r"\s*>\s*\S+\s*2>&1\s*$", "", shell).strip().strip("()")
         for part in shell.split("&&"):
             args = shlex.split(part.strip())
+            if ">" in args:  # stdout to a file, stderr to a log: keep the file
+                args = [*args[: args.index(">")], ">", args[args.index(">") + 1]]
             if args[:1] == ["adaptiveload"] and any(
                 tuple(args[1 : 1 + len(cmd)]) == cmd for cmd in PLANNING
             ):
@@ -96,7 +101,13 @@ def digests(experiment: Path) -> dict[str, str]:
     with tempfile.TemporaryDirectory() as tmp:
         for args in pipeline_commands(experiment):
             local = localize(args, Path(tmp), model)
-            app(local, standalone_mode=False)
+            if ">" in local:  # what the command prints is its output file
+                target = Path(local[-1])
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with target.open("w") as sink, contextlib.redirect_stdout(sink):
+                    app(local[:-2], standalone_mode=False)
+            else:
+                app(local, standalone_mode=False)
             if args[0] == "plan":
                 key, digest = read_digest(args, local)
                 found[key] = digest

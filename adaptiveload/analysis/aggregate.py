@@ -22,7 +22,13 @@ from adaptiveload.costmodel import Calibration
 from adaptiveload.errors import UserError
 from adaptiveload.io import read_json, read_table
 from adaptiveload.pipeline import BASE_VARIANT, parse_variant
-from adaptiveload.step_table import REQUIRED_STEP_COLUMNS, STEP_COLUMNS, real_counts, timed
+from adaptiveload.step_table import (
+    REQUIRED_STEP_COLUMNS,
+    SP_DEGREE,
+    STEP_COLUMNS,
+    real_counts,
+    timed,
+)
 
 # fields every run summary must carry (the trainer's and the simulator's; docs/tracking.md)
 SUMMARY_KEYS = (
@@ -140,7 +146,7 @@ def _read_steps(path: Path) -> pd.DataFrame:
     for col in STEP_COLUMNS:
         if col not in frame.columns:
             frame[col] = np.nan
-    return frame[list(STEP_COLUMNS)]
+    return frame[[*STEP_COLUMNS, *([SP_DEGREE] if SP_DEGREE in frame.columns else [])]]
 
 
 def aggregate(refs: Sequence[RunRef]) -> Aggregate:

@@ -28,6 +28,7 @@ from adaptiveload.analysis.stats import headline
 from adaptiveload.analysis.tables import kernel_measurements
 from adaptiveload.costmodel import CostModel
 from adaptiveload.planning.policies import POLICIES
+from adaptiveload.step_table import SP_DEGREE
 
 POLICY_ORDER = list(POLICIES)
 PALETTE = dict(zip(POLICY_ORDER, sns.color_palette("colorblind", len(POLICY_ORDER)), strict=True))
@@ -468,6 +469,55 @@ def _load_panel(ax: plt.Axes, steps: pd.DataFrame, run: pd.Series) -> None:
     ax.set_ylim(bottom=0)
 
 
+# the steps `sp_groups` draws of each run (the first ones: a plan's steps are shuffled)
+GROUP_STEPS = 48
+
+
+def sp_groups(inp: FigureInputs) -> plt.Figure:
+    """Which ranks run together and how long, per step: for the first simulation whose plans
+    hold sequence-parallel groups, at its smallest world size, one column per policy (its
+    first seed): each rank's group degree (top) and its predicted compute (bottom) over the
+    first GROUP_STEPS steps, ranks across."""
+    title = "Sequence-parallel groups: each rank's degree and predicted load per step"
+    steps = inp.steps
+    if SP_DEGREE not in steps.columns or not (steps[SP_DEGREE] > 1).any():
+        return _placeholder(title, "no simulation planned sequence-parallel groups")
+    grouped = steps.loc[steps[SP_DEGREE] > 1, ["setup", "variant"]].drop_duplicates()
+    with_groups = inp.runs.merge(grouped, on=["setup", "variant"])
+    first = with_groups.sort_values(["setup", "world_size", "variant"]).iloc[0]
+    sel = steps[(steps["setup"] == first["setup"]) & (steps["variant"] == first["variant"])]
+    runs = inp.runs[(inp.runs["setup"] == first["setup"])
+                    & (inp.runs["variant"] == first["variant"])]
+    policies = _order(runs["policy"])
+    fig, axes = plt.subplots(2, len(policies), squeeze=False, sharey=True, layout="constrained",
+                             figsize=(4.6 * len(policies), 8))
+    top = float(sel["compute_s"].max())
+    for col, policy in enumerate(policies):
+        run = runs[runs["policy"] == policy].sort_values("seed").iloc[0]
+        mine = sel[(sel["policy"] == policy) & (sel["seed"] == run["seed"])]
+        mine = mine[mine["step"] < GROUP_STEPS]
+        degree = mine.pivot(index="step", columns="rank", values=SP_DEGREE).fillna(1)
+        load = mine.pivot(index="step", columns="rank", values="compute_s")
+        shown = axes[0, col].imshow(np.log2(degree.to_numpy(np.float64)), aspect="auto",
+                                    cmap="viridis", vmin=0, vmax=3, interpolation="nearest")
+        axes[0, col].set_title(_wrap(f"{policy}\n[{run['label']}]", 44), fontsize=9)
+        heat = axes[1, col].imshow(load.to_numpy(np.float64), aspect="auto", cmap="magma",
+                                   vmin=0, vmax=top, interpolation="nearest")
+        axes[1, col].set_title(f"imbalance {100 * run['imbalance_rate']:.1f}%, "
+                               f"{run['samples_per_s']:.3g} samples/s", fontsize=9)
+        for row in (0, 1):
+            axes[row, col].set_xlabel("rank")
+            axes[row, col].grid(False)
+        axes[0, col].set_ylabel("step" if col == 0 else "")
+        axes[1, col].set_ylabel("step" if col == 0 else "")
+    bar = fig.colorbar(shown, ax=axes[0, :].tolist(), ticks=[0, 1, 2, 3])
+    bar.ax.set_yticklabels(["1", "2", "4", "8"])
+    bar.set_label("degree of the rank's group")
+    fig.colorbar(heat, ax=axes[1, :].tolist()).set_label("predicted compute per rank (s)")
+    fig.suptitle(f"{title}: {first['setup']}, N = {first['world_size']}", fontsize=11)
+    return fig
+
+
 FIGURES: dict[str, Callable[[FigureInputs], plt.Figure]] = {
     "mixture_tokens": mixture_tokens,
     "compute_heatmap": compute_heatmap,
@@ -481,6 +531,7 @@ FIGURES: dict[str, Callable[[FigureInputs], plt.Figure]] = {
     "mixture_sweep": mixture_sweep,
     "kernel_bandwidth": kernel_bandwidth,
     "load_vs_lower_bound": load_vs_lower_bound,
+    "sp_groups": sp_groups,
 }
 
 

@@ -125,7 +125,7 @@ def refit(
     cfg = get_config(first.model)
     setup_info = first.extra.get("setup", {})
     setup = analytic.TrainingSetup(
-        compute_bytes=2 if first.device.startswith("cuda") else 4,
+        compute_bytes=analytic.compute_bytes(first.device),
         activation_checkpointing=bool(setup_info.get("activation_checkpointing")),
         shard_world_size=int(setup_info.get("shard_world_size", 1)),
     )

@@ -4,9 +4,6 @@ built."""
 
 from __future__ import annotations
 
-import datetime as dt
-import os
-import platform
 from dataclasses import replace
 from typing import Any
 
@@ -30,25 +27,13 @@ from adaptiveload.errors import UserError
 from adaptiveload.model import analytic
 from adaptiveload.model.architectures import WanConfig, get_config
 from adaptiveload.model.wan import WanModel, count_parameters
-from adaptiveload.provenance import device_name
+from adaptiveload.provenance import device_name, measurement_provenance
 
 
 def _resolve_device(device: str) -> torch.device:
     if device == "cuda" and not torch.cuda.is_available():
         raise UserError("device 'cuda' requested but torch sees no CUDA GPU; use --device cpu")
     return torch.device(device)
-
-
-def _provenance(device: torch.device) -> dict[str, Any]:
-    return {
-        "device": device_name(str(device)),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "host": platform.node(),
-        "cpu_threads": torch.get_num_threads(),
-        "load_average_1m": os.getloadavg()[0],
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-    }
 
 
 def _own_memory(device: torch.device) -> float | None:
@@ -195,7 +180,7 @@ def _fit(
 ) -> Calibration:
     """The measured points fitted into a calibration file, with how they were measured."""
     setup = analytic.TrainingSetup(
-        compute_bytes=2 if dev.type == "cuda" else 4,
+        compute_bytes=analytic.compute_bytes(dev.type),
         activation_checkpointing=cfg.activation_checkpointing,
     )
     notes = []
@@ -214,7 +199,7 @@ def _fit(
         count_parameters(model), memory_measured=dev.type == "cuda", max_loo=cfg.max_loo,
         memory_points=memory_points,
         extra={
-            "provenance": _provenance(dev),
+            "provenance": measurement_provenance(str(dev)),
             "setup": setup_dict(setup, "bf16 autocast" if dev.type == "cuda" else "fp32"),
             "grid": {"batch_sizes": sorted(set(grid.batch_sizes)),
                      "tokens": sorted(set(grid.tokens)), "repeats": grid.repeats,

@@ -12,7 +12,8 @@ Grouped by what they decide:
   (`costmodel.derive_budgets`); the same for a measurement, a refit and a prior;
 - `PlanValidation`: the planned micro-batches timed against the fit after it;
 - `CalibrationConfig`: all of them, plus the model, device, clock and fit checks of a
-  measurement (`measure.calibrate`).
+  measurement (`measure.calibrate`);
+- `CommGrid`: the all-to-all sizes and passes of a communication calibration (`comm`).
 
 Defaults are the experiment schema's (`experiment.schema_default`), so a field left out of
 an experiment file and one left out of a constructor call agree. Nothing here imports torch:
@@ -271,3 +272,44 @@ class CalibrationConfig:
         """The cores a calibration job takes (the workflow's `threads:`): the clock's threads,
         else the whole machine."""
         return self.clock()[1] or all_cores
+
+
+KIB = 1024
+# the bytes each rank holds before one all-to-all, by device: geometric, x4. On CUDA 64 KiB
+# .. 64 MiB spans the latency-bound to the bandwidth-bound end of NVLink (a 1.3B block's q of
+# 8k tokens in bf16 is 24 MiB); on CPU (gloo over loopback) 16 KiB .. 16 MiB, a run of seconds
+# whose largest size still takes several times the latency (so the slope is the bandwidth).
+COMM_SIZES = {
+    "cuda": tuple(64 * KIB * 4**k for k in range(6)),
+    "cpu": tuple(16 * KIB * 4**k for k in range(6)),
+}
+
+
+@dataclass(frozen=True)
+class CommGrid:
+    """What a communication calibration times (`comm.measure_points`): one all-to-all of
+    each of `sizes` bytes per rank (empty: `COMM_SIZES[device]`) at every degree, `warmup`
+    calls, then `repeats` timed calls whose median is the point's time."""
+
+    device: str = "cpu"
+    sizes: tuple[int, ...] = ()
+    repeats: int = 10
+    warmup: int = 3
+
+    def __post_init__(self) -> None:
+        if self.device not in DEVICES:
+            raise UserError(f"device '{self.device}': expected 'cpu' or 'cuda'")
+        if self.sizes and (min(self.sizes) < 1 or len(set(self.sizes)) < 2):
+            raise UserError(
+                f"--sizes {','.join(map(str, self.sizes))}: expected at least 2 different byte "
+                "counts >= 1 (the fit has a latency and a bandwidth)"
+            )
+        if self.repeats < 1 or self.warmup < 0:
+            raise UserError(
+                f"--repeats {self.repeats} / --warmup {self.warmup}: expected >= 1 / >= 0"
+            )
+
+    @property
+    def byte_sizes(self) -> tuple[int, ...]:
+        """The sizes timed, ascending."""
+        return tuple(sorted(set(self.sizes or COMM_SIZES[self.device])))

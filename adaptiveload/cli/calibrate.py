@@ -1,13 +1,17 @@
 """`adaptiveload calibrate measure|refit|prior`: a cost model and its budgets, measured on this
-device, fitted again from measured files, or modelled from a device's rates; `adaptiveload
-budgets`: the budgets a calibration gives a token mix.
+device, fitted again from measured files, or modelled from a device's rates; `calibrate comm`:
+the all-to-all time of sequence parallelism, measured into a calibration's `comm` section;
+`adaptiveload budgets`: the budgets a calibration gives a token mix.
 
-Every subcommand turns its flags into one `calibration.settings.CalibrationConfig`
-(`_settings`: the experiment file's given with --config, else the defaults, each flag over it).
+Every subcommand but `comm` turns its flags into one `calibration.settings.CalibrationConfig`
+(`_settings`: the experiment file's given with --config, else the defaults, each flag over
+it); `comm` into one `calibration.settings.CommGrid`.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
@@ -345,3 +349,98 @@ def budgets_cmd(
     derived = derive_budgets(cal.cost, mix.tokens, capacity, head)
     record = budgets_record(calibration, cal, mix.to_dict(), capacity, head, derived)
     typer.echo(json.dumps(record, indent=2))
+
+
+@contextlib.contextmanager
+def _one_voice(ranks: Any) -> Iterator[None]:
+    """A refusal every rank makes alike (same inputs, same all-reduced points), said once:
+    by rank 0; the other ranks exit 2 without a line each."""
+    try:
+        yield
+    except UserError:
+        if ranks.is_main:
+            raise
+        raise typer.Exit(2) from None
+
+
+def _measure_comm(calibration: Path, output: Path | None, grid: Any, degrees: str | None,
+                  quiet: bool) -> None:
+    """`calibrate comm` on this process's rank: every input checked before the process group
+    starts; rank 0 reports and writes, every rank fits the same all-reduced points."""
+    import torch.distributed as dist
+
+    from adaptiveload.calibration.comm import (
+        comm_section,
+        describe,
+        measure_points,
+        read_target,
+        with_comm,
+    )
+    from adaptiveload.training import distributed as dd
+    from adaptiveload.training.sp_groups import SPGroups, check_group_degree, degrees_of
+
+    ranks = dd.resolve_ranks(None, 1)
+    main = ranks.is_main
+    with _one_voice(ranks):
+        if ranks.world_size < 2:
+            raise UserError("calibrate comm: an all-to-all needs >= 2 processes; run it under "
+                            "`torchrun --nproc-per-node N -m adaptiveload calibrate comm ...`, "
+                            "N >= 2")
+        wanted = int_list(degrees, "--degrees") if degrees else degrees_of(ranks.world_size)
+        wanted = sorted({check_group_degree(d, ranks.world_size) for d in wanted} - {1})
+        if not wanted:
+            raise UserError(f"world size {ranks.world_size}: no SP degree > 1 divides it")
+        data, out = read_target(calibration, output)
+    if main and "comm" in data:
+        typer.echo(f"warning: {calibration}: its comm section is replaced", err=True)
+    dev = dd.setup(ranks, grid.device)  # a rank without its GPU says so itself
+    try:
+        with _one_voice(ranks):
+            groups = SPGroups.build(ranks.world_size, wanted)
+            mine = {d: groups.group_of(ranks.process_rank, d)[0] for d in groups.degrees}
+            say = (lambda line: typer.echo(line, err=True)) if main and not quiet else None
+            points = measure_points(mine, grid, dev, say)
+            section = comm_section(points, dist.get_backend(), str(dev), ranks.world_size, grid)
+        if main:
+            with_comm(data, section, out)
+            for line in describe(section):
+                typer.echo(f"{out}: {line}", err=True)
+    finally:
+        dd.teardown(ranks)
+
+
+@calibrate.command("comm", epilog=examples(
+    "torchrun --nproc-per-node 4 -m adaptiveload calibrate comm --calibration cal.json",
+    "torchrun --nproc-per-node 8 -m adaptiveload calibrate comm --device cuda "
+    "--calibration h200-wan2.1-t2v-1.3b -o h200-1.3b-comm.json",
+))
+def comm_cmd(
+    calibration: Annotated[
+        Path, Opt(help="calibration JSON the comm section goes into (or a shipped one by "
+                  "name, with -o)")
+    ],
+    output: Annotated[
+        Path | None,
+        Opt("-o", "--output", "--out", help="calibration JSON to write",
+            show_default="--calibration's file"),
+    ] = None,
+    device: Annotated[str, Opt(help="cpu (gloo) | cuda (NCCL, one GPU per process)")] = "cpu",
+    sizes: Annotated[
+        str | None, Opt(help="bytes each rank holds, e.g. 65536,1048576",
+                        show_default="cuda 64 KiB..64 MiB, cpu 16 KiB..16 MiB, x4")
+    ] = None,
+    degrees: Annotated[
+        str | None, Opt(help="SP degrees, powers of two dividing the world size, e.g. 2,4",
+                        show_default="all of them")
+    ] = None,
+    repeats: Annotated[int, Opt(help="timed calls per point (its time: their median)")] = 10,
+    warmup: Annotated[int, Opt(help="untimed calls per point first")] = 3,
+    quiet: Annotated[bool, Opt("--quiet", help="no progress lines")] = False,
+) -> None:
+    """Time one all-to-all against bytes and degree (gloo on CPU, NCCL on CUDA; under
+    torchrun, >= 2 processes), fit latency and bandwidth per degree, and write them as the
+    calibration's `comm` section; its other fields are kept as they are."""
+    from adaptiveload.calibration.settings import CommGrid
+
+    grid = CommGrid(device, int_list(sizes, "--sizes") if sizes else (), repeats, warmup)
+    _measure_comm(calibration, output, grid, degrees, quiet)

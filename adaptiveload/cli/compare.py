@@ -71,9 +71,10 @@ def compare_cmd(
     tokens = bucketed.samples["tokens"].to_numpy()
     cal = _cost_model(calibration, prior, model, tokens, origin)
     cal, source = _budgets(cal, budgets_file, prior, capacity_gb, headroom, tokens)
-    bucketed = without_over_capacity(bucketed, cal)  # the header counts what the plans leave out
     names = [p.strip() for p in policies.split(",") if p.strip()] if policies else None
     config = CompareConfig(cal, world_size, seed, names)
+    # the header counts what every plan leaves out (one of fewer ranks per sample, more)
+    bucketed = without_over_capacity(bucketed, cal, config.max_degree)
     summaries = compare_policies(bucketed, config)
     for s in summaries:
         found = plan_warnings(s, bucketed.excluded_ids.tolist())

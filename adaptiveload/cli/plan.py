@@ -103,7 +103,7 @@ def plan_cmd(
     writes = _Outputs(summary, output, simulation_steps, simulation_summary, warmup_steps,
                       experiment).checked(cal)
     bucketed = bucketize(load_manifest(manifest), mode=bucketing, grid=grid, max_frames=max_frames)
-    bucketed = without_over_capacity(bucketed, cal)  # excluded, and named, like the rest
+    bucketed = without_over_capacity(bucketed, cal, config.max_degree)  # named, like the rest
     plan = config.plan(bucketed)
     info = {"manifest": str(manifest), "bucketing": bucketing, "grid": grid,
             **_sources(calibration, budgets_file, cal)}

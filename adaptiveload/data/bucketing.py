@@ -41,20 +41,24 @@ class Tier:
 class Grid:
     """An aspect-bucket grid: resolution tiers (small to large) x a 4k+1 frame ladder.
 
-    Frame counts are 1 (image), then 1 + ``frame_stride``*k up to min(max_frames, frame_cap);
-    the cap itself (rounded down to 4k+1) is always a rung, so every clip can use its length
-    up to the configured maximum.
+    Frame counts are 1 (image), then 1 + ``frame_stride``*k up to min(max_frames, frame_cap),
+    or the explicit `rungs` up to it where a grid lists them; the cap itself (rounded down to
+    4k+1) is always a rung, so every clip can use its length up to the configured maximum.
     """
 
     name: str
     tiers: tuple[Tier, ...]
     frame_stride: int = 16
     frame_cap: int | None = None
+    rungs: tuple[int, ...] = ()  # an explicit frame ladder (4k+1 each) instead of the stride
 
     def frames(self, max_frames: int) -> np.ndarray:
         top = max_frames if self.frame_cap is None else min(max_frames, self.frame_cap)
         top = round_down_4k1(top)
-        ladder = np.arange(1, top + 1, self.frame_stride, dtype=np.int64)
+        if self.rungs:
+            ladder = np.array([f for f in self.rungs if f <= top], dtype=np.int64)
+        else:
+            ladder = np.arange(1, top + 1, self.frame_stride, dtype=np.int64)
         return np.unique(np.append(ladder, top))
 
     def sizes(self) -> list[tuple[int, int]]:
@@ -92,11 +96,21 @@ def _scaled(grid: Grid, name: str, factor: int, frame_cap: int) -> Grid:
 # 12 (48x64 image) .. 3,825 (65f 240x240; 3,740 at 65f 176x320), so tiny models train on 2 cores.
 TINY_GRID = _scaled(WAN_GRID, "tiny", factor=4, frame_cap=65)
 
-GRIDS: dict[str, Grid] = {g.name: g for g in (WAN_GRID, TINY_GRID)}
+# Longer clips (what Wan 2.2 and long-clip sets train: 121 frames, 5 s at 24 fps, and 161):
+# the Wan grid's sizes and its ladder up to 81 frames, then rungs at 121 and 161 frames, so
+# 480p clips reach 48,360 and 63,960 tokens and 720p ones 111,600 and 147,600 (beyond one
+# H200 for the 14B: sequence parallelism, planning.groups). Up to 81 frames it buckets as
+# the Wan grid does; give max_frames 161 (121) to keep the long rungs.
+WAN_LONG_GRID = Grid(
+    name="wan-long", tiers=WAN_GRID.tiers, frame_cap=161,
+    rungs=(1, 17, 33, 49, 65, 81, 121, 161),
+)
+
+GRIDS: dict[str, Grid] = {g.name: g for g in (WAN_GRID, TINY_GRID, WAN_LONG_GRID)}
 
 # The bucketing of real Wan 2.1 data, every command's and function's default: aspect buckets
 # on the Wan grid, clips up to Wan 2.1's 81 frames. The experiment schema's `data` and
-# `simulate` entries repeat these (tests/test_experiment.py checks the copies); its `data.grid`
+# `simulate` entries repeat these (tests/base/test_experiment.py checks the copies); its `data.grid`
 # default is `tiny` on purpose, for the default experiment's tiny model.
 DEFAULT_MODE = "aspect"
 DEFAULT_GRID = WAN_GRID.name

@@ -205,9 +205,46 @@ LONG_CLIPS = Mixture(
     ),
 )
 
+# Longer episode chunks of the same 480p and 720p recordings, as Wan 2.2-style training
+# (121-frame clips, 5 s at 24 fps) and long-clip sets take them: bucketed on the `wan-long`
+# grid (rungs 81, 121 and 161 frames) with max_frames 121 or 161. Durations and shares are
+# our assumption.
+LONG_CLIPS_121 = Mixture(
+    name="long-clips-121",
+    components=(
+        Component(0.05, PHOTOS, IMAGE),
+        Component(0.05, SD_VIDEO, Frames(17, 48, seconds=(1.2, 0.4))),
+        Component(0.55, WM_480P, Frames(49, 125, seconds=(4.2, 0.25))),
+        Component(0.35, WM_720P, Frames(49, 125, seconds=(4.2, 0.25))),
+    ),
+    provenance=(
+        "long-clips with episode chunks of 2-5 s (49-125 frames at 24-30 fps, median ~4.2 s) "
+        "at 480p and 720p, few images and short clips (5% each); shares and durations are our "
+        "assumption. On the wan-long grid with max_frames 121 about half the clips take the "
+        "121-frame rung: 720p x 121 frames is 111,600 tokens, more than one H200 holds for "
+        "Wan 2.1 14B (sequence parallelism: degree 2 and up)."
+    ),
+)
+LONG_CLIPS_161 = Mixture(
+    name="long-clips-161",
+    components=(
+        Component(0.05, PHOTOS, IMAGE),
+        Component(0.05, SD_VIDEO, Frames(17, 48, seconds=(1.2, 0.4))),
+        Component(0.55, WM_480P, Frames(49, 170, seconds=(5.0, 0.3))),
+        Component(0.35, WM_720P, Frames(49, 170, seconds=(5.0, 0.3))),
+    ),
+    provenance=(
+        "long-clips with episode chunks of 2-7 s (49-170 frames at 24-30 fps, median 5 s) at "
+        "480p and 720p, few images and short clips (5% each); shares and durations are our "
+        "assumption. On the wan-long grid with max_frames 161 the clips spread over the 81-, "
+        "121- and 161-frame rungs (480p: 32,760-63,960 tokens; 720p: 75,600-147,600)."
+    ),
+)
+
 MIXTURES: dict[str, Mixture] = {
     m.name: m
-    for m in (PAPER_MIXED, OPENSORA2_STAGE1, IMAGES_ONLY, VIDEO_ONLY, TINY_CPU, LONG_CLIPS)
+    for m in (PAPER_MIXED, OPENSORA2_STAGE1, IMAGES_ONLY, VIDEO_ONLY, TINY_CPU, LONG_CLIPS,
+              LONG_CLIPS_121, LONG_CLIPS_161)
 }
 
 

@@ -61,6 +61,13 @@ def training_flops(
     return passes * batch * flop_terms(cfg, text_len).forward(tokens)
 
 
+def compute_bytes(device: str) -> int:
+    """The bytes of an activation element as this project trains on `device` ("cuda..." or
+    "cpu..."): bf16 autocast on CUDA, as Wan trains; fp32 on CPU, where bf16 matmuls are slow
+    and the CPU runs exist to check the code, not to be fast."""
+    return 2 if str(device).startswith("cuda") else FP32
+
+
 @dataclass(frozen=True)
 class TrainingSetup:
     """What the memory model assumes about how the model is trained."""

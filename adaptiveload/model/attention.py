@@ -3,11 +3,12 @@
 Dense (one bucket shape, no padding, no masks): q/k/v [B, L, heads, head_dim], FlashAttention
 (`flash_attn_func`) on CUDA when installed, else PyTorch SDPA.
 
-Packed (`Segments`): q [L, heads, head_dim] holds every segment's queries; keys and values are
-either per token, [L, heads, head_dim] (self-attention: each segment attends to itself), or
-per segment, [G, L_k, heads, head_dim] (cross-attention: each segment attends to its own text
-context). Backends, the first that applies (`choose_backend`; a training run chooses once,
-in its `Execution`, which the model runs and the run's tags record):
+Packed (a `SegmentLayout`: `Segments`, or a rank's `Chunks` under sequence parallelism): q
+[L, heads, head_dim] holds every segment's queries; keys and values are either per token,
+[L, heads, head_dim] (self-attention: each segment attends to itself), or per segment,
+[G, L_k, heads, head_dim] (cross-attention: each segment attends to its own text context).
+Backends, the first that applies (`choose_backend`; a training run chooses once, in its
+`Execution`, which the model runs and the run's tags record):
 
 - ``flash-attn-varlen``: flash-attn's `flash_attn_varlen_func`, when installed, on CUDA;
 - ``torch-varlen``: torch's own `torch.nn.attention.varlen.varlen_attn` (its flash/cuDNN
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from adaptiveload.model.segments import Segments
+from adaptiveload.model.segments import SegmentLayout
 
 try:  # optional: `pip install adaptiveload[flash]`
     from flash_attn import flash_attn_func, flash_attn_varlen_func
@@ -84,7 +85,7 @@ def attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    segments: Segments | None = None,
+    segments: SegmentLayout | None = None,
     backend: str | None = None,
 ) -> torch.Tensor:
     """softmax(q k^T / sqrt(d)) v per sample; returns q's layout.
@@ -115,7 +116,7 @@ def _half(fn: Callable[..., torch.Tensor], q, k, v, *args) -> torch.Tensor:
     return fn(q.to(dtype), k.to(dtype), v.to(dtype), *args).to(v.dtype)
 
 
-def _varlen_args(k: torch.Tensor, segments: Segments) -> tuple:
+def _varlen_args(k: torch.Tensor, segments: SegmentLayout) -> tuple:
     """Keys flattened to one stream, and (cu_q, cu_k, max_q, max_k) for a varlen kernel."""
     if k.dim() == 4:  # per segment: G contexts of L_k keys each
         cu_k, max_k = segments.cu_rows(k.shape[1]), k.shape[1]
@@ -124,19 +125,19 @@ def _varlen_args(k: torch.Tensor, segments: Segments) -> tuple:
     return k, (cu, cu, m, m)
 
 
-def _flash_attn_varlen(q, k, v, segments: Segments) -> torch.Tensor:
+def _flash_attn_varlen(q, k, v, segments: SegmentLayout) -> torch.Tensor:
     k_flat, args = _varlen_args(k, segments)
     v_flat, _ = _varlen_args(v, segments)
     return _half(flash_attn_varlen_func, q, k_flat, v_flat, *args)
 
 
-def _torch_varlen(q, k, v, segments: Segments) -> torch.Tensor:
+def _torch_varlen(q, k, v, segments: SegmentLayout) -> torch.Tensor:
     k_flat, args = _varlen_args(k, segments)
     v_flat, _ = _varlen_args(v, segments)
     return _half(varlen_attn, q, k_flat, v_flat, *args)
 
 
-def _sdpa_runs(q, k, v, segments: Segments) -> torch.Tensor:
+def _sdpa_runs(q, k, v, segments: SegmentLayout) -> torch.Tensor:
     if k.dim() == 4:  # cross-attention: the run's queries against its segments' own keys
         return segments.per_run(_sdpa, [q], [k, v])
     return segments.per_run(_sdpa, [q, k, v])

@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import torch
 
-from adaptiveload.model.segments import Segments
+from adaptiveload.model.segments import SegmentLayout
 from adaptiveload.ops import ln_modulate as ops
 
 LnModulateFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]
@@ -52,7 +52,7 @@ def ln_modulate(
     shift: torch.Tensor,
     eps: float,
     impl: str,
-    segments: Segments | None = None,
+    segments: SegmentLayout | None = None,
 ) -> torch.Tensor:
     """LayerNorm (no affine, fp32 statistics) of x, modulated per sample; output fp32 like Wan.
 
@@ -77,7 +77,7 @@ class LnModulate(torch.nn.Module):
         x: torch.Tensor,
         scale: torch.Tensor,
         shift: torch.Tensor,
-        segments: Segments | None = None,
+        segments: SegmentLayout | None = None,
     ) -> torch.Tensor:
         return ln_modulate(x, scale, shift, self.eps, self.impl, segments)
 

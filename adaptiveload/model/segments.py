@@ -12,75 +12,52 @@ takes `cu_seqlens` itself (its segment form). Attention (on CPU) and the gated r
 per **run**: a maximal stretch of adjacent segments of equal length, which views as a dense
 [n, S, ...] tensor without a copy (`per_run`); per-sample rows (gates, the text context) then
 broadcast over their own segment's tokens as in the dense model, with no per-token gather. A
-stream of one shape is one run, the dense batch itself.
+stream of one shape is one run, the dense batch itself. Under sequence parallelism a rank
+holds a chunk of every segment: a `Chunks` layout, the same G segments of other lengths.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from itertools import accumulate
+from itertools import accumulate, groupby
 
 import torch
 
 Grid = tuple[int, int, int]
 
 
-@dataclass(frozen=True)
-class Segments:
-    """The layout of one packed token stream: `grids[g]` is the (F', H', W') patch grid of the
-    `counts[g]` samples of shape group g; groups lie in the stream in this order."""
+def offsets(lengths: Sequence[int], device: torch.device) -> torch.Tensor:
+    """int32 `cu_seqlens` [G + 1] of segments of `lengths` tokens, on `device`."""
+    return torch.tensor([0, *accumulate(lengths)], dtype=torch.int32).to(device)
 
-    grids: tuple[Grid, ...]
-    counts: tuple[int, ...]
+
+class SegmentLayout:
+    """What a packed layout offers given its per-segment token counts `lengths` and their
+    int32 offsets `cu_seqlens` (attributes of the subclass): the runs, `per_run`, the varlen
+    kernels' offsets. `Segments` is a stream of whole samples, its lengths those of their
+    grids; `Chunks` a stream of any lengths (a rank's share under sequence parallelism)."""
+
+    lengths: tuple[int, ...]
     cu_seqlens: torch.Tensor  # int32 [G + 1] on the stream's device
-
-    @classmethod
-    def of(cls, grids: Sequence[Grid], counts: Sequence[int], device: torch.device) -> Segments:
-        """The layout of `counts[g]` samples of grid `grids[g]`, group after group."""
-        if len(grids) != len(counts) or not grids or min(counts) < 1:
-            raise ValueError(f"a packed batch needs >= 1 sample per group, got counts {counts}")
-        grids = tuple(tuple(int(n) for n in g) for g in grids)
-        lengths = [g[0] * g[1] * g[2] for g, n in zip(grids, counts, strict=True) for _ in range(n)]
-        offsets = torch.tensor([0, *accumulate(lengths)], dtype=torch.int32)
-        return cls(grids, tuple(int(n) for n in counts), offsets.to(device))
-
-    @property
-    def group_lengths(self) -> tuple[int, ...]:
-        """Tokens of one sample of each group (S_g)."""
-        return tuple(f * h * w for f, h, w in self.grids)
 
     @property
     def num_segments(self) -> int:
-        return sum(self.counts)
+        return len(self.lengths)
 
     @property
     def num_tokens(self) -> int:
-        return sum(s * n for s, n in zip(self.group_lengths, self.counts, strict=True))
+        return sum(self.lengths)
 
     @property
     def max_seqlen(self) -> int:
-        return max(self.group_lengths)
+        return max(self.lengths)
 
     @property
     def runs(self) -> tuple[tuple[int, int], ...]:
         """(segments, tokens per segment) of each maximal run of adjacent equal-length
         segments: shape groups of equal S (e.g. 1x4x6 and 1x6x4) merge when adjacent."""
-        runs: list[list[int]] = []
-        for s, n in zip(self.group_lengths, self.counts, strict=True):
-            if runs and runs[-1][1] == s:
-                runs[-1][0] += n
-            else:
-                runs.append([n, s])
-        return tuple((n, s) for n, s in runs)
-
-    def split_groups(self, x: torch.Tensor) -> list[torch.Tensor]:
-        """The stream `x` [L, ...] as one [n_g, S_g, ...] view per shape group."""
-        sizes = [n * s for n, s in zip(self.counts, self.group_lengths, strict=True)]
-        return [
-            part.unflatten(0, (n, s))
-            for part, n, s in zip(x.split(sizes), self.counts, self.group_lengths, strict=True)
-        ]
+        return tuple((len(list(same)), s) for s, same in groupby(self.lengths))
 
     def per_run(
         self,
@@ -112,3 +89,55 @@ class Segments:
         g = self.num_segments
         return torch.arange(0, (g + 1) * rows_per_segment, rows_per_segment, dtype=torch.int32,
                             device=self.cu_seqlens.device)
+
+
+@dataclass(frozen=True)
+class Segments(SegmentLayout):
+    """The layout of one packed token stream: `grids[g]` is the (F', H', W') patch grid of the
+    `counts[g]` samples of shape group g; groups lie in the stream in this order."""
+
+    grids: tuple[Grid, ...]
+    counts: tuple[int, ...]
+    cu_seqlens: torch.Tensor  # int32 [G + 1] on the stream's device
+
+    @classmethod
+    def of(cls, grids: Sequence[Grid], counts: Sequence[int], device: torch.device) -> Segments:
+        """The layout of `counts[g]` samples of grid `grids[g]`, group after group."""
+        if len(grids) != len(counts) or not grids or min(counts) < 1:
+            raise ValueError(f"a packed batch needs >= 1 sample per group, got counts {counts}")
+        grids = tuple(tuple(int(n) for n in g) for g in grids)
+        lengths = [g[0] * g[1] * g[2] for g, n in zip(grids, counts, strict=True) for _ in range(n)]
+        return cls(grids, tuple(int(n) for n in counts), offsets(lengths, device))
+
+    @property
+    def lengths(self) -> tuple[int, ...]:
+        """Tokens of each segment (S_i), in stream order."""
+        return tuple(s for s, n in zip(self.group_lengths, self.counts, strict=True)
+                     for _ in range(n))
+
+    @property
+    def group_lengths(self) -> tuple[int, ...]:
+        """Tokens of one sample of each group (S_g)."""
+        return tuple(f * h * w for f, h, w in self.grids)
+
+    def split_groups(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """The stream `x` [L, ...] as one [n_g, S_g, ...] view per shape group."""
+        sizes = [n * s for n, s in zip(self.counts, self.group_lengths, strict=True)]
+        return [
+            part.unflatten(0, (n, s))
+            for part, n, s in zip(x.split(sizes), self.counts, self.group_lengths, strict=True)
+        ]
+
+
+@dataclass(frozen=True)
+class Chunks(SegmentLayout):
+    """A stream of G segments of any `lengths` (no grids): what a rank holds of a packed
+    stream under sequence parallelism, a chunk of each segment (`sequence_parallel`)."""
+
+    lengths: tuple[int, ...]
+    cu_seqlens: torch.Tensor  # int32 [G + 1] on the stream's device
+
+    @classmethod
+    def of(cls, lengths: Sequence[int], device: torch.device) -> Chunks:
+        lengths = tuple(int(n) for n in lengths)
+        return cls(lengths, offsets(lengths, device))

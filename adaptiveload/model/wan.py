@@ -9,7 +9,9 @@ initialisation follow it, so its state dict keys are the original checkpoints' (
   a list of such tensors of different shapes, whose samples run as one token stream
   [L, dim] (`segments.Segments`): patch embedding and unpatchify per shape group, RoPE per
   grid, per-sample modulation per segment, varlen self-attention, each segment's queries
-  against its own text context. Text contexts arrive dense [B (or G), L, text_dim];
+  against its own text context. Text contexts arrive dense [B (or G), L, text_dim]. A packed
+  micro-batch may run over a sequence-parallel group (`sp_group`, `sequence_parallel.py`):
+  each rank computes the blocks on its chunk of every segment, self-attention head-sharded;
 - every LayerNorm+modulate goes through `LnModulate` (eager or fused kernel, a runtime switch);
 - attention is flash-attn on CUDA when installed, else torch's own (varlen for a packed
   batch on CUDA, SDPA otherwise), chosen at run time (`attention.py`);
@@ -25,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -32,7 +35,8 @@ from adaptiveload.model.architectures import WanConfig
 from adaptiveload.model.attention import Execution, attention, choose_backend
 from adaptiveload.model.modulate import LnModulate, resolve
 from adaptiveload.model.rope import apply_rope, rope_angles
-from adaptiveload.model.segments import Grid, Segments
+from adaptiveload.model.segments import Grid, SegmentLayout, Segments
+from adaptiveload.model.sequence_parallel import SequenceShard, degree_of, shard_over
 
 Latents = torch.Tensor | Sequence[torch.Tensor]  # dense [B, C, T', H', W'], or packed groups
 
@@ -42,7 +46,7 @@ def fp32_region(x: torch.Tensor) -> torch.autocast:
     return torch.autocast(x.device.type, enabled=False)
 
 
-def gated(y: torch.Tensor, gate: torch.Tensor, segments: Segments | None) -> torch.Tensor:
+def gated(y: torch.Tensor, gate: torch.Tensor, segments: SegmentLayout | None) -> torch.Tensor:
     """y * gate, each sample's tokens by its own gate row ([B or G, 1, dim])."""
     return y * gate if segments is None else segments.per_run(torch.mul, [y], [gate])
 
@@ -95,9 +99,13 @@ class Attention(nn.Module):
         x: torch.Tensor,
         context: torch.Tensor | None = None,
         rope: tuple[torch.Tensor, torch.Tensor] | None = None,
-        segments: Segments | None = None,
+        segments: SegmentLayout | None = None,
         backend: str | None = None,
+        shard: SequenceShard | None = None,
     ) -> torch.Tensor:
+        """`segments`: the layout of x's tokens; with a `shard` (self-attention under
+        sequence parallelism) x holds this rank's tokens and attention runs head-sharded over
+        the shard's whole segments."""
         kv = x if context is None else context
         heads = (self.num_heads, -1)
         q = self.norm_q(self.q(x)).unflatten(-1, heads)
@@ -105,6 +113,8 @@ class Attention(nn.Module):
         v = self.v(kv).unflatten(-1, heads)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        if shard is not None:
+            return self.o(shard.attention(q, k, v, backend).flatten(-2))
         return self.o(attention(q, k, v, segments, backend).flatten(-2))
 
 
@@ -131,15 +141,16 @@ class Block(nn.Module):
         e0: torch.Tensor,
         context: torch.Tensor,
         rope: tuple[torch.Tensor, torch.Tensor],
-        segments: Segments | None = None,
+        segments: SegmentLayout | None = None,
         backend: str | None = None,
+        shard: SequenceShard | None = None,
     ) -> torch.Tensor:
         with fp32_region(x):
             shift_msa, scale_msa, gate_msa, shift_ffn, scale_ffn, gate_ffn = (
                 self.modulation + e0
             ).chunk(6, dim=1)
         y = self.self_attn(self.norm1(x, scale_msa, shift_msa, segments), rope=rope,
-                           segments=segments, backend=backend)
+                           segments=segments, backend=backend, shard=shard)
         with fp32_region(x):
             x = x + gated(y, gate_msa, segments)
         x = x + self.cross_attn(
@@ -161,7 +172,7 @@ class Head(nn.Module):
         self.modulation = nn.Parameter(torch.randn(1, 2, cfg.dim) / cfg.dim**0.5)
 
     def forward(
-        self, x: torch.Tensor, e: torch.Tensor, segments: Segments | None = None
+        self, x: torch.Tensor, e: torch.Tensor, segments: SegmentLayout | None = None
     ) -> torch.Tensor:
         with fp32_region(x):
             shift, scale = (self.modulation + e.unsqueeze(1)).chunk(2, dim=1)
@@ -231,20 +242,38 @@ class WanModel(nn.Module):
                 nn.init.normal_(module.weight, std=0.02)
         nn.init.zeros_(self.head.head.weight)
 
-    def forward(self, x: Latents, t: torch.Tensor, context: torch.Tensor) -> Latents:
+    def forward(
+        self,
+        x: Latents,
+        t: torch.Tensor,
+        context: torch.Tensor,
+        sp_group: dist.ProcessGroup | None = None,
+    ) -> Latents:
         """Dense: x [B, C, T', H', W'] -> [B, C_out, T', H', W']. Packed: x a list of dense
         latents of different bucket shapes, t [G] and context [G, L, text_dim] for their G
-        samples in list order -> the list of their predictions; inside, one token stream."""
+        samples in list order -> the list of their predictions; inside, one token stream.
+
+        `sp_group`: the sequence-parallel group a packed micro-batch runs over
+        (docs/sequence_parallel.md): every rank of it passes the same samples and gets the
+        same predictions; the blocks run on its share of the tokens. None, or a group of
+        one, is the unsharded path."""
         backend = self._attention_backend(x)
         groups = [x] if isinstance(x, torch.Tensor) else list(x)
         grids = [self._grid(g) for g in groups]
         tokens = [self.patch_embedding(g).flatten(2).transpose(1, 2) for g in groups]  # f-h-w
         if isinstance(x, torch.Tensor):
-            segments, x, rope = None, tokens[0], self._rope(grids[0], x.device)  # [B, S, dim]
+            if degree_of(sp_group) > 1:
+                raise ValueError("sequence parallelism shards packed micro-batches only; give "
+                                 "the latents as a list (model.batch_layout: packed)")
+            segments, shard, layout = None, None, None
+            x, rope = tokens[0], self._rope(grids[0], x.device)  # [B, S, dim]
         else:
             segments = self._segments(grids, groups, t, context)
+            shard = shard_over(segments, sp_group, self.cfg.num_heads)
             x = torch.cat([part.flatten(0, 1) for part in tokens])  # [L, dim]
-            rope = self._stream_rope(segments)
+            rope, layout = self._stream_rope(segments), segments
+            if shard is not None:  # this rank's tokens, their angles, its chunks' layout
+                x, rope, layout = shard.take(x), tuple(map(shard.take, rope)), shard.local
 
         with fp32_region(x):
             e = self.time_embedding(sinusoidal_embedding(self.cfg.freq_dim, t))  # [B, dim]
@@ -252,16 +281,18 @@ class WanModel(nn.Module):
         context = self.text_embedding(context)
 
         for block in self.blocks:
+            args = (x, e0, context, rope, layout, backend, shard)
             if self.activation_checkpointing and torch.is_grad_enabled():
-                args = (x, e0, context, rope, segments, backend)
                 x = checkpoint(block, *args, use_reentrant=False)
             else:
-                x = block(x, e0, context, rope, segments, backend)
+                x = block(*args)
         self.attention_ran = backend
 
-        x = self.head(x, e, segments)
+        x = self.head(x, e, layout)
         if segments is None:
             return self.unpatchify(x, grids[0]).float()
+        if shard is not None:
+            x = shard.gather(x)  # [L, C_out * patch]: every sample whole, on every rank
         parts = segments.split_groups(x)
         return [self.unpatchify(p, g).float() for p, g in zip(parts, grids, strict=True)]
 

@@ -14,11 +14,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from adaptiveload.costmodel import Calibration, CostModel
 from adaptiveload.errors import UserError
 from adaptiveload.planning.budgets import Budgets
 from adaptiveload.planning.dealing import shuffled_by_code
+from adaptiveload.step_table import SP_DEGREE
 
 
 @dataclass(frozen=True)
@@ -71,7 +73,9 @@ class MicroBatches:
     (slot j: step j // N, rank j % N) and `slot_pad` flags padding repeats; `oversize` flags
     the samples over a budget on their own, `violations` counts batches of more than one
     sample over one; `dealt_on` names what a cost-aware deal ordered the slots by (None: dealt
-    as shuffled); `summary`: fields of the policy's own for the plan summary."""
+    as shuffled); `summary`: fields of the policy's own for the plan summary; `slot_degree`:
+    where some micro-batches run on sequence-parallel groups, each slot's degree (a group of
+    d ranks: its pack on the first of its d consecutive slots, -1 on the others)."""
 
     batches: Batches
     slots: np.ndarray
@@ -80,6 +84,18 @@ class MicroBatches:
     violations: int
     dealt_on: str | None = None
     summary: dict[str, Any] = field(default_factory=dict)
+    # per slot, the degree of the sequence-parallel group whose first rank it is (None: every
+    # slot one rank's); a group's other ranks' slots hold batch -1 (``groups``)
+    slot_degree: np.ndarray | None = None
+
+
+def table_degrees(table: pd.DataFrame) -> np.ndarray:
+    """Each row's sequence-parallel degree: the plan table's `SP_DEGREE` column (present
+    where some group has d > 1, ``groups``; a row's `rank` then its group's first rank), 1
+    without one."""
+    if SP_DEGREE in table.columns:
+        return table[SP_DEGREE].to_numpy(np.int64)
+    return np.ones(len(table), dtype=np.int64)
 
 
 def bucket_cuts(

@@ -66,6 +66,13 @@ class CompareConfig:
     policies: Sequence[str] | None = None
     window_steps: int | None = DEFAULT_WINDOW_STEPS
 
+    @property
+    def max_degree(self) -> int:
+        """The largest sequence-parallel degree any compared policy may plan: samples over the
+        capacity there are left out of every plan (`plan.without_over_capacity`); those over
+        it at a policy's own are excluded by that policy's plan."""
+        return max(config.max_degree for config in self.plan_configs())
+
     def plan_configs(self) -> list[PlanConfig]:
         budgets = Budgets.resolve(calibration=self.calibration)
         cal, n, seed, window = self.calibration, self.world_size, self.seed, self.window_steps

@@ -63,7 +63,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from adaptiveload.costmodel import Calibration, CostModel, EpochLimits
+from adaptiveload.costmodel import Calibration, CostModel, EpochLimits, SequenceParallel
 from adaptiveload.errors import UserError
 from adaptiveload.planning.budgets import Budgets
 from adaptiveload.planning.dealing import deal_in_windows, narrow, shuffled_by_code
@@ -73,6 +73,9 @@ from adaptiveload.planning.dealing import deal_in_windows, narrow, shuffled_by_c
 # differ by far less, so no pack is ever found over a cap. Whole-number uses (tokens) add up
 # exactly and fill their cap to the last token.
 FILL_MARGIN = 1e-9
+# the device's memory, the limit a sample cannot break even alone at a sequence-parallel
+# degree (`EpochLimits.hard`)
+MEMORY_LIMIT = "memory_bytes"
 # the costlier half of a window's samples is placed on loads offset by up to this share of
 # a pack's mean load, drawn per (seed, epoch), so which costly samples share a pack varies
 OFFSET_SHARE = 0.25
@@ -101,7 +104,7 @@ class PackLimits(EpochLimits):
                     f"{cost.m_static / 1e9:.2f} GB leaves no room under the usable "
                     f"{usable / 1e9:.2f} GB; raise the capacity or shard the model"
                 )
-            rows.append(("memory_bytes", cost.m_tok, 1.0, cost.m_seq, usable - cost.m_static))
+            rows.append((MEMORY_LIMIT, cost.m_tok, 1.0, cost.m_seq, usable - cost.m_static))
             if budgets.m_mem != cost_model.m_mem:  # an explicit M_mem: keep it as a token cap
                 token_caps.append(budgets.m_mem)
         else:
@@ -112,7 +115,8 @@ class PackLimits(EpochLimits):
             rows.append(("tokens", 1.0, 1.0, 0.0, min(caps)))
         names, per_token, power, per_sample, cap = zip(*rows, strict=True)
         return cls(
-            per_token=per_token, power=power, per_sample=per_sample, caps=cap, names=names
+            per_token=per_token, power=power, per_sample=per_sample, caps=cap, names=names,
+            hard=tuple(name == MEMORY_LIMIT for name in names),
         )
 
     def as_dict(self) -> dict[str, float]:
@@ -177,6 +181,13 @@ class _Fill:
     used: np.ndarray
 
     @classmethod
+    def zeros(cls, n_packs: int, n_limits: int) -> _Fill:
+        """`n_packs` empty packs."""
+        return cls(np.zeros(n_packs, dtype=np.int64), np.zeros(n_packs),
+                   np.zeros(n_packs, dtype=np.int64), np.zeros(n_packs),
+                   np.zeros((n_limits, n_packs)))
+
+    @classmethod
     def concat(cls, fills: list[_Fill]) -> _Fill:
         return cls(*(np.concatenate([getattr(f, k) for f in fills], axis=-1)
                      for k in ("size", "load", "sum_s", "sum_sq", "used")))
@@ -214,13 +225,17 @@ class _Window:
 def make_packs(
     tokens: np.ndarray, budgets: Budgets, cost_model: CostModel | Calibration | None,
     world_size: int, window_steps: int | None, rng: np.random.Generator,
-    steps: int | None = None,
+    steps: int | None = None, degree: int = 1, sp: SequenceParallel | None = None,
 ) -> Packs:
     """Pack one epoch of samples (`tokens`: each sample's bucket tokens, by position) for
     `world_size` ranks in `steps` steps (None: K_min, the fewest the limits allow) and deal
-    the packs to steps (module docstring)."""
-    limits = PackLimits.of(budgets, cost_model)
+    the packs to steps (module docstring). `degree` > 1: each of the `world_size` is a group
+    of that many ranks, its pack held to the limits at `degree` and costing the set at
+    `degree` through `sp` (``adaptiveload-sp-fixed``)."""
+    limits = PackLimits.of(budgets, cost_model).at_degree(degree)
     cost = cost_model.cost if isinstance(cost_model, Calibration) else cost_model
+    if degree > 1:
+        cost = sp.cost_at(cost, degree)
     types = _types(tokens, limits, cost, float(budgets.p))
     order = shuffled_by_code(types.of, types.w.size, rng)  # by type, random inside
     count = np.bincount(types.of, minlength=types.w.size)
@@ -228,7 +243,8 @@ def make_packs(
     if steps is not None and steps < k_min:
         raise UserError(
             f"steps_per_epoch={steps}: the packs' limits need at least {k_min} steps for "
-            f"these {tokens.size} samples on {world_size} ranks; give {k_min} or more, or free"
+            f"these {tokens.size} samples on {_ranks(world_size, degree)}; give {k_min} or "
+            "more, or free"
         )
     steps = k_min if steps is None else steps
     per_window = steps if window_steps is None else max(1, int(window_steps))
@@ -241,13 +257,25 @@ def make_packs(
     return _assemble(tokens, windows, types, limits, cost, world_size, rng)
 
 
+def _ranks(world_size: int, degree: int) -> str:
+    """How a message names the ranks packs go to: N ranks, or N groups of d ranks."""
+    return f"{world_size} ranks" if degree == 1 else f"{world_size} groups of {degree} ranks"
+
+
 def _types(tokens: np.ndarray, limits: PackLimits, cost: CostModel | None, p: float) -> _Types:
     """Distinct token counts of the epoch (hashing: O(n), few distinct), in LPT order."""
     code, values = pd.factorize(tokens, sort=True)
-    values = np.asarray(values, dtype=np.int64)
+    return types_of(code, np.asarray(values, dtype=np.int64), limits, cost, p)
+
+
+def types_of(
+    code: np.ndarray, values: np.ndarray, limits: PackLimits, cost: CostModel | None, p: float
+) -> _Types:
+    """`_types` of samples already coded: sample i has token count ``values[code[i]]``
+    (`values` sorted); the sequence-parallel planner codes once and orders per degree."""
     w = cost.per_sample_time(values) if cost is not None else values.astype(np.float64) ** p
     use = limits.use(values)
-    exact = np.all(use == np.round(use), axis=0) & (use.max(axis=0) * tokens.size < 2**53)
+    exact = np.all(use == np.round(use), axis=0) & (use.max(axis=0) * code.size < 2**53)
     caps = np.asarray(limits.caps) * np.where(exact, 1.0, 1 - FILL_MARGIN)
     alone = (use > caps).any(axis=1)
     rank = np.lexsort((-values, -w, ~alone))  # alone first, then costliest, then longest
@@ -289,16 +317,44 @@ def _pack_window(
     finds no pack with room (one at a time: each extra step costs the epoch c0 and an
     all-reduce, and the epoch's K should stay within a few percent of K_min)."""
     count = np.bincount(types.of[members], minlength=types.w.size)
+    if members.size == 0:  # a window the spread left empty: its packs are filled or padded
+        empty = np.zeros(0, dtype=np.int64)
+        return _Window(members, empty, empty, _Fill.zeros(steps * world_size,
+                                                          types.use.shape[1]), steps)
     most = -(-members.size // world_size)  # as many packs as members: every one fits alone
-    cheapest = float(types.w[count > 0].min())
     while True:
-        n_packs = steps * world_size
-        mean_load = float((count * types.w).sum()) / n_packs
-        offsets = (OFFSET_SHARE * mean_load * offset(n_packs), cheapest * offset(n_packs))
-        placed = _lpt(count, types, n_packs, offsets)
+        placed = _lpt_offset(count, types, steps * world_size, offset)
         if placed is not None:
             return _Window(members, *placed, steps=steps)
         steps = min(steps + 1, most)
+
+
+def pack_members(
+    members: np.ndarray, types: _Types, n_packs: int, grow: int,
+    offset: Callable[[int], np.ndarray],
+) -> _Window:
+    """LPT of `members` (sample positions in type order) into `n_packs` packs, `grow` more
+    whenever a member finds no pack with room (at most one pack per member): the
+    sequence-parallel planner's packs of one degree, whose count is set by its groups, not
+    by whole steps of N."""
+    count = np.bincount(types.of[members], minlength=types.w.size)
+    n_packs = max(1, min(n_packs, members.size))
+    while True:
+        placed = _lpt_offset(count, types, n_packs, offset)
+        if placed is not None:
+            return _Window(members, *placed, steps=0)
+        n_packs = min(n_packs + grow, members.size)
+
+
+def _lpt_offset(
+    count: np.ndarray, types: _Types, n_packs: int, offset: Callable[[int], np.ndarray]
+) -> tuple[np.ndarray, np.ndarray, _Fill] | None:
+    """`_lpt` from random starting loads (module docstring: seeds that vary): up to
+    OFFSET_SHARE of the mean load for the costlier half, up to the cheapest sample after."""
+    cheapest = float(types.w[count > 0].min())
+    mean_load = float((count * types.w).sum()) / n_packs
+    offsets = (OFFSET_SHARE * mean_load * offset(n_packs), cheapest * offset(n_packs))
+    return _lpt(count, types, n_packs, offsets)
 
 
 def _lpt(
@@ -308,9 +364,7 @@ def _lpt(
     sample's pack and place in it, and what each pack holds; None if a sample finds no
     room. LPT compares the packs' loads plus `offsets[0]` until half the work is placed,
     then their real loads plus `offsets[1]` (module docstring: seeds that vary)."""
-    fill = _Fill(np.zeros(n_packs, dtype=np.int64), np.zeros(n_packs),
-                 np.zeros(n_packs, dtype=np.int64), np.zeros(n_packs),
-                 np.zeros((types.use.shape[1], n_packs)))
+    fill = _Fill.zeros(n_packs, types.use.shape[1])
     size, load = fill.size, offsets[0].copy()
     room = np.repeat(types.caps[:, None], n_packs, axis=1)  # [limits, packs]
     pack_of = np.empty(int(count.sum()), dtype=np.int64)

@@ -25,15 +25,19 @@ the memory and compute limits, dealt by predicted cost; it pads only where a win
 samples than packs (fewer samples than ranks, or samples that each need a pack of their own).
 
 A sample over a budget on its own forms B = 1 and is counted in ``num_oversize``. A sample
-that cannot run on one device at all (a Calibration's predicted memory of B = 1 above its
-capacity) is never planned: it is excluded and counted in ``num_over_capacity`` (and in
-``num_excluded``), since no mechanism here splits one sample over devices.
+that cannot run at all (a Calibration's predicted memory of B = 1 above its capacity, on one
+device, or per rank at the policy's largest sequence-parallel degree: `Policy.max_degree`,
+``adaptiveload-sp``) is never planned: it is excluded and counted in ``num_over_capacity``
+(and in ``num_excluded``).
 
 Table columns: ``step, rank, sample_id``; ``frames, height, width, tokens`` of the sample's
 *bucket* shape (what the model is fed); ``batch_id`` (a padding repeat shares the id of the
 batch it repeats); ``is_padding``. One row per (step, rank, sample): a (step, rank) cell is one
-micro-batch, of one bucket shape under the homogeneous policies, of several in a pack.
-``table.attrs["plan"]`` holds the summary (kept in Parquet).
+micro-batch, of one bucket shape under the homogeneous policies, of several in a pack. A plan
+with sequence-parallel groups (``groups``) has one more column, ``sp_degree``: a row's
+micro-batch runs on ranks ``rank .. rank + sp_degree - 1`` of its step (``rank`` the group's
+first), every one of which trains it; plans without groups have no such column, and their
+digests are as before. ``table.attrs["plan"]`` holds the summary (kept in Parquet).
 
 With a cost model the summary adds predicted metrics (``PREDICTED``, through
 ``simulate.simulate``), among them ``predicted_vs_lower_bound``: the plan's summed step compute
@@ -52,10 +56,15 @@ import numpy as np
 import pandas as pd
 
 from adaptiveload import metrics
-from adaptiveload.costmodel import Calibration, CostModel
+from adaptiveload.costmodel import Calibration, CostModel, group_bound
 from adaptiveload.data.bucketing import Bucketed
 from adaptiveload.errors import UserError
-from adaptiveload.planning.batches import Batches, Buckets, EpochInputs, starts
+from adaptiveload.planning.batches import (
+    Buckets,
+    EpochInputs,
+    MicroBatches,
+    starts,
+)
 from adaptiveload.planning.dealing import DEFAULT_WINDOW_STEPS, narrow
 from adaptiveload.planning.packing import epoch_limits
 from adaptiveload.planning.policies import Budgets, Policy, get_policy
@@ -65,6 +74,7 @@ from adaptiveload.planning.simulate import (
     Simulation,
     simulate,
 )
+from adaptiveload.step_table import SP_DEGREE
 
 REQUIRED_COLUMNS = ("sample_id", "bucket_frames", "bucket_height", "bucket_width", "tokens")
 TABLE_COLUMNS = (
@@ -136,6 +146,12 @@ class PlanConfig:
             window_steps=(self.window_steps, 1),
         )
 
+    @property
+    def max_degree(self) -> int:
+        """The largest sequence-parallel degree the policy may plan on these ranks
+        (`Policy.max_degree`): samples over the capacity at it are excluded."""
+        return self.policy.max_degree(self.cost_model, self.world_size)
+
     def plan(
         self, samples: Any, num_excluded: int | None = None, num_over_capacity: int | None = None
     ) -> Plan:
@@ -185,7 +201,9 @@ def _plan(
     pol, budgets, cost_model = config.policy, config.budgets, config.cost_model
     world_size, seed, epoch = config.world_size, config.seed, config.epoch
     window_steps, steps_per_epoch = config.window_steps, config.steps_per_epoch
-    frame, excluded, over_capacity = _unpack(samples, num_excluded, num_over_capacity, cost_model)
+    frame, excluded, over_capacity = _unpack(
+        samples, num_excluded, num_over_capacity, cost_model, config.max_degree
+    )
     rng = np.random.default_rng([seed, epoch])
     tokens = frame["tokens"].to_numpy(np.int64)
     buckets = _buckets(frame, tokens)
@@ -195,7 +213,9 @@ def _plan(
         EpochInputs(buckets, tokens, budgets, cost_model, world_size, window_steps, rng, target)
     )
     batches, slots, slot_pad = formed.batches, formed.slots, formed.slot_pad
-    table, row_sample = _rows(frame, buckets, batches, slots, slot_pad, world_size)
+    table, row_sample = _rows(frame, buckets, formed, world_size)
+    slot_size = _slot_sizes(formed)
+    max_degree = int(formed.summary.get("sp_max_degree", 1))
 
     real = ~table["is_padding"].to_numpy()
     seen = np.bincount(row_sample[real], minlength=len(frame))
@@ -211,7 +231,7 @@ def _plan(
         "num_padding_batches": int(slot_pad.sum()),
         "duplicates": int((seen > 1).sum()),
         "steps": slots.size // world_size,
-        "min_steps_per_epoch": _min_steps(tokens, budgets, cost_model, world_size),
+        "min_steps_per_epoch": _min_steps(tokens, budgets, cost_model, world_size, max_degree),
         "batches": int(batches.size.size),
         "min_sample_tokens": int(tokens.min()),
         "max_tokens_per_batch": int(np.add.reduceat(tokens[batches.order], batches.start).max()),
@@ -222,7 +242,7 @@ def _plan(
         "steps_per_epoch": steps_per_epoch,
         "window_steps": window_steps if formed.dealt_on else None,
         "deal_cost": formed.dealt_on,
-        **_digests(frame, row_sample, batches.size[slots], slot_pad, world_size),
+        **_digests(frame, row_sample, slot_size, slot_pad, world_size, formed.slot_degree),
     }
     summary.update(_batch_spread(table))
     summary.update(formed.summary)
@@ -254,15 +274,21 @@ def _buckets(frame: pd.DataFrame, tokens: np.ndarray) -> Buckets:
 
 
 def _min_steps(
-    tokens: np.ndarray, budgets: Budgets, cost_model: CostModel | Calibration | None, n: int
+    tokens: np.ndarray, budgets: Budgets, cost_model: CostModel | Calibration | None, n: int,
+    max_degree: int = 1,
 ) -> int | None:
     """K_min: the fewest steps any plan of these samples within the packed policy's limits
-    takes (`EpochLimits.min_micro_batches` over N); None without M_comp and p."""
+    takes (`EpochLimits.min_micro_batches` over N; in rank units where samples may run in
+    sequence-parallel groups up to `max_degree`, `GroupBound.terms`); None without M_comp
+    and p."""
     limits = epoch_limits(budgets, cost_model)
     if limits is None:
         return None
     values, count = np.unique(tokens, return_counts=True)
-    return -(-limits.min_micro_batches(values, count) // n)
+    groups = group_bound(cost_model, max_degree)
+    if groups is None:
+        return -(-limits.min_micro_batches(values, count) // n)
+    return -(-groups.terms(cost_model.cost, values, count, limits)[0] // n)
 
 
 def _batch_spread(table: pd.DataFrame) -> dict[str, float]:
@@ -307,15 +333,25 @@ def _target_steps(
 
 
 
+def _slot_sizes(formed: MicroBatches) -> np.ndarray:
+    """How many samples each slot runs: its batch's size; 0 on a group's other ranks."""
+    if formed.slot_degree is None:
+        return formed.batches.size[formed.slots]
+    live = formed.slots >= 0
+    return np.where(live, formed.batches.size[np.where(live, formed.slots, 0)], 0)
+
+
 def _rows(
-    frame: pd.DataFrame, buckets: Buckets, batches: Batches, slots: np.ndarray,
-    slot_pad: np.ndarray, world_size: int,
+    frame: pd.DataFrame, buckets: Buckets, formed: MicroBatches, world_size: int
 ) -> tuple[pd.DataFrame, np.ndarray]:
     """The plan table (one row per sample of each slot) and each row's sample position.
     Built column by column into one integer block that the frame adopts without a copy: at
     10M rows the copies pandas would make cost seconds. A row's shape and tokens are its
-    bucket's, looked up in the small bucket table: one gather over the samples, not four."""
-    slot_size = batches.size[slots]
+    bucket's, looked up in the small bucket table: one gather over the samples, not four.
+    With groups (`formed.slot_degree`), a group's rows sit on its first rank and carry its
+    degree (`SP_DEGREE`)."""
+    batches, slots, slot_pad = formed.batches, formed.slots, formed.slot_pad
+    slot_size = _slot_sizes(formed)
     n = int(slot_size.sum())
     # each row's place in `batches.order`: its slot's batch start plus its place in the slot
     first = batches.start[slots] - starts(slot_size)
@@ -333,6 +369,8 @@ def _rows(
     table.insert(2, "sample_id", frame["sample_id"].array.take(row_sample))  # no Python objects
     table["batch_id"] = np.repeat(slots, slot_size)
     table["is_padding"] = np.repeat(slot_pad, slot_size)
+    if formed.slot_degree is not None:
+        table[SP_DEGREE] = np.repeat(formed.slot_degree, slot_size)
     return table, row_sample
 
 
@@ -368,12 +406,31 @@ def check_table(table: pd.DataFrame, origin: str) -> None:
                 f"{origin}: row {row}: column {col} is {table[col].iat[row]!r}; "
                 f"expected an integer {limit}; {fix}"
             )
+    if SP_DEGREE in table.columns:
+        _check_degrees(table, origin, fix)
     real = table.loc[~table["is_padding"].astype(bool), "sample_id"]
     repeated = real[real.duplicated()]
     if len(repeated):
         raise UserError(
             f"{origin}: sample {repeated.iat[0]!r} is planned more than once outside padding "
             f"rows; {fix}"
+        )
+
+
+def _check_degrees(table: pd.DataFrame, origin: str, fix: str) -> None:
+    """UserError unless every row's group is a power-of-two degree on an aligned block of
+    ranks, ``rank`` a multiple of ``sp_degree`` (the ranks a group runs on)."""
+    degree = pd.to_numeric(table[SP_DEGREE], errors="coerce").to_numpy(np.float64)
+    rank = pd.to_numeric(table["rank"], errors="coerce").to_numpy(np.float64)
+    whole = np.isfinite(degree) & (degree >= 1) & (degree == np.round(degree))
+    d = np.where(whole, degree, 1).astype(np.int64)
+    bad = ~whole | (d & (d - 1) != 0) | (rank % d != 0)
+    if bad.any():
+        row = int(np.argmax(bad))
+        raise UserError(
+            f"{origin}: row {row}: column {SP_DEGREE} is {table[SP_DEGREE].iat[row]!r} at rank "
+            f"{table['rank'].iat[row]!r}; expected a power of two whose multiple the rank is "
+            f"(an aligned group); {fix}"
         )
 
 
@@ -414,12 +471,15 @@ def _digests(
     slot_size: np.ndarray,
     slot_pad: np.ndarray,
     world_size: int,
+    slot_degree: np.ndarray | None = None,
 ) -> dict[str, str]:
     """The plan's identity: `data_digest` (the samples planned: ids, bucket shapes and tokens,
     in row order) and `plan_digest` (which samples run where and when: the row positions,
     batch sizes and padding flags in slot order, the world size that turns a slot into its step
     and rank, with the data digest that says what a position means). Without the world size,
     plans of 2 and 4 ranks that deal the same slots had one digest.
+    With sequence-parallel groups the slots' degrees join the plan digest (plans of one
+    rank per micro-batch hash as they always have).
     Resumes (`PlanBatchSampler.load_state_dict`) and ranks (`PlanBatchSampler.check_ranks`)
     compare them; 1M samples digest in tens of milliseconds."""
     data = hashlib.sha256()
@@ -428,8 +488,10 @@ def _digests(
         data.update(np.ascontiguousarray(frame[col].to_numpy(np.int64)))
     data_digest = data.hexdigest()[:16]
     data_bytes = np.frombuffer(data_digest.encode(), np.uint8)
-    plan = _digest(data_bytes, np.int64([world_size]), row_sample, slot_size, slot_pad)
-    return {"data_digest": data_digest, "plan_digest": plan}
+    parts = [data_bytes, np.int64([world_size]), row_sample, slot_size, slot_pad]
+    if slot_degree is not None:
+        parts.append(slot_degree)
+    return {"data_digest": data_digest, "plan_digest": _digest(*parts)}
 
 
 def _hash_strings(h: Any, values: pd.Series) -> None:
@@ -507,9 +569,10 @@ def _unpack(
     num_excluded: int | None,
     num_over_capacity: int | None,
     cost_model: CostModel | Calibration | None,
+    max_degree: int = 1,
 ) -> tuple[pd.DataFrame, int, int]:
-    """The samples to plan (those over the device's capacity taken out), the excluded count
-    and, of it, the over-capacity count."""
+    """The samples to plan (those over the device's capacity at `max_degree` taken out), the
+    excluded count and, of it, the over-capacity count."""
     frame = getattr(samples, "samples", samples)
     if not isinstance(frame, pd.DataFrame):
         raise TypeError("samples must be a bucketed DataFrame or a Bucketed")
@@ -525,36 +588,43 @@ def _unpack(
         num_excluded = int(getattr(samples, "num_excluded", 0))
     if num_over_capacity is None:
         num_over_capacity = int(getattr(samples, "num_over_capacity", 0))
-    over = over_capacity(frame, cost_model)
+    over = over_capacity(frame, cost_model, max_degree)
     if over.any():
         frame = frame[~over].reset_index(drop=True)
     dropped = int(over.sum())
     return frame, num_excluded + dropped, num_over_capacity + dropped
 
 
-def over_capacity(frame: pd.DataFrame, cost_model: CostModel | Calibration | None) -> np.ndarray:
-    """Which samples one device cannot hold alone (a Calibration's m(1, S) above its capacity):
-    never planned. All False without a capacity; UserError when no sample fits."""
+def over_capacity(
+    frame: pd.DataFrame, cost_model: CostModel | Calibration | None, max_degree: int = 1
+) -> np.ndarray:
+    """Which samples a device cannot hold alone (a Calibration's m(1, S) above its capacity;
+    per rank of a sequence-parallel group of `max_degree` ranks, m_static + m_tok S / d +
+    m_seq, `CostModel.at_degree`): never planned. All False without a capacity; UserError
+    when no sample fits."""
     if not isinstance(cost_model, Calibration) or not cost_model.capacity_bytes:
         return np.zeros(len(frame), dtype=bool)
     tokens = frame["tokens"].to_numpy(np.float64)
-    fits = cost_model.cost.memory(1, tokens) <= cost_model.capacity_bytes
+    per_rank = cost_model.cost.at_degree(max_degree)
+    fits = per_rank.memory(1, tokens) <= cost_model.capacity_bytes
     if len(frame) and not fits.any():
+        where = "one device" if max_degree == 1 else f"{max_degree} ranks"
         raise UserError(
-            f"no sample fits on one device: the smallest ({tokens.min():.0f} tokens) needs "
-            f"{cost_model.cost.memory(1, tokens.min()) / 1e9:.1f} GB > the calibration's "
+            f"no sample fits on {where}: the smallest ({tokens.min():.0f} tokens) needs "
+            f"{per_rank.memory(1, tokens.min()) / 1e9:.1f} GB > the calibration's "
             f"capacity {cost_model.capacity_bytes / 1e9:.1f} GB"
         )
     return ~fits
 
 
 def without_over_capacity(
-    bucketed: Bucketed, cost_model: CostModel | Calibration | None
+    bucketed: Bucketed, cost_model: CostModel | Calibration | None, max_degree: int = 1
 ) -> Bucketed:
-    """`bucketed` without the samples one device cannot hold alone (``over_capacity``): they
-    join its excluded samples, counted (also in ``num_over_capacity``) and named in
-    ``excluded_ids``, so what a command reports as excluded is what its plan leaves out."""
-    over = over_capacity(bucketed.samples, cost_model)
+    """`bucketed` without the samples a device (a group of `max_degree` ranks) cannot hold
+    alone (``over_capacity``): they join its excluded samples, counted (also in
+    ``num_over_capacity``) and named in ``excluded_ids``, so what a command reports as
+    excluded is what its plan leaves out."""
+    over = over_capacity(bucketed.samples, cost_model, max_degree)
     if not over.any():
         return bucketed
     ids = bucketed.samples.loc[over, "sample_id"]

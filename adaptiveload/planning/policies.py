@@ -9,6 +9,14 @@ micro-batches are formed and how they are dealt to ranks (``Policy.micro_batches
   formed under the memory and compute budgets so that every rank of a step holds near-equal
   predicted cost (see ``adaptiveload.planning.packing``); it needs a model that runs packed
   micro-batches.
+- ``adaptiveload-sp`` (beyond the paper): the packed policy with a sequence-parallel degree
+  per micro-batch: a sample beyond one device's memory (or over the compute budget alone)
+  runs on an aligned group of ranks at the least degree that holds it, topped up with small
+  samples, while packs of small samples fill the single ranks (``groups``); where no sample
+  needs a group, the packed policy's plan.
+- ``adaptiveload-sp-fixed`` (the baseline of trainers that run one SP degree throughout):
+  every micro-batch on a group of ``groups.FIXED_DEGREE`` ranks (capped to what the model's
+  heads and N allow).
 
 Budgets (``budgets.Budgets``, imported from here too) are in tokens (``M_tok``, ``M_mem``,
 ``pack_tokens``) and tokens^p (``M_comp``). A calibration derives all but ``pack_tokens`` (a
@@ -24,10 +32,12 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from adaptiveload.costmodel import Calibration, CostModel, SequenceParallel
 from adaptiveload.errors import UserError
 from adaptiveload.planning.batches import Batches, EpochInputs, MicroBatches, bucket_cuts
 from adaptiveload.planning.budgets import MAX_BUDGET, Budgets
 from adaptiveload.planning.dealing import deal_balanced
+from adaptiveload.planning.groups import FIXED_DEGREE, make_groups, widen
 from adaptiveload.planning.packing import make_packs
 
 
@@ -49,6 +59,9 @@ class Policy:
     # its micro-batches mix lengths: the model runs them packed (what training's batch layout
     # and the calibration's checks read; planning asks the policy for its batches instead)
     packed: ClassVar[bool] = False
+    # its micro-batches may run on sequence-parallel groups of several ranks (``groups``):
+    # what the pipeline reads to draw its figure of groups (`analysis.figures.sp_groups`)
+    groups: ClassVar[bool] = False
 
     def micro_batches(self, epoch: EpochInputs) -> MicroBatches:
         """Steps 1-5 of ``plan``: each bucket cut into B(S) batches (``batches.bucket_cuts``),
@@ -65,6 +78,12 @@ class Policy:
             violations=int(self.violates(batches.size, batches.tokens, budgets).sum()),
             dealt_on=dealt_on,
         )
+
+    def max_degree(self, cost_model: CostModel | Calibration | None, world_size: int) -> int:
+        """The largest sequence-parallel degree this policy's micro-batches may have on
+        `world_size` ranks: 1 (one rank each) but for the SP policies. The plan takes out
+        samples over the device's capacity at this degree (`plan.over_capacity`)."""
+        return 1
 
     def deal(
         self, batches: Batches, slots: np.ndarray, epoch: EpochInputs
@@ -176,9 +195,17 @@ class AdaptiveLoadPacked(AdaptiveLoad):
 
     def micro_batches(self, epoch: EpochInputs) -> MicroBatches:
         """The epoch's packs (``packing.make_packs``), formed and dealt in one."""
+        return self._packs(epoch)
+
+    def _packs(
+        self, epoch: EpochInputs, degree: int = 1, sp: SequenceParallel | None = None
+    ) -> MicroBatches:
+        """The epoch's packs, one per rank, or per group of `degree` ranks through `sp`
+        (their slots then one per group: ``groups.widen`` makes them rank slots)."""
         e = epoch
         packs = make_packs(
-            e.tokens, e.budgets, e.cost_model, e.world_size, e.window_steps, e.rng, e.steps
+            e.tokens, e.budgets, e.cost_model, e.world_size // degree, e.window_steps, e.rng,
+            e.steps, degree, sp,
         )
         fill = zip(packs.limits.names, packs.fill.mean(axis=0), strict=True)
         return MicroBatches(
@@ -195,8 +222,63 @@ class AdaptiveLoadPacked(AdaptiveLoad):
         )
 
 
+def _sequence_parallel(cost_model: CostModel | Calibration | None) -> SequenceParallel | None:
+    """What the cost of a set at a degree takes, from a Calibration that knows its device's
+    capacity and its model's shape (recorded, or a registered config); None otherwise: no
+    sample is then known to need more than one rank, and the SP policies plan as
+    ``adaptiveload-packed`` does."""
+    if not (isinstance(cost_model, Calibration) and cost_model.capacity_bytes):
+        return None
+    try:
+        return SequenceParallel.of(cost_model)
+    except UserError:  # a model of unknown shape: its heads, so its degrees, are unknown
+        return None
+
+
+class AdaptiveLoadSP(AdaptiveLoadPacked):
+    """Packs with a sequence-parallel degree each (``groups.make_groups``): the packed
+    policy where no sample needs more than one rank."""
+
+    name = "adaptiveload-sp"
+    groups = True
+
+    def max_degree(self, cost_model: CostModel | Calibration | None, world_size: int) -> int:
+        sp = _sequence_parallel(cost_model)
+        return sp.max_degree(world_size) if sp is not None else 1
+
+    def micro_batches(self, epoch: EpochInputs) -> MicroBatches:
+        degree = self.max_degree(epoch.cost_model, epoch.world_size)
+        sp = _sequence_parallel(epoch.cost_model)
+        formed = make_groups(epoch, sp, degree) if degree > 1 else None
+        return formed if formed is not None else self._packs(epoch)
+
+
+class AdaptiveLoadSPFixed(AdaptiveLoadPacked):
+    """Every pack on a group of one degree, `groups.FIXED_DEGREE` capped to the largest the
+    model's heads and the world size allow (4 for Wan 2.1 1.3B's 12 heads): the packed
+    policy's packs on N / d groups (``groups.widen``)."""
+
+    name = "adaptiveload-sp-fixed"
+    groups = True
+
+    def max_degree(self, cost_model: CostModel | Calibration | None, world_size: int) -> int:
+        sp = _sequence_parallel(cost_model)
+        return min(FIXED_DEGREE, sp.max_degree(world_size)) if sp is not None else 1
+
+    def micro_batches(self, epoch: EpochInputs) -> MicroBatches:
+        degree = self.max_degree(epoch.cost_model, epoch.world_size)
+        if degree == 1:
+            return self._packs(epoch)
+        sp = _sequence_parallel(epoch.cost_model)
+        return widen(self._packs(epoch, degree, sp), degree)
+
+
 POLICIES: dict[str, type[Policy]] = {
-    cls.name: cls for cls in (EqualToken, AdaptiveLoad, AdaptiveLoadBalanced, AdaptiveLoadPacked)
+    cls.name: cls
+    for cls in (
+        EqualToken, AdaptiveLoad, AdaptiveLoadBalanced, AdaptiveLoadPacked, AdaptiveLoadSP,
+        AdaptiveLoadSPFixed,
+    )
 }
 
 

@@ -11,6 +11,13 @@ Each batch it yields is a ``PlanBatch``: the list of dataset indices, plus ``.in
 carries that info through a DataLoader (workers included), so a training loop reads its step
 and normaliser from the batch rather than counting batches.
 
+Sequence-parallel groups (a plan with column ``sp_degree``, ``groups``): every rank of a
+group gets the group's whole pack, with ``info.sp_degree`` (the group's d) and
+``info.sp_rank`` (this rank's place in it, 0..d-1; the group is the aligned ranks
+``rank - sp_rank .. rank - sp_rank + d - 1``). The model cuts each segment's tokens into d
+chunks and the rank trains chunk ``sp_rank`` of each (Ulysses); ``step_samples`` counts the
+group's samples once. Plans without groups yield ``sp_degree`` 1 and ``sp_rank`` 0.
+
 Resuming: ``state_dict(consumed_steps=k)`` records the epoch, the k steps your loop has
 finished and the plan's digests; ``load_state_dict`` refuses the state of another plan and
 makes the next pass start after those steps (a ``set_epoch`` of that same epoch keeps the
@@ -42,6 +49,7 @@ from adaptiveload.data.bucketing import (
 )
 from adaptiveload.data.manifest import validate_manifest
 from adaptiveload.errors import UserError
+from adaptiveload.planning.batches import table_degrees
 from adaptiveload.planning.dealing import DEFAULT_WINDOW_STEPS
 from adaptiveload.planning.plan import (
     FREE,
@@ -54,7 +62,7 @@ from adaptiveload.planning.plan import (
     plan_warnings,
     table_digest,
 )
-from adaptiveload.planning.policies import Budgets, Policy
+from adaptiveload.planning.policies import Budgets, Policy, get_policy
 
 
 class PlanWarning(UserWarning):
@@ -79,6 +87,10 @@ class BatchInfo(NamedTuple):
     is_padding: bool
     num_samples: int
     step_samples: int
+    # the sequence-parallel group this rank trains the batch in (module docstring): its
+    # degree and this rank's place in it; 1 and 0 for a rank's own micro-batch
+    sp_degree: int = 1
+    sp_rank: int = 0
 
 
 class PlanBatch(list):
@@ -101,8 +113,9 @@ class PlanBuilder:
     (`plan.plan_warnings`: excluded samples, named by `excluded_ids` when given; samples over a
     budget on their own; heavy padding).
 
-    Samples one device cannot hold alone (`plan.over_capacity`, with a Calibration's capacity)
-    are taken out of `samples` when it is made, and join `num_excluded` and `excluded_ids`:
+    Samples one device (a group of the policy's largest sequence-parallel degree) cannot hold
+    alone (`plan.over_capacity`, with a Calibration's capacity) are taken out of `samples`
+    when it is made, and join `num_excluded` and `excluded_ids`:
     `samples` is then exactly what the plans can yield, the rows to build a dataset over.
     """
 
@@ -122,7 +135,8 @@ class PlanBuilder:
     _cache: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        over = over_capacity(self.samples, self.cost_model)
+        degree = get_policy(self.policy).max_degree(self.cost_model, self.world_size)
+        over = over_capacity(self.samples, self.cost_model, degree)
         if over.any():  # a frozen dataclass: set the fields it is made with once, here
             dropped = self.samples.loc[over, "sample_id"].tolist()
             object.__setattr__(self, "samples", self.samples[~over].reset_index(drop=True))
@@ -329,6 +343,8 @@ class PlanBatchSampler(Sampler[list[int]]):
             num_steps=self.num_steps, is_padding=bool(self._slot_pad[slot]),
             num_samples=int(self._bounds[slot + 1] - self._bounds[slot]),
             step_samples=int(self.samples_per_step[step]),
+            sp_degree=int(self._slot_degree[slot]),
+            sp_rank=int(self._slot_sp_rank[slot]),
         )
 
     def state_dict(self, consumed_steps: int | None = None) -> dict[str, Any]:
@@ -415,14 +431,11 @@ class PlanBatchSampler(Sampler[list[int]]):
         self._summary = summary
         # samples in the whole step, all ranks: what a rank's loss share is computed against
         self.samples_per_step = np.bincount(step, minlength=self.num_steps)
-        # one slot per batch this sampler hands out: (step) for one rank, (step, rank) for all
-        if self.rank is None:
-            rows, slot = np.arange(len(table)), step * self.world_size + rank
-        else:
-            rows = np.flatnonzero(rank == self.rank)
-            slot = step[rows]
+        # one slot per batch this sampler hands out: (step) for one rank, (step, rank) for all;
+        # a group's rows go to every rank of the group, each with its place in it
+        rows, slot, sp_rank = self._group_rows(step, rank, table_degrees(table))
         order = np.argsort(slot, kind="stable")  # keeps each batch's sample order
-        rows, slot = rows[order], slot[order]
+        rows, slot, sp_rank = rows[order], slot[order], sp_rank[order]
         ids = table["sample_id"].to_numpy()[rows]
         positions = self._index.get_indexer(ids)
         if np.any(positions < 0):
@@ -437,12 +450,27 @@ class PlanBatchSampler(Sampler[list[int]]):
             who = self.rank if self.rank is not None else at_rank
             raise ValueError(f"rank {who} has no batch at step {at_step}; pad the plan")
         self._slot_pad = table["is_padding"].to_numpy(bool)[rows[self._bounds[:-1]]]
+        self._slot_degree = table_degrees(table)[rows[self._bounds[:-1]]]
+        self._slot_sp_rank = sp_rank[self._bounds[:-1]]
         # slot the next pass starts at, set by set_epoch or load_state_dict until that pass
         # begins (None: step 0, and no epoch is pending)
         self._resume: int | None = None
         self._active: object | None = None  # the pass in progress (a token), if any
         self._pass_start = 0  # slot the pass in progress started at
         self._pos = 0
+
+
+    def _group_rows(
+        self, step: np.ndarray, rank: np.ndarray, degree: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The plan rows this sampler hands out, the slot of each and the rank's place in the
+        row's group: a row of a group of d ranks (``rank`` its first) is every one of them's."""
+        if self.rank is not None:
+            rows = np.flatnonzero((rank <= self.rank) & (self.rank < rank + degree))
+            return rows, step[rows], self.rank - rank[rows]
+        rows = np.repeat(np.arange(step.size), degree)
+        place = np.arange(rows.size) - np.repeat(np.cumsum(degree) - degree, degree)
+        return rows, step[rows] * self.world_size + rank[rows] + place, place
 
 
 class BatchInfoDataset(Dataset):

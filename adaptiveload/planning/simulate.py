@@ -32,6 +32,14 @@ rests on the fit's extrapolation alone (None: nothing was measured to compare wi
 ``vs_lower_bound`` is the window's summed ``max_r compute_s`` over the sum of each step's
 ``CostModel.step_lower_bound`` (its samples' per-sample costs, however they were packed):
 1.0 means no plan of the same steps could do better.
+
+Sequence-parallel groups (a plan with column ``sp_degree``, ``groups``): a group's cell, on
+its first rank, costs the set at its degree (`SequenceParallel.cost_at`: per-rank compute
+and all-to-alls) and every rank of the group is busy that long with that per-rank memory;
+its samples count once, on the first rank. The per-step table then has a column
+``sp_degree`` too (each rank's group degree). Both lower bounds count what samples may take
+at the degrees the plan's policy allows (`GroupBound`: a sample at degree d occupies d ranks
+for its time at d), so they stay bounds of any plan of those samples.
 """
 
 from __future__ import annotations
@@ -43,10 +51,17 @@ import numpy as np
 import pandas as pd
 
 from adaptiveload import metrics
-from adaptiveload.costmodel import Calibration, CostModel
+from adaptiveload.costmodel import (
+    Calibration,
+    CostModel,
+    GroupBound,
+    SequenceParallel,
+    group_bound,
+)
 from adaptiveload.experiment import schema_default
-from adaptiveload.planning.packing import epoch_limits
-from adaptiveload.step_table import STEP_COLUMNS, VAL_COLUMNS, real_counts, timed
+from adaptiveload.planning.batches import table_degrees
+from adaptiveload.planning.packing import PackLimits, epoch_limits
+from adaptiveload.step_table import SP_DEGREE, STEP_COLUMNS, VAL_COLUMNS, real_counts, timed
 
 DEFAULT_ALLREDUCE_GBPS = schema_default("train.allreduce_gbps")  # an experiment's default
 FP32_BYTES = 4
@@ -118,7 +133,7 @@ def simulate(
     With a Calibration, `grad_bytes` and `capacity_bytes` default to what it carries.
     `world_size` defaults to the plan's (its attrs, else 1 + the largest rank).
     """
-    cost, calibration = _split(cost_model)
+    calibration = _split(cost_model)[1]
     if calibration is not None:
         grad_bytes = grad_bytes_of(calibration) if grad_bytes is None else grad_bytes
         capacity_bytes = capacity_bytes or calibration.capacity_bytes
@@ -137,8 +152,9 @@ def simulate(
         "grad_bytes": grad_bytes,
         "allreduce_s": ar_s,
     }
-    frame = _step_table(plan_table, cost, n, ar_s)
-    summary.update(_epoch_bound(plan_table, frame, cost_model, n, ar_s))
+    bound = _Bound.of(plan_table, cost_model)
+    frame = _step_table(plan_table, cost_model, n, ar_s, bound)
+    summary.update(_epoch_bound(plan_table, frame, cost_model, n, ar_s, bound))
     planned_steps = plan_table.attrs.get("plan", {}).get("steps")
     summary["epoch_steps"] = int(planned_steps or frame["step"].max() + 1)
     summary.update(_memory(frame, calibration))
@@ -146,10 +162,63 @@ def simulate(
     return Simulation(steps=frame, summary=summary, capacity_bytes=capacity_bytes)
 
 
-def _step_table(table: pd.DataFrame, cost: CostModel, n: int, allreduce_s: float) -> pd.DataFrame:
+@dataclass(frozen=True)
+class _Bound:
+    """What the lower bounds of a plan are taken under: the limits of its budgets (None
+    without them) and, where its policy allows sequence-parallel groups (its summary's
+    ``sp_max_degree``), their terms (`GroupBound`; None: one rank per micro-batch)."""
+
+    limits: PackLimits | None
+    groups: GroupBound | None
+
+    @classmethod
+    def of(cls, table: pd.DataFrame, cost_model: CostModel | Calibration) -> _Bound:
+        plan = table.attrs.get("plan", {})
+        limits = epoch_limits(plan, cost_model)
+        groups = group_bound(cost_model, int(plan.get("sp_max_degree") or 1))
+        return cls(limits, groups if limits is not None else None)
+
+    def work(self, cost: CostModel, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per sample of `tokens`: (the rank-seconds it takes at least, its least time)."""
+        if self.groups is None:
+            w = cost.per_sample_time(tokens)
+            return w, w
+        values, inverse = np.unique(tokens, return_inverse=True)
+        work, least, _, _ = self.groups.sample_terms(cost, values, self.limits)
+        return work[inverse], least[inverse]
+
+
+def _cell_costs(
+    cost_model: CostModel | Calibration, cell: _Cells, degree: np.ndarray, n: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each cell's predicted compute and per-rank bytes: at its group's degree (`degree`, of
+    the cell on the group's first rank; 1 elsewhere), copied to the group's other ranks."""
+    cost, calibration = _split(cost_model)
+    compute = np.zeros(degree.size)
+    memory = np.full(degree.size, np.nan)
+    for d in np.unique(degree):
+        if d > 1 and calibration is None:
+            raise ValueError("a plan of sequence-parallel groups needs a Calibration to cost")
+        at = cost if d == 1 else SequenceParallel.of(calibration).cost_at(cost, int(d))
+        cells = (degree == d) & (cell.samples > 0)
+        compute[cells] = at.pack_time(cell.samples[cells], cell.tokens[cells],
+                                      cell.tokens_sq[cells])
+        memory[cells] = at.pack_memory(cell.samples[cells], cell.tokens[cells])
+    first = np.flatnonzero(degree > 1)
+    for j in range(1, int(degree.max(initial=1))):
+        lead = first[degree[first] > j]
+        compute[lead + j], memory[lead + j] = compute[lead], memory[lead]
+    return compute, memory
+
+
+def _step_table(
+    table: pd.DataFrame, cost_model: CostModel | Calibration, n: int, allreduce_s: float,
+    bound: _Bound,
+) -> pd.DataFrame:
     """The per-(step, rank) predictions: each rank's micro-batch (n, Σ S, Σ S² of its rows)
-    through the cost model, every step waiting for its slowest rank, beside the step's lower
-    bound."""
+    through the cost model (a group's at its degree, on each of its ranks), every step
+    waiting for its slowest rank, beside the step's lower bound."""
+    cost = _split(cost_model)[0]
     step = table["step"].to_numpy(np.int64)
     rank = table["rank"].to_numpy(np.int64)
     if rank.size and rank.max() >= n:
@@ -160,10 +229,14 @@ def _step_table(table: pd.DataFrame, cost: CostModel, n: int, allreduce_s: float
         order = np.argsort(key, kind="stable")
         key, table = key[order], table.iloc[order]
     cell = _cells(table, key, steps * n)
-    compute = cost.pack_time(cell.samples, cell.tokens, cell.tokens_sq).reshape(steps, n)
+    degree = np.ones(steps * n, dtype=np.int64)
+    degree[key] = table_degrees(table)
+    compute, memory = _cell_costs(cost_model, cell, degree, n)
+    compute = compute.reshape(steps, n)
     t_step = compute.max(axis=1)
-    empty = pd.array([pd.NA] * (steps * n), dtype="Float64")  # what only a measurement has
-    return pd.DataFrame(
+    # what only a measurement has: missing (a Float64 column of NaN input is all NA)
+    empty = pd.array(np.full(steps * n, np.nan), dtype="Float64")
+    frame = pd.DataFrame(
         {
             "step": np.repeat(np.arange(steps), n),
             "rank": np.tile(np.arange(n), steps),
@@ -177,13 +250,11 @@ def _step_table(table: pd.DataFrame, cost: CostModel, n: int, allreduce_s: float
             "height": cell.shape[:, 1],
             "width": cell.shape[:, 2],
             "peak_bytes": empty.copy(),
-            "peak_bytes_model": np.where(
-                cell.samples > 0, cost.pack_memory(cell.samples, cell.tokens), np.nan
-            ),
+            "peak_bytes_model": memory,
             "loss": empty.copy(),
             "step_time_s": np.repeat(t_step + allreduce_s, n),
             "step_wall_s": empty.copy(),
-            "lower_bound_s": np.repeat(_step_bounds(table, cost, steps, n), n),
+            "lower_bound_s": np.repeat(_step_bounds(table, cost, steps, n, bound), n),
             "padding_samples": cell.padding_samples,
             "padding_tokens": cell.padding_tokens,
             # learning: a measured run's columns, empty in a simulation
@@ -191,6 +262,14 @@ def _step_table(table: pd.DataFrame, cost: CostModel, n: int, allreduce_s: float
         },
         columns=list(STEP_COLUMNS),
     )
+    if SP_DEGREE in table.columns:  # each rank's group degree (a rank of a group: the group's)
+        lead = np.flatnonzero(degree > 1)
+        spread = degree.copy()
+        for j in range(1, int(degree.max(initial=1))):
+            at = lead[degree[lead] > j]
+            spread[at + j] = degree[at]
+        frame[SP_DEGREE] = spread
+    return frame
 
 
 @dataclass(frozen=True)
@@ -227,16 +306,20 @@ def _cells(table: pd.DataFrame, key: np.ndarray, cells: int) -> _Cells:
     return _Cells(samples, sum_s, sum_sq.round().astype(np.int64), shape, pad_samples, pad_tokens)
 
 
-def _step_bounds(table: pd.DataFrame, cost: CostModel, steps: int, n: int) -> np.ndarray:
+def _step_bounds(
+    table: pd.DataFrame, cost: CostModel, steps: int, n: int, bound: _Bound
+) -> np.ndarray:
     """Each step's ``CostModel.step_lower_bound`` over its samples (rows sorted by cell, so
-    step-major); 0 for a step without samples."""
+    step-major); 0 for a step without samples. With groups allowed, a sample's work is the
+    rank-seconds it takes at least and its share of the slowest rank its least time
+    (`_Bound.work`)."""
     step = table["step"].to_numpy(np.int64)
-    work = cost.per_sample_time(table["tokens"].to_numpy(np.int64))
+    work, least = bound.work(cost, table["tokens"].to_numpy(np.int64))
     work_sum = np.bincount(step, weights=work, minlength=steps)
     work_max = np.zeros(steps)
     if step.size:
         starts = np.flatnonzero(np.diff(step, prepend=-1))
-        work_max[step[starts]] = np.maximum.reduceat(work, starts)
+        work_max[step[starts]] = np.maximum.reduceat(least, starts)
     return np.where(work_sum > 0, cost.step_lower_bound(work_sum, work_max, n), 0.0)
 
 
@@ -246,22 +329,26 @@ def _epoch_bound(
     cost_model: CostModel | Calibration,
     n: int,
     allreduce_s: float,
+    bound: _Bound,
 ) -> dict[str, Any]:
     """The whole epoch against `CostModel.epoch_lower_bound` of its real samples under the
-    limits of the plan's budgets (its summary in ``table.attrs["plan"]``); nothing for a table
-    without them. The epoch is every step, whatever the timed window."""
-    limits = epoch_limits(table.attrs.get("plan", {}), cost_model)
+    limits of the plan's budgets (its summary in ``table.attrs["plan"]``; with the groups
+    its policy allows, `_Bound`); nothing for a table without them. The epoch is every
+    step, whatever the timed window."""
+    limits = bound.limits
     if limits is None or table.empty:
         return {}
     real = ~table["is_padding"].to_numpy(bool) if "is_padding" in table else slice(None)
     tokens, count = np.unique(table["tokens"].to_numpy(np.int64)[real], return_counts=True)
-    bound = _split(cost_model)[0].epoch_lower_bound(tokens, count, limits, n, allreduce_s)
+    least = _split(cost_model)[0].epoch_lower_bound(
+        tokens, count, limits, n, allreduce_s, bound.groups
+    )
     epoch_s = float(frame["step_time_s"].to_numpy(np.float64)[::n].sum())
     return {
-        "min_steps_per_epoch": bound.steps,
-        "epoch_lower_bound_s": bound.seconds,
+        "min_steps_per_epoch": least.steps,
+        "epoch_lower_bound_s": least.seconds,
         "epoch_s": epoch_s,
-        "vs_epoch_lower_bound": epoch_s / bound.seconds if bound.seconds > 0 else None,
+        "vs_epoch_lower_bound": epoch_s / least.seconds if least.seconds > 0 else None,
     }
 
 

@@ -9,10 +9,16 @@ samples of the step (docs/definitions.md, loss weighting):
     loss_r = sum_{i in r} l_i / G * k,   G = samples of the step over all ranks,
 
 k = N under DDP/FSDP (which average over ranks) and k = 1 when emulated (gradients of the N
-micro-batches accumulate). Then one clipped AdamW step. Each micro-batch is timed on its own
-by the run's timer (`distributed.timer_of`: CUDA events on GPU; on CPU the computing thread's
-CPU time when ranks are emulated, the wall clock under torchrun) and, beside it, by the wall
-clock; the rows of the per-step table are produced.
+micro-batches accumulate). A micro-batch the plan puts on a sequence-parallel group of d
+ranks (`sp_plan`, docs/sequence_parallel.md) is loaded by each of them, runs with the
+group's `sp_group`, draws the noise of its number in the step on all of them, and counts
+its samples once in G: each rank's gradients are its tokens' share and the world's mean is
+still the step's mean over its samples (torchrun only: emulated ranks refuse groups). Then
+one clipped AdamW step. Each micro-batch is timed on its own by the run's timer
+(`distributed.timer_of`: CUDA events on GPU; on CPU the computing thread's CPU time when
+ranks are emulated, the wall clock under torchrun) and, beside it, by the wall clock; the
+rows of the per-step table are produced (with groups, each rank's row carries its group's
+degree and a group's samples count on its first rank's row only).
 
 Emulated step time (what the N ranks would take in parallel, minus communication), once per
 clock (`step_time_s` by the timer, `step_wall_s` by the wall clock):
@@ -48,15 +54,18 @@ from adaptiveload.model.architectures import get_config
 from adaptiveload.model.wan import WanModel
 from adaptiveload.planning.sampler import PlanBatch, PlanBatchSampler, PlanBuilder
 from adaptiveload.progress import progress_bar
-from adaptiveload.step_table import STEP_COLUMNS, VAL_COLUMNS, WHOLE_EPOCH, run_steps
+from adaptiveload.step_table import SP_DEGREE, STEP_COLUMNS, VAL_COLUMNS, WHOLE_EPOCH, run_steps
 from adaptiveload.training import checkpoint
 from adaptiveload.training import distributed as dd
 from adaptiveload.training.objective import per_sample_loss, step_generator
 from adaptiveload.training.settings import TrainConfig
+from adaptiveload.training.sp_groups import SPGroups
+from adaptiveload.training.sp_plan import Placement, PlanGroups, check_groups
 from adaptiveload.training.validation import Validator
 
 # per-rank MLflow metrics of every step (`rank{r}/<column>`): the rank's compute time and what
-# its micro-batch held, n (a pack's segments), Σ S and Σ S² (what its cost depends on)
+# its micro-batch held, n (a pack's segments), Σ S and Σ S² (what its cost depends on); and,
+# in a run of sequence-parallel groups, its group's degree (`rank{r}/sp_degree`)
 RANK_METRICS = ("compute_s", "samples", "tokens", "tokens_sq")
 
 
@@ -85,10 +94,12 @@ class TrainResult:
 
 @dataclass(frozen=True)
 class Loaded:
-    """One rank's micro-batch on the device: its plan indices, the model's input in the run's
-    layout, the text context, and how long loading took (run's timer, wall clock)."""
+    """One rank's micro-batch on the device: its plan indices, where it runs (its group, its
+    number in the step, the step's sample count), the model's input in the run's layout, the
+    text context, and how long loading took (run's timer, wall clock)."""
 
     indices: PlanBatch
+    place: Placement
     x0: Any  # a dense tensor or the packed shape groups (`Execution.layout`)
     context: torch.Tensor
     load_s: float
@@ -148,7 +159,8 @@ def step_metrics(rows: list[dict[str, Any]], capacity: float | None) -> dict[str
     samples = sum(row["samples"] for row in rows)
     padding = sum(row["padding_samples"] for row in rows)
     out = {
-        "loss": sum(row["loss"] * row["samples"] for row in rows) / samples,
+        # a group's loss once, from its first rank's row (its other rows count no samples)
+        "loss": sum(row["loss"] * row["samples"] for row in rows if row["samples"]) / samples,
         "step_time_s": step_time,
         "step_wall_s": rows[0]["step_wall_s"],
         "imbalance_rate": metrics.imbalance_rate(t),
@@ -166,6 +178,8 @@ def step_metrics(rows: list[dict[str, Any]], capacity: float | None) -> dict[str
         out["vram_utilization"] = metrics.vram_utilization(peaks, capacity)[0]
     for row in rows:
         out.update({f"rank{row['rank']}/{k}": row[k] for k in RANK_METRICS})
+        if SP_DEGREE in row:
+            out[f"rank{row['rank']}/{SP_DEGREE}"] = row[SP_DEGREE]
     return out
 
 
@@ -219,6 +233,9 @@ class Trainer:
             raise ValueError(
                 f"plan is for {data.builder.world_size} ranks, launch has {self.ranks.world_size}"
             )
+        # each epoch's sequence-parallel groups: every micro-batch's number in its step
+        self.plans = PlanGroups(data.builder, data.builder.world_size)
+        check_groups(data.builder(0).table, cfg, ranks.distributed, "plan")
         self.timer = dd.timer_of(cfg.launch_mode, cfg.device)
         self.clock = dd.Clock(self.device, self.timer)
         self._threads_before = torch.get_num_threads()
@@ -238,6 +255,7 @@ class Trainer:
         self.samplers = {r: PlanBatchSampler(data.builder, r) for r in self.ranks.local}
         if self.ranks.distributed:  # processes that read their inputs differently stop here
             next(iter(self.samplers.values())).check_ranks()
+        self.sp, self.columns = self._sp_groups()
         self._tokens = data.builder.samples["tokens"].to_numpy(np.int64)  # per dataset index
         self.rows: list[dict[str, Any]] = []
         self.start_step = 0
@@ -256,6 +274,40 @@ class Trainer:
             if self.device.type == "cuda"
             else None
         )
+
+    def _sp_groups(self) -> tuple[SPGroups | None, tuple[str, ...]]:
+        """The run's sequence-parallel groups, built once on every process (None: the plan
+        has none, or the ranks are emulated, which `check_groups` let through only without
+        groups), and the per-step table's columns (with `SP_DEGREE` where the plan may have
+        some): of every degree of epoch 0's plan and every power of two up to the policy's
+        largest (its summary's ``sp_max_degree``, where it gives one), so later epochs find
+        theirs."""
+        plan = self.data.builder(0)
+        largest = int(plan.summary.get("sp_max_degree") or 1)
+        degrees = {*self.plans.degrees(0), *(1 << k for k in range(1, largest.bit_length()))}
+        if not degrees:
+            return None, STEP_COLUMNS
+        columns = (*STEP_COLUMNS, SP_DEGREE)
+        if not self.ranks.distributed:
+            return None, columns
+        return SPGroups.build(self.ranks.world_size, degrees), columns
+
+    def _group(self, rank: int, place: Placement) -> Any:
+        """The process group `rank`'s micro-batch runs over (None: the rank alone). A group
+        where the run built none (a later epoch's plan, emulated ranks) is refused: running
+        its pack unsharded on each of its ranks would train it d times."""
+        if place.degree == 1:
+            return None
+        if self.sp is None:
+            fix = (f"launch with torchrun --nproc-per-node {self.ranks.world_size}"
+                   if not self.ranks.distributed else
+                   "the policy's plan summary must give sp_max_degree")
+            raise UserError(
+                f"plan: a micro-batch of sequence-parallel degree {place.degree} (first rank "
+                f"{place.first}) after an epoch 0 without groups, and this run built none "
+                f"from it; {fix}"
+            )
+        return self.sp.group_of(rank, place.degree)[0]
 
     def _epoch_ends(self, lengths: list[int]) -> set[int]:
         """The run steps that end an epoch (validation follows each): after a replayed warm-up
@@ -325,17 +377,22 @@ class Trainer:
         """`rank`'s next micro-batch on the device, in the run's layout, its load timed."""
         w0, t0 = self.clock.both()
         indices = self._next_batch(rank)
+        place = self.plans.at(indices.info, rank)
         batch = collate([self.data.dataset[i] for i in indices]).to(self.device, self.dtype)
         x0 = batch.inputs(self.cfg.execution.packed)
         w1, t1 = self.clock.both()
-        return Loaded(indices, x0, batch.context, load_s=t1 - t0, load_wall_s=w1 - w0)
+        return Loaded(indices, place, x0, batch.context, load_s=t1 - t0, load_wall_s=w1 - w0)
 
     def _run(self, step: int, rank: int, loaded: Loaded) -> Ran:
         """Forward and backward of one micro-batch, its loss scaled for the step's mean
-        (module docstring), timed by the run's timer and the wall clock."""
-        scale = (self.ranks.world_size if self.ranks.distributed else 1) / (
-            loaded.indices.info.step_samples
-        )
+        (module docstring), timed by the run's timer and the wall clock. On a
+        sequence-parallel group every rank runs the same samples with the same noise (drawn
+        for the micro-batch's number in the step) and the same scale, G counting each sample
+        once: each rank's gradients are its tokens' share, summed over the group the
+        micro-batch's (docs/sequence_parallel.md, the reduction contract)."""
+        place = loaded.place
+        scale = (self.ranks.world_size if self.ranks.distributed else 1) / place.step_samples
+        group = self._group(rank, place)
         cuda = self.device.type == "cuda"
         if cuda:
             torch.cuda.reset_peak_memory_stats(self.device)
@@ -346,9 +403,11 @@ class Trainer:
         if cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-        gen = step_generator(self.cfg.seed, step, rank)
+        gen = step_generator(self.cfg.seed, step, place.index)
         with self._autocast():
-            losses = per_sample_loss(self.model, *loaded.inputs, self.cfg.objective, gen)
+            losses = per_sample_loss(
+                self.model, *loaded.inputs, self.cfg.objective, gen, sp_group=group
+            )
         self.scaler.scale(losses.sum() * scale).backward()
         if cuda:
             end.record()
@@ -377,6 +436,10 @@ class Trainer:
         frames, height, width = self.data.dataset.shapes[indices[int(np.argmax(tokens))]]
         cuda = self.device.type == "cuda"
         padding = indices.info.is_padding
+        place = loaded.place
+        # a rank's bytes at its group's degree (`CostModel.at_degree`), as the simulator's
+        cal = self.data.calibration
+        model_bytes = cal.cost.at_degree(place.degree).set_memory(tokens) if cal else None
         row = {
             "step": step,
             "rank": rank,
@@ -390,15 +453,17 @@ class Trainer:
             "height": int(height),
             "width": int(width),
             "peak_bytes": float(torch.cuda.max_memory_allocated(self.device)) if cuda else None,
-            "peak_bytes_model": (
-                self.data.calibration.cost.set_memory(tokens) if self.data.calibration else None
-            ),
+            "peak_bytes_model": model_bytes,
             "loss": ran.loss_sum / b,  # the table keeps the mean over the samples
             "lower_bound_s": None,  # a simulation's column: no model number in a measured row
             # a padding repeat trains (its gradient counts) but is no new data: not throughput
             "padding_samples": b if padding else 0,
             "padding_tokens": int(tokens.sum()) if padding else 0,
+            SP_DEGREE: place.degree,
         }
+        if not place.leads(rank):  # a group's samples count once, on its first rank's row
+            row.update(samples=0, tokens=0, tokens_sq=0, frames=0, height=0, width=0,
+                       loss=None, padding_samples=0, padding_tokens=0)
         return MicroBatchTiming(row, load_s=loaded.load_s, load_wall_s=loaded.load_wall_s)
 
     def _micro_batch(self, step: int, rank: int) -> MicroBatchTiming:
@@ -443,7 +508,7 @@ class Trainer:
             row["step_wall_s"] = step_wall
             row["samples_seen"] = self.seen
             row.update(dict.fromkeys(VAL_COLUMNS))
-        return [{k: row[k] for k in STEP_COLUMNS} for row in sorted(rows, key=lambda r: r["rank"])]
+        return [{k: row[k] for k in self.columns} for row in sorted(rows, key=lambda r: r["rank"])]
 
     # -- the run -------------------------------------------------------------------------------
     def _replay_epoch(self) -> None:
@@ -517,7 +582,7 @@ class Trainer:
             bar.close()
             if self.grad_clock:
                 self.grad_clock.remove()
-        table = pd.DataFrame(self.rows, columns=list(STEP_COLUMNS))
+        table = pd.DataFrame(self.rows, columns=list(self.columns))
         for col in ("peak_bytes", "peak_bytes_model", "loss", *VAL_COLUMNS):
             table[col] = table[col].astype("Float64")
         return TrainResult(steps=table)

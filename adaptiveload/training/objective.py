@@ -12,9 +12,12 @@ sigma is drawn per sample, then shifted toward high noise as Wan's FlowMatch sch
     sigma' = shift * sigma / (1 + (shift - 1) * sigma)
 
 with sigma ~ U(0, 1) (`uniform`, Wan/DiffSynth) or sigma = sigmoid(N(mu, s)) (`logit-normal`,
-SD3's choice). Noise and sigmas come from a generator seeded by (seed, step, rank), so a
-step's randomness does not depend on what ran before it: resumed, emulated and distributed
-runs draw identical noise for the same micro-batch.
+SD3's choice). Noise and sigmas come from a generator seeded by (seed, step, micro-batch
+number in the step), so a step's randomness does not depend on what ran before it: resumed,
+emulated and distributed runs draw identical noise for the same micro-batch. The number is
+the rank where every micro-batch is one rank's; on sequence-parallel groups it is the
+micro-batch's place in the step (by first rank), the same on every rank of its group, so the
+ranks of a group compute one loss (docs/sequence_parallel.md).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from adaptiveload.training.settings import ObjectiveConfig
 
@@ -33,7 +37,8 @@ def shift_sigma(sigma: torch.Tensor, shift: float) -> torch.Tensor:
 
 
 def step_generator(seed: int, step: int, rank: int) -> torch.Generator:
-    """A CPU generator for one (seed, step, rank): order-independent randomness."""
+    """A CPU generator for one (seed, step, rank): order-independent randomness (`rank`: the
+    micro-batch's number in the step, its rank where each micro-batch is one rank's)."""
     state = np.random.SeedSequence([seed, step, rank]).generate_state(1, dtype=np.uint64)[0]
     return torch.Generator().manual_seed(int(state) & ((1 << 63) - 1))
 
@@ -56,6 +61,7 @@ def per_sample_loss(
     context: torch.Tensor,
     cfg: ObjectiveConfig,
     generator: torch.Generator,
+    sp_group: dist.ProcessGroup | None = None,
 ) -> torch.Tensor:
     """Flow-matching MSE of each sample of the micro-batch: shape [B], float32 (or x0's dtype
     if wider). Runs under whatever autocast the caller set up.
@@ -63,7 +69,10 @@ def per_sample_loss(
     `x0` is a dense batch [B, C, T', H', W'] or a packed one: a list of such tensors of
     different shapes (`data.packed.PackedBatch.latents`), the samples in list order. Either
     way the B sigmas are drawn first, then one flat stream of noise for all samples in order,
-    so a packed batch of one shape draws exactly what the dense batch draws."""
+    so a packed batch of one shape draws exactly what the dense batch draws.
+
+    `sp_group`: the sequence-parallel group the micro-batch runs over (passed to the model;
+    None: not passed, so a model without the argument runs as ever)."""
     packed = not isinstance(x0, torch.Tensor)
     groups = list(x0) if packed else [x0]
     like = groups[0]
@@ -76,7 +85,8 @@ def per_sample_loss(
         x_t.append((1 - s) * g + s * n)
     dtype = torch.promote_types(torch.float32, like.dtype)  # fp32 timesteps, as Wan asserts
     t = (sigma * cfg.num_train_timesteps).to(device=like.device, dtype=dtype)
-    pred = model(x_t if packed else x_t[0], t, context)
+    extra = {} if sp_group is None else {"sp_group": sp_group}
+    pred = model(x_t if packed else x_t[0], t, context, **extra)
     losses = [
         (p.to(dtype) - (n - g).to(dtype)).pow(2).flatten(1).mean(dim=1)
         for p, g, n in zip(pred if packed else [pred], groups, noise, strict=True)

@@ -43,6 +43,7 @@ from adaptiveload.training.distributed import Ranks, resolve_ranks, timer_of
 from adaptiveload.training.inputs import check_layout, prepare_data, run_identity
 from adaptiveload.training.loop import StepSink, TrainData, Trainer, total_steps
 from adaptiveload.training.settings import TrainConfig, from_experiment
+from adaptiveload.training.sp_plan import check_groups
 from adaptiveload.training.summary import ln_modulate_impl, run_summary
 
 
@@ -171,6 +172,7 @@ def train(req: Request, open_sink: OpenSink | None = None) -> dict[str, Any]:
     run = resolve(req)
     data = prepare_data(run.exp, run.cfg, run.calibration, req.manifest, req.plan)
     check_layout(data.builder(0).table, run.cfg, req.config)
+    check_groups(data.builder(0).table, run.cfg, run.ranks.distributed, req.config)
     with run_folder(run.out) if run.ranks.is_main else nullcontext():
         return _train(req, run, data, open_sink)
 

@@ -10,6 +10,10 @@
 #                eager vs fused)
 #   calibration  `adaptiveload calibrate measure` of Wan 2.1 T2V-1.3B with $CAL_FLAGS (grid
 #                rules, mixed packs held out of the fit, per-micro-batch validation)
+#   comm         `torchrun --nproc-per-node <visible GPUs> -m adaptiveload calibrate comm`: the
+#                all-to-all of sequence parallelism over NCCL, against bytes and degree, into
+#                a copy of the calibration; `not-applicable` (reason in comm/skipped.txt, ~0 s)
+#                with fewer than 2 GPUs: two processes sharing one GPU would time host copies
 #   train        16 emulated ranks of the 1.3B on micro-batches of 12k-18k tokens (not
 #                overhead-bound), each policy eager, then fused while time is left; measured
 #                vs predicted imbalance per policy in summary.txt
@@ -19,13 +23,14 @@
 #
 # Environment: PYTHON (default python3), WHEELS (default <repo>/.whl; *.whl there are
 # installed first, for a machine without PyPI access), PARTS (subset of "dist kernel calibrate
-# train"), CALIBRATION (train with this file, no calibrate), REPO_COMMIT (recorded; for a copied
-# tree without .git), TOTAL_BUDGET_S, DIST_S, KERNEL_S, CALIBRATE_S, TRAIN_RUN_S (limits),
+# comm train"), CALIBRATION (train with this file, no calibrate), REPO_COMMIT (recorded; for a
+# copied tree without .git), TOTAL_BUDGET_S, DIST_S, KERNEL_S, CALIBRATE_S, COMM_S, TRAIN_RUN_S
+# (limits),
 # TRAIN_STEPS, TRAIN_POLICIES, TRAIN_KERNELS, TRAIN_FILL (M_mem over the longest training
-# bucket). Exit status 0 when every part finished, else 1.
+# bucket). Exit status 0 when every part finished (or was not-applicable here), else 1.
 # Outputs (OUTDIR): env.txt, env.json, steps.tsv (part, status, seconds), summary.txt/.json,
-# dist/, kernel/, calibration/, train/; PACKDIR: env.tar.gz, <part>.tar.gz, summary.txt,
-# steps.tsv.
+# dist/, kernel/, calibration/, comm/, train/; PACKDIR: env.tar.gz, <part>.tar.gz,
+# summary.txt, steps.tsv.
 set -uo pipefail
 
 # The calibration's flags, in one place: the grid (B = 1 at every size up to the 81-frame
@@ -46,13 +51,19 @@ CAL_FLAGS_CUDA="--batch-sizes 1,2 --tokens 1560,3120,7200,16380,32760,50400,7560
 --validate 24 --validate-world-size 16 --validate-max-seconds 2"
 CAL_FLAGS_DRY="--batch-sizes 1,2 --tokens 64,256,1024 --max-batch-tokens 1024 --warmup 1 --repeats 2 \
 --pack short=221,64,16 --pack mixed=1024,221 --validate 4 --validate-world-size 4"
+# The all-to-all calibration's flags: on CUDA its defaults (64 KiB .. 64 MiB per rank, x4;
+# 3 warm-up and 10 timed calls per point: well under a second of NCCL traffic per degree, the
+# part's time is the processes' start); in a dry run 2 gloo processes on the CPU, 3 sizes up to
+# 16 MiB (transfer-bound even on a loaded CPU, so the fit has a bandwidth), 3 timed calls.
+COMM_FLAGS_CUDA=""
+COMM_FLAGS_DRY="--sizes 4096,1048576,16777216 --warmup 1 --repeats 3"
 
 OUTDIR=${1:?usage: experiments/gpu/h200.sh OUTDIR [PACKDIR]}
 PACKDIR=${2:-}
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 DRY=${DRY_RUN:-0}
 PY=${PYTHON:-python3}
-PARTS=${PARTS:-dist kernel calibrate train}
+PARTS=${PARTS:-dist kernel calibrate comm train}
 TOTAL=${TOTAL_BUDGET_S:-530}
 START=$(date +%s)
 mkdir -p "$OUTDIR" && OUTDIR=$(cd "$OUTDIR" && pwd)
@@ -74,7 +85,7 @@ if [ "$DRY" = 1 ]; then  # tiny, CPU, and without the packages no part may need
   KERNEL_S=${KERNEL_S:-10}
   # a shared CPU is slow at starting Python processes: wide limits, the plumbing is the point
   TOTAL=${TOTAL_BUDGET_S:-1500} DIST_S=${DIST_S:-240} CALIBRATE_S=${CALIBRATE_S:-300}
-  TRAIN_RUN_S=${TRAIN_RUN_S:-200}
+  TRAIN_RUN_S=${TRAIN_RUN_S:-200} COMM_S=${COMM_S:-240} COMM_ARGS=($COMM_FLAGS_DRY)
   # the plumbing of a one-shape and a packed policy under both kernels
   TRAIN_POLICIES=${TRAIN_POLICIES:-equal-token adaptiveload-packed}
   export OMP_NUM_THREADS=1 ALLOW_NO_GPU=1 BENCH_TIMEOUT_S=30
@@ -88,6 +99,7 @@ PY
 else
   DEVICE=cuda MODEL=wan2.1-t2v-1.3b
   CAL_ARGS=($CAL_FLAGS_CUDA --activation-checkpointing --mixture paper-mixed --num-samples 20000)
+  COMM_ARGS=($COMM_FLAGS_CUDA)
   TRAIN_CONFIG=experiments/gpu/h200_train.yaml
   TRAIN_STEPS=${TRAIN_STEPS:-2}
   # kernel_check's steps, cut so that the segment tests and benches run inside KERNEL_S
@@ -211,6 +223,29 @@ if [ -z "$CAL" ] && wants calibrate; then
   pack calibration
 fi
 
+# --- 4b. comm: the all-to-all of sequence parallelism, on every visible GPU -------------------
+if wants comm; then
+  mkdir -p "$OUTDIR/comm"
+  # the GPUs torch sees (preflight's env.json; none on a CPU), read without starting Python
+  GPUS=$(sed -n 's/^ *"gpus": \([0-9]*\).*/\1/p' "$OUTDIR/env.json" 2>/dev/null)
+  NPROC=${GPUS:-0}
+  [ "$DRY" = 1 ] && NPROC=2  # the plumbing: 2 gloo processes on the CPU
+  if [ "$NPROC" -lt 2 ]; then  # recorded, not faked: gloo on one shared GPU is not NVLink
+    echo "${NPROC} GPU(s) visible: an all-to-all needs >= 2 processes with a GPU each (NCCL);" \
+      "two sharing one GPU over gloo would time host copies, not the GPU link" \
+      > "$OUTDIR/comm/skipped.txt"
+    echo "== comm: not-applicable: $(cat "$OUTDIR/comm/skipped.txt")"
+    printf 'comm\tnot-applicable\t0\n' >> "$OUTDIR/steps.tsv"
+  else  # into a copy of the measured calibration, else of the shipped prior
+    run_part comm "$(limit "${COMM_S:-40}" 110)" "$OUTDIR/comm/comm.log" \
+      "$PY" -m torch.distributed.run --nproc-per-node "$NPROC" --master-addr 127.0.0.1 \
+      --master-port "$(free_port)" -m adaptiveload calibrate comm --device "$DEVICE" \
+      --calibration "${CAL:-h200-$MODEL}" -o "$OUTDIR/comm/comm-$MODEL.json" \
+      ${COMM_ARGS[@]+"${COMM_ARGS[@]}"}
+  fi
+  pack comm
+fi
+
 # --- 5. training: 16 emulated ranks, each policy eager, then fused while time is left ----------
 if wants train; then
   mkdir -p "$OUTDIR/train"
@@ -252,4 +287,5 @@ pack
 rm -rf "$WORK"
 echo "total $(elapsed) s; outputs in $OUTDIR${PACKDIR:+ (packed in $PACKDIR)}"
 cat "$OUTDIR/steps.tsv"
-awk -F'\t' 'NR > 1 && $2 != 0 { bad = 1 } END { exit bad }' "$OUTDIR/steps.tsv"
+awk -F'\t' 'NR > 1 && $2 != 0 && $2 != "not-applicable" { bad = 1 } END { exit bad }' \
+  "$OUTDIR/steps.tsv"

@@ -6,7 +6,8 @@
 #
 # Needs only python with torch (CUDA build), nvcc and ninja: no `pip install -e .` (the repo
 # goes on PYTHONPATH), no typer/mlflow (the build, bench and end-to-end modules run directly).
-# Uses pytest when importable, else runs the CUDA test module as a script.
+# Uses pytest when importable, else runs the CUDA test modules as scripts (their helpers are
+# tests/support/, which pytest finds through pyproject.toml and a script through PYTHONPATH).
 # Every part runs under its own `timeout`, and OUTDIR is packed into $PACK after each part, so a
 # cut window still leaves an archive of everything finished.
 # The sources are kernels/ at the top of the repo.
@@ -28,7 +29,7 @@
 # SEGMENT_TESTS_TIMEOUT_S (150), BENCH_SEGMENTS_LENS (75600), BENCH_SEGMENTS_IMPLS
 # (fused,eager; add compile for the torch.compile of the gather, ~10 s of compiling per shape),
 # BENCH_SEGMENTS_TIMEOUT_S (60), CPU_OP_TESTS (the CPU op test files: test_kernel_ops.py and
-# test_kernel_segments.py),
+# test_kernel_segments.py of tests/ops/ and their slow halves in tests/slow/ops/),
 # E2E_SEQ_LENS (16380,32760,75600), E2E_TIMEOUT_S (120), NCU_TIMEOUT_S (45; 0 skips),
 # NCU_START_BEFORE_S (200), ALLOW_NO_GPU=1 (dry run on a GPU-less machine: carry on past the
 # availability check; the CUDA tests skip, the benches write skip records and the end-to-end
@@ -97,7 +98,8 @@ fi
 
 # 2. the CPU resource check (ptxas -v of every dispatched instance vs the sm_90 limits) and
 #    the CPU op tests, in the background on the host while the GPU runs the CUDA tests
-CPU_OP_TESTS=${CPU_OP_TESTS:-tests/test_kernel_ops.py tests/test_kernel_segments.py}
+CPU_OP_TESTS=${CPU_OP_TESTS:-tests/ops/test_kernel_ops.py tests/ops/test_kernel_segments.py \
+  tests/slow/ops/test_kernel_ops_slow.py tests/slow/ops/test_kernel_segments_slow.py}
 SM=${ARCH%%;*}
 SM=${SM/./}
 step resources 200 "$OUT/resources.txt" "$PY" -m adaptiveload.ops.kernel_resources --arch "$SM" &
@@ -111,20 +113,21 @@ fi
 
 # 3. CUDA tests (pytest if present, else the module as a script)
 if "$PY" -c 'import pytest' 2>/dev/null; then
-  step cuda_tests 150 "$OUT/cuda_tests.log" "$PY" -m pytest tests/test_kernel_cuda.py -q -rs \
+  step cuda_tests 150 "$OUT/cuda_tests.log" "$PY" -m pytest tests/ops/test_kernel_cuda.py -q -rs \
     -p no:cacheprovider --noconftest -o addopts="" -o timeout=0 --junitxml="$OUT/cuda_tests.xml"
 else
-  step cuda_tests 150 "$OUT/cuda_tests.log" "$PY" tests/test_kernel_cuda.py
+  step cuda_tests 150 "$OUT/cuda_tests.log" env PYTHONPATH="$REPO/tests/support:$PYTHONPATH" \
+    "$PY" tests/ops/test_kernel_cuda.py
 fi
 # 3b. the segment layout's CUDA tests (packed micro-batches: every width, 1 to 65,535
 #     segments, device-side offset checks, bitwise-deterministic per-segment sums)
 if "$PY" -c 'import pytest' 2>/dev/null; then
   step cuda_segment_tests "${SEGMENT_TESTS_TIMEOUT_S:-150}" "$OUT/cuda_segment_tests.log" \
-    "$PY" -m pytest tests/test_kernel_cuda_segments.py -q -rs -p no:cacheprovider --noconftest \
+    "$PY" -m pytest tests/ops/test_kernel_cuda_segments.py -q -rs -p no:cacheprovider --noconftest \
     -o addopts="" -o timeout=0 --junitxml="$OUT/cuda_segment_tests.xml"
 else
   step cuda_segment_tests "${SEGMENT_TESTS_TIMEOUT_S:-150}" "$OUT/cuda_segment_tests.log" \
-    "$PY" tests/test_kernel_cuda_segments.py
+    env PYTHONPATH="$REPO/tests/support:$PYTHONPATH" "$PY" tests/ops/test_kernel_cuda_segments.py
 fi
 wait "$RES_PID" ${CPU_PID:+"$CPU_PID"}  # nothing on the host competes with the timings below
 

@@ -1,10 +1,11 @@
 """The headline numbers of one `experiments/gpu/h200.sh` run, as text and JSON.
 
 Reads what the run wrote under OUTDIR (steps.tsv, env.json, dist/, kernel/summary.txt, the
-calibration JSON, train/*/summary.json) and writes OUTDIR/summary.txt and summary.json:
+calibration JSON, comm/, train/*/summary.json) and writes OUTDIR/summary.txt and summary.json:
 the 2-process check, the kernel's target table as kernel_check printed it, the fit (p, R^2,
 M_mem, M_comp), the mixed packs held out of it (additivity: measured vs predicted time and
-memory, median and worst), and per training run imbalance / idle / throughput / VRAM next to the
+memory, median and worst), the all-to-all's latency and bandwidth per degree (or why it was
+not measured), and per training run imbalance / idle / throughput / VRAM next to the
 equal-token run of the same kernel and the paper's 39% -> 18.9%, +22.7%, +27.2%, with the
 imbalance the cost model predicts for the very micro-batches each run timed. Missing parts
 are reported as missing.
@@ -101,6 +102,21 @@ def dist_summary(out: Path) -> dict[str, Any] | None:
                                   "imbalance_rate", "samples_per_s")}
 
 
+def comm_summary(out: Path) -> dict[str, Any] | None:
+    """The all-to-all part: the `comm` section it wrote, or the reason it did not run on this
+    machine (comm/skipped.txt); None where the part did not run at all."""
+    skipped = out / "comm" / "skipped.txt"
+    if skipped.is_file():
+        return {"status": "not-applicable", "reason": skipped.read_text().strip()}
+    files = sorted((out / "comm").glob("*.json"))
+    comm = (_json(files[0]) or {}).get("comm") if files else None
+    if comm is None:
+        return None
+    return {"status": "measured", "file": str(files[0].relative_to(out)),
+            "world_size": comm.get("provenance", {}).get("world_size"),
+            **{k: comm.get(k) for k in ("source", "backend", "device", "links", "fit")}}
+
+
 def train_summaries(out: Path) -> list[dict[str, Any]]:
     rows = []
     for path in sorted((out / "train").glob("*/summary.json")):
@@ -178,6 +194,14 @@ def render(summary: dict[str, Any], out: Path) -> str:
         from adaptiveload.calibration.additivity import describe
 
         lines.extend(describe(cal["additivity"]) or ["additivity: no packs in this calibration"])
+    comm = summary.get("comm")
+    lines.append("-- comm (calibrate comm: all-to-all on every visible GPU)")
+    if comm is None or comm["status"] != "measured":
+        lines.append("missing" if comm is None else f"not-applicable: {comm['reason']}")
+    else:
+        from adaptiveload.calibration.comm import describe as describe_comm
+
+        lines.extend(f"{comm['world_size']} processes, {line}" for line in describe_comm(comm))
     lines.append("-- training (16 emulated ranks; metrics over steps after warm-up)")
     lines.append(
         "run | timed steps | imbalance measured/predicted | idle | samples/s | tokens/s | "
@@ -215,6 +239,7 @@ def main(out: Path) -> int:
         "parts": parts,
         "dist": dist_summary(out),
         "calibration": calibration_summary(out),
+        "comm": comm_summary(out),
         "train": train_summaries(out),
         "paper": PAPER,
     }

@@ -10,6 +10,7 @@ from snakemake.exceptions import WorkflowError
 from adaptiveload import jobshell, pipeline
 from adaptiveload.io import json_text
 from adaptiveload.calibration.settings import CalibrationConfig
+from adaptiveload.planning.policies import POLICIES as POLICIES_BY_NAME
 
 EXP = config["name"]
 OUT = pipeline.Layout(EXP)
@@ -74,7 +75,7 @@ MAP_SUMMARY = OUT.map_summary
 
 
 wildcard_constraints:
-    policy="|".join(POLICIES),
+    policy="|".join(pipeline.all_policies(config)),
     seed=r"\d+",
     kernel="eager|fused",
     sim="|".join(SIMS) if SIMS else "NO_SIMULATION",
@@ -84,9 +85,10 @@ wildcard_constraints:
 
 
 def bucket_flags(section):
-    """--bucketing/--grid/--max-frames of a config section (data or a simulate entry)."""
+    """--bucketing/--grid/--max-frames of a config section (data or a simulate entry, whose
+    null max_frames is the data's)."""
     flags = f"--bucketing {section['bucketing']} --grid {section['grid']}"
-    return flags + f" --max-frames {section.get('max_frames', config['data']['max_frames'])}"
+    return flags + f" --max-frames {section.get('max_frames') or config['data']['max_frames']}"
 
 
 def budget_flags():
@@ -105,12 +107,22 @@ def sim_manifest(wildcards):
     return OUT.sim_manifest(wildcards.sim, point.mixture)
 
 
+def sim_budgets(wildcards):
+    """The budgets file of a simulate entry with its own capacity_gb (none otherwise)."""
+    sim = SIMS[wildcards.sim]
+    if sim.get("capacity_gb") is None:
+        return []
+    return [OUT.sim_budgets(sim["name"], pipeline.sweep_point(sim, wildcards.variant).mixture)]
+
+
 def sim_flags(wildcards):
     """The plan flags of one sweep point of one simulate entry. `adaptiveload plan` resolves
-    the budgets of a p or M_comp point from the calibration (`Calibration.m_comp_at`)."""
+    the budgets of a p or M_comp point from the calibration (`Calibration.m_comp_at`), or
+    reads those derived at the entry's own capacity_gb (`sim_budgets`)."""
     sim = SIMS[wildcards.sim]
     point = pipeline.sweep_point(sim, wildcards.variant)
-    flags = f"--world-size {point.world_size} {bucket_flags(sim)} "
+    flags = "".join(f"--budgets {path} " for path in sim_budgets(wildcards))
+    flags += f"--world-size {point.world_size} {bucket_flags(sim)} "
     flags += f"--allreduce-gbps {sim['allreduce_gbps']} "
     flags += f"--steps-per-epoch {pipeline.steps_per_epoch(config, sim)}"
     if point.p is not None:
@@ -140,6 +152,8 @@ def figure_names():
             names.append(name)
     if SIMS:
         names.append("load_vs_lower_bound")
+    if any(POLICIES_BY_NAME[p].groups for p in pipeline.all_policies(config)):
+        names.append("sp_groups")
     if VALIDATION:
         names.append("convergence")
     return names
@@ -187,6 +201,9 @@ def all_targets():
                *[f"{FIGS}/{name}.png" for name in figure_names()]]
     targets += [OUT.sim_manifest(name, pipeline.sweep_point(sim, variant).mixture)
                 for name, sim in SIMS.items() for variant in pipeline.variants(SWEEPS)]
+    targets += [OUT.sim_budgets(name, pipeline.sweep_point(sim, variant).mixture)
+                for name, sim in SIMS.items() for variant in pipeline.variants(SWEEPS)
+                if sim.get("capacity_gb") is not None]
     if config["kernel"]["build"]:
         targets.append(KERNEL_BUILD)
     if PAPER_MAP:

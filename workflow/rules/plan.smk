@@ -29,12 +29,32 @@ rule plan:
         "--steps-per-epoch {params.steps} --summary {output.summary} > {log} 2>&1"
 
 
+rule sim_budgets:
+    """A simulate entry's budgets at its own capacity_gb: its calibration's derived again for
+    the mixture's samples (bucketed as the entry buckets them) on a device of that memory."""
+    input:
+        manifest=lambda w: OUT.sim_manifest(w.sim, w.mixture),
+        calibration=lambda w: SIMS[w.sim]["calibration"],
+    output:
+        OUT.sim_budgets("{sim}", "{mixture}"),
+    params:
+        flags=lambda w: f"{bucket_flags(SIMS[w.sim])} --capacity-gb {SIMS[w.sim]['capacity_gb']}",
+    log:
+        f"{LOGS}/sim_budgets/{{sim}}/{{mixture}}.log",
+    conda:
+        CONDA_ENV
+    shell:
+        "adaptiveload budgets --calibration {input.calibration} --manifest {input.manifest} "
+        "{params.flags} > {output} 2> {log}"
+
+
 rule simulate:
     """Plan one sweep point of a simulate entry and predict it through its calibration: the
     per-step table and the run summary (the plan's own summary inside it) the analysis reads."""
     input:
         manifest=sim_manifest,
         calibration=lambda w: SIMS[w.sim]["calibration"],
+        budgets=sim_budgets,
     output:
         steps=f"{OUT.sim_dir('{sim}', '{variant}', '{policy}', '{seed}')}/steps.parquet",
         summary=f"{OUT.sim_dir('{sim}', '{variant}', '{policy}', '{seed}')}/summary.json",
