@@ -189,9 +189,8 @@ def aggregate(refs: Sequence[RunRef]) -> Aggregate:
         run_rows.append(
             {**labels, **{m: _float(summary.get(m)) for m in SUMMARY_METRICS}}
         )
-        steps = steps.assign(
-            **{k: labels[k] for k in (*RUN_KEYS, "source", "label", "timed_window")}
-        )
+        run_labels = (*RUN_KEYS, "source", "label", "timed_window", "steps_per_epoch")
+        steps = steps.assign(**{k: labels[k] for k in run_labels})
         steps["timed"] = timed(steps["step"], labels["warmup_steps"])
         steps["capacity_bytes"] = _float(summary.get("capacity_bytes"))
         step_frames.append(steps)

@@ -10,7 +10,7 @@ mode run as a variant is its own group) on three axes:
 - **training time**: the run's clock (the sum of its steps' `step_time_s`, by the run's timer;
   validation is outside it).
 
-Two numbers per policy, each against the baseline with a 95% CI and a two-sided p-value from
+Three numbers per policy, each against the baseline with a 95% CI and a two-sided p-value from
 resampling seeds (`stats.seed_bootstrap`, paired by seed):
 
 - **time to target**: the training time at which a run's validation loss first reaches the
@@ -53,12 +53,18 @@ COLUMNS = (
     "policy",
     "baseline",
     "source",
+    "label",
+    "steps_per_epoch",
+    "optimizer_steps",
+    "final_val_loss",
     "metric",
     "n_baseline",
     "n_policy",
     "n_reached",
     "target",
     "at",
+    "policy_mean",
+    "baseline_mean",
     *ESTIMATE,
 )
 TIME_TO_TARGET = "time to target ratio"  # target: the baseline's final loss (worst seed)
@@ -76,7 +82,7 @@ def curves(steps: pd.DataFrame) -> pd.DataFrame:
         time_s=one.groupby(list(RUN_KEYS))["step_time_s"].cumsum(),
     )
     evaluated = one[one["val_loss"].notna()]
-    keep = [*RUN_KEYS, "source", "label", "step", *AXES, *VAL_COLUMNS]
+    keep = [*RUN_KEYS, "source", "label", "steps_per_epoch", "step", *AXES, *VAL_COLUMNS]
     return evaluated[keep].astype({c: float for c in VAL_COLUMNS}).reset_index(drop=True)
 
 
@@ -105,7 +111,8 @@ def _per_run(group: pd.DataFrame, targets: dict[str, float], at: float) -> pd.Da
     rows = []
     for (policy, seed), run in group.groupby(["policy", "seed"], sort=True):
         time, loss = run["time_s"].to_numpy(), run["val_loss"].to_numpy()
-        row = {"policy": policy, "seed": seed}
+        row = {"policy": policy, "seed": seed, "optimizer_steps": run["optimizer_steps"].max()}
+        row["final_val_loss"] = float(loss[-1])
         row.update({metric: first_reach(time, loss, t) for metric, t in targets.items()})
         row[LOSS_AT_SAMPLES] = float(np.interp(at, run["samples_seen"], run["val_loss"]))
         rows.append(row)
@@ -123,13 +130,20 @@ def _targets(group: pd.DataFrame, baseline: str) -> dict[str, float]:
 
 
 def _estimate(pol: pd.DataFrame, base: pd.DataFrame, metric: str, s: Settings) -> dict:
-    """The row fields of one metric: seeds that have a value, and the bootstrap of the ratio
-    (NaN unless every run of both has one: a censored time is not a time)."""
+    """The row fields of one metric: seeds that have a value, the means over seeds, and the
+    bootstrap of their ratio (NaN unless every run of both has one: a censored time is not a
+    time, so neither its mean nor a ratio exists)."""
     have = int(pol[metric].notna().sum())
     values = (np.nan,) * len(ESTIMATE)
-    if have == len(pol) and base[metric].notna().all():
-        values = seed_bootstrap(pol, base, metric, True, s.n_boot, s.seed)
-    return {"metric": metric, "n_reached": have, **dict(zip(ESTIMATE, values, strict=True))}
+    means = {"policy_mean": np.nan, "baseline_mean": np.nan}
+    if base[metric].notna().all():
+        means["baseline_mean"] = float(base[metric].mean())
+    if have == len(pol):
+        means["policy_mean"] = float(pol[metric].mean())
+        if base[metric].notna().all():
+            values = seed_bootstrap(pol, base, metric, True, s.n_boot, s.seed)
+    fields = {"metric": metric, "n_reached": have, **means}
+    return {**fields, **dict(zip(ESTIMATE, values, strict=True))}
 
 
 def compare(curve: pd.DataFrame, settings: Settings) -> pd.DataFrame:
@@ -149,6 +163,10 @@ def compare(curve: pd.DataFrame, settings: Settings) -> pd.DataFrame:
                 policy=policy,
                 baseline=settings.baseline,
                 source=str(group["source"].iloc[0]),
+                label=str(group["label"].iloc[0]),
+                steps_per_epoch=str(group["steps_per_epoch"].iloc[0]),
+                optimizer_steps=float(pol["optimizer_steps"].mean()),
+                final_val_loss=float(pol["final_val_loss"].mean()),
                 n_baseline=len(base),
                 n_policy=len(pol),
                 at=at,
@@ -192,20 +210,72 @@ def verdicts(table: pd.DataFrame) -> list[str]:
     return lines
 
 
+def _cell(row: pd.Series, fmt: str) -> str:
+    """One number of the summary: the policy's mean over seeds, its ratio to the baseline's
+    with the 95% CI and p, or how many seeds never reached the target."""
+    if row["n_reached"] < row["n_policy"]:
+        return f"{row['n_policy'] - row['n_reached']} of {row['n_policy']} seeds never reached it"
+    mean = fmt.format(row["policy_mean"])
+    if row["policy"] == row["baseline"]:
+        return f"{mean} (reference)"
+    if np.isnan(row["estimate"]):  # the baseline's own time is censored
+        return mean
+    return (
+        f"{mean}: x{row['estimate']:.3f} [{row['ci_low']:.3f}, {row['ci_high']:.3f}] "
+        f"p={row['p_value']:.2g}"
+    )
+
+
+def _summary(group: pd.DataFrame) -> pd.DataFrame:
+    """One row per policy of one comparison group: its steps, final loss and the three
+    numbers against the baseline (`_cell`)."""
+    first = group.iloc[0]
+    target, common = (
+        group.loc[group["metric"] == m, "target"].iloc[0] for m in (TIME_TO_TARGET, TIME_TO_COMMON)
+    )
+    heads = {
+        TIME_TO_TARGET: (f"time to {target:.3f} (the baseline's final)", "{:.1f} s"),
+        TIME_TO_COMMON: (f"time to {common:.3f} (every run's)", "{:.1f} s"),
+        LOSS_AT_SAMPLES: (f"val_loss at {first['at']:.0f} samples seen", "{:.3f}"),
+    }
+    rows = []
+    baseline = first["baseline"]
+    for policy in sorted(set(group["policy"]), key=lambda p: (p != baseline, p)):
+        own = group[group["policy"] == policy]
+        row = {
+            "policy": policy,
+            "optimizer steps": f"{own['optimizer_steps'].iloc[0]:.0f}",
+            "final val_loss": f"{own['final_val_loss'].iloc[0]:.3f}",
+        }
+        for metric, (head, fmt) in heads.items():
+            row[head] = _cell(own[own["metric"] == metric].iloc[0], fmt)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
 def to_markdown(table: pd.DataFrame) -> str:
-    """convergence.md: what was measured, the table, and the verdict lines."""
+    """convergence.md: what was measured, per comparison group (a step mode) a summary per
+    policy and its verdict lines, then every row of the table."""
     lines = [
         "# Time to quality: validation loss against the baseline",
         "",
-        "Measured: held-out validation loss (flow matching, fixed noise) of each run. "
-        "Target = the largest final validation loss of the baseline's seeds; time = the "
-        "run's clock (sum of step times, validation outside it); equal samples = the "
-        "samples seen that every run reached. Ratios policy / baseline of means over "
-        "seeds; 95% CI and two-sided p from resampling seeds (paired).",
+        "Held-out validation loss (flow matching, fixed noise) of each run. Time = the run's "
+        "clock (sum of step times, validation outside it); targets: the largest final "
+        "validation loss of the baseline's seeds, and the largest final loss of all runs "
+        "(every run reaches it); equal samples = the samples seen that every run reached. "
+        "Cells: the policy's mean over seeds; x = ratio of means policy / baseline, "
+        "[95% CI] and two-sided p from resampling seeds (paired).",
         "",
     ]
     if table.empty:
         return "\n".join([*lines, "No comparison possible: no baseline runs with validation.", ""])
-    lines += [table.to_markdown(index=False, floatfmt=".4g"), "", "## Verdicts", ""]
-    lines += [f"- {line}" for line in verdicts(table)]
-    return "\n".join([*lines, ""])
+    for key, group in table.groupby(list(GROUP), sort=True):
+        first = group.iloc[0]
+        where = " / ".join(str(k) for k in key)
+        lines += [f"## Steps per epoch: {first['steps_per_epoch']} ({where})", ""]
+        lines += [f"{first['label']}; baseline {first['baseline']}.", ""]
+        lines += [_summary(group).to_markdown(index=False), ""]
+        lines += [f"- {line}" for line in verdicts(group)]
+        lines.append("")
+    lines += ["## Every number", "", table.to_markdown(index=False, floatfmt=".4g"), ""]
+    return "\n".join(lines)

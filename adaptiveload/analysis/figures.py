@@ -552,7 +552,9 @@ def convergence(inp: FigureInputs) -> plt.Figure:
                 _seed_band(ax, group[group["policy"] == policy], x, policy)
             ax.set_xlabel(label)
             ax.set_ylabel("validation loss")
-            ax.set_title(f"{_label(group)}\n{_group(setup, kernel)} / {variant}", fontsize=9)
+            where = f"{_group(setup, kernel)} / {variant}"
+            mode = f"steps per epoch: {group['steps_per_epoch'].iloc[0]}"
+            ax.set_title(f"{_label(group)}\n{where} ({mode})", fontsize=9)
         row[0].legend(fontsize=8)
     fig.suptitle("Does the policy change what the model learns? Held-out loss (seed band: min-max)")
     fig.tight_layout()

@@ -47,6 +47,12 @@ class PackedBatch:
             raise ValueError(f"micro-batch holds {len(self.latents)} latent shapes ({shapes})")
         return self.latents[0]
 
+    def inputs(self, packed: bool) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        """The latents in a run's layout (`Execution.packed`): the shape groups for a model
+        that runs packed micro-batches, the one dense tensor otherwise (a model refuses the
+        other layout)."""
+        return self.latents if packed else self.dense()
+
     def to(self, device: torch.device, dtype: torch.dtype) -> PackedBatch:
         latents = tuple(g.to(device, dtype, non_blocking=True) for g in self.latents)
         context = self.context.to(device, dtype, non_blocking=True)

@@ -379,7 +379,7 @@ class Trainer:
         indices = self._next_batch(rank)
         place = self.plans.at(indices.info, rank)
         batch = collate([self.data.dataset[i] for i in indices]).to(self.device, self.dtype)
-        x0 = batch.latents if self.cfg.execution.packed else batch.dense()
+        x0 = batch.inputs(self.cfg.execution.packed)
         w1, t1 = self.clock.both()
         return Loaded(indices, place, x0, batch.context, load_s=t1 - t0, load_wall_s=w1 - w0)
 
@@ -479,7 +479,7 @@ class Trainer:
         self.scaler.unscale_(self.optimizer)  # clip the true gradients
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.grad_clip)
         for group in self.optimizer.param_groups:
-            group["lr"] = self.cfg.optim.lr_at(step)
+            group["lr"] = self.cfg.optim.lr_at(step, self.total_steps)
         self.scaler.step(self.optimizer)  # skips a step of non-finite fp16 gradients
         self.scaler.update()
 
@@ -540,7 +540,9 @@ class Trainer:
         due = step == 0 or (step + 1) % self.cfg.val_every == 0 or step in self.epoch_ends
         if not due:
             return
-        scores = self.data.validation.score(self.model, self.ranks, self.device, self._autocast)
+        scores = self.data.validation.score(
+            self.model, self.ranks, self.device, self._autocast, self.cfg.execution.packed
+        )
         for row in rows:
             row.update(scores)
 

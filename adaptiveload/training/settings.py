@@ -51,11 +51,19 @@ class OptimConfig:
     betas: tuple[float, float] = (0.9, 0.999)
     grad_clip: float = schema_default("train.grad_clip")
     lr_warmup_steps: int = schema_default("train.lr_warmup_steps")
+    lr_decay_fraction: float = schema_default("train.lr_decay_fraction")
 
-    def lr_at(self, step: int) -> float:
-        """The learning rate of optimizer step `step` (0-based): lr * (step + 1) / (W + 1)
-        during the warm-up of W steps, lr after it."""
-        return self.lr * min(1.0, (step + 1) / (self.lr_warmup_steps + 1))
+    def lr_at(self, step: int, total: int) -> float:
+        """The learning rate of optimizer step `step` (0-based) of a run of `total` steps:
+        lr * (step + 1) / (W + 1) during the warm-up of W steps, then lr, and over the last
+        D = round(lr_decay_fraction * total) steps lr * (total - step) / (D + 1) (annealing
+        the end of a run lowers the step-to-step noise of its loss; the lesser factor where
+        the warm-up and the decay overlap)."""
+        factor = min(1.0, (step + 1) / (self.lr_warmup_steps + 1))
+        decay = round(self.lr_decay_fraction * total)
+        if decay and step >= total - decay:
+            factor = min(factor, (total - step) / (decay + 1))
+        return self.lr * factor
 
 
 @dataclass(frozen=True)
@@ -213,6 +221,7 @@ def from_experiment(
         optim=OptimConfig(
             lr=train["lr"], weight_decay=train["weight_decay"], grad_clip=train["grad_clip"],
             lr_warmup_steps=train["lr_warmup_steps"],
+            lr_decay_fraction=train["lr_decay_fraction"],
         ),
         objective=ObjectiveConfig(
             timestep_shift=train["timestep_shift"],

@@ -69,11 +69,14 @@ class Validator:
         self.dataset, self.objective = dataset, objective
         self.classes = [shape_class(int(frames)) for frames, _, _ in dataset.shapes]
 
-    def _loss(self, model: torch.nn.Module, index: int, device: torch.device) -> float:
+    def _loss(
+        self, model: torch.nn.Module, index: int, device: torch.device, packed: bool
+    ) -> float:
         item = self.dataset[index]
         batch = collate([item]).to(device, next(model.parameters()).dtype)
         gen = torch.Generator().manual_seed(sample_seed(item["sample_id"], VAL_SEED, "val"))
-        return float(per_sample_loss(model, batch.dense(), batch.context, self.objective, gen)[0])
+        x0 = batch.inputs(packed)  # one sample: the same loss in either layout
+        return float(per_sample_loss(model, x0, batch.context, self.objective, gen)[0])
 
     def score(
         self,
@@ -81,9 +84,11 @@ class Validator:
         ranks: dd.Ranks,
         device: torch.device,
         autocast: Callable[[], AbstractContextManager],
+        packed: bool,
     ) -> dict[str, float | None]:
         """The `VAL_COLUMNS` of the model as it is now: the set's mean loss and each shape
-        class's (None for a class the data lack)."""
+        class's (None for a class the data lack). `packed`: the run's layout, which the
+        model takes (`Execution.packed`)."""
         n = len(self.dataset)
         procs = ranks.world_size if ranks.distributed else 1
         share = math.ceil(n / procs)  # the same count on every process (the last repeats)
@@ -91,7 +96,7 @@ class Validator:
         mine = [min(i, n - 1) for i in range(first, first + share)]
         net = model if dd.is_fsdp(model) else dd.unwrap(model)
         with torch.no_grad(), autocast():
-            local = {i: self._loss(net, i, device) for i in mine}
+            local = {i: self._loss(net, i, device, packed) for i in mine}
         losses: dict[int, float] = {}
         for part in dd.all_gather(local, ranks):
             losses.update(part)

@@ -3,6 +3,7 @@ run, and the analysis (time to target, loss at equal samples seen) on synthetic 
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from types import SimpleNamespace
 
 import numpy as np
@@ -26,11 +27,15 @@ from adaptiveload.data.bucketing import bucketize
 from adaptiveload.data.dataset import LatentDataset, sample_seed
 from adaptiveload.data.mixtures import synthesize
 from adaptiveload.errors import UserError
+from adaptiveload.model.architectures import get_config
+from adaptiveload.model.attention import Execution
+from adaptiveload.model.wan import WanModel
 from adaptiveload.step_table import VAL_COLUMNS
 from adaptiveload.tokens import SHAPE_CLASSES, shape_class
+from adaptiveload.training.distributed import Ranks
 from adaptiveload.training.loop import step_metrics
-from adaptiveload.training.settings import OptimConfig
-from adaptiveload.training.validation import VAL_PREFIX, holdout
+from adaptiveload.training.settings import ObjectiveConfig, OptimConfig
+from adaptiveload.training.validation import VAL_PREFIX, Validator, holdout
 
 torch.set_num_threads(1)
 SAMPLES = bucketize(synthesize("tiny-cpu", 200, 0), grid="tiny").samples.reset_index(drop=True)
@@ -76,10 +81,37 @@ def test_holdout_covers_every_shape_class_with_new_ids_and_training_shapes():
         holdout(clash, per_class=5)
 
 
-def test_lr_warms_up_linearly_then_stays():
+def test_validation_scores_a_packed_run_as_a_dense_one():
+    """A model that runs packed micro-batches refuses dense ones: the held-out set goes to it
+    in the run's layout, and each sample's loss is the dense model's (same weights, noise)."""
+    cfg = get_config("wan2.1-micro")
+    held = holdout(SAMPLES, per_class=1)
+    data = LatentDataset(held, cfg.in_dim, cfg.text_len, cfg.text_dim, content="learnable")
+    validator = Validator(data, ObjectiveConfig())
+    cpu, scores = torch.device("cpu"), {}
+    for layout in ("dense", "packed"):
+        torch.manual_seed(0)
+        model = WanModel(cfg, execution=Execution.on(layout, cpu))
+        torch.nn.init.normal_(model.head.head.weight, std=0.02)  # Wan's zero head: no signal
+        scores[layout] = validator.score(
+            model, Ranks.emulated(2), cpu, nullcontext, layout == "packed"
+        )
+    assert set(scores["packed"]) == set(VAL_COLUMNS)
+    for column in VAL_COLUMNS:
+        assert scores["packed"][column] == pytest.approx(scores["dense"][column], rel=1e-5)
+
+
+def test_lr_warms_up_linearly_then_stays_constant():
     optim = OptimConfig(lr=1.0, lr_warmup_steps=3)
-    assert [optim.lr_at(s) for s in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
-    assert OptimConfig(lr=2.0).lr_at(0) == 2.0  # no warm-up by default
+    assert [optim.lr_at(s, 6) for s in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+    assert OptimConfig(lr=2.0).lr_at(0, 6) == 2.0  # no warm-up by default
+
+
+def test_lr_decays_linearly_over_the_last_fraction_of_each_runs_steps():
+    optim = OptimConfig(lr=1.0, lr_warmup_steps=1, lr_decay_fraction=0.5)
+    assert [optim.lr_at(s, 6) for s in range(6)] == [0.5, 1.0, 1.0, 0.75, 0.5, 0.25]
+    # a run of fewer steps anneals over fewer: its last step at lr / (D + 1)
+    assert [optim.lr_at(s, 4) for s in range(4)] == [0.5, 1.0, 2 / 3, 1 / 3]
 
 
 def test_step_metrics_log_validation_only_where_it_was_scored():
@@ -131,6 +163,7 @@ def _synthetic_curves(speed: dict[str, float], offset: dict[str, float]) -> pd.D
                         "seed": seed,
                         "source": "measured",
                         "label": "measured (cpu thread time, test)",
+                        "steps_per_epoch": "free",
                         "step": step,
                         "rank": 0,
                         "step_time_s": 2.0 * jitter / factor,
