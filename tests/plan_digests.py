@@ -13,6 +13,10 @@ packed policy's seeds and epochs began to vary pack compositions and the plan di
 cover the world size (a plan of 2 ranks and one of 4 that deal the same slots are two plans).
 Then the plans of the matched-steps simulations (`-matched` entries of default, paper and
 paper_1gpu), long-clips in the mixture sweep and experiments/matched.yaml were added.
+Since then (717 plans): the sequence-parallel plans (experiments/sp.yaml and paper_14b's SP
+entry) and both step modes of experiments/convergence.yaml were added; the other 627 plans
+were identical before and after the sequence-parallel planner, and the 12 convergence plans
+changed on purpose (144 samples instead of 160).
 
 A refactor that must not change any plan is checked by running this before and after it: the
 plan commands come from the pipeline itself (`snakemake -n -p -F` per experiment file, so the
