@@ -540,9 +540,11 @@ def plan_warnings(summary: dict[str, Any], excluded_ids: Sequence[str] = ()) -> 
                 "the budget or derive it for this data with `adaptiveload budgets`"
             )
         else:
+            degree = summary.get("sp_max_degree", 1)
+            where = f" (on one rank or a group of up to {degree} ranks)" if degree > 1 else ""
             found.append(
                 f"{oversize} of {planned} samples exceed the {pol.name} budget {limits} on "
-                "their own and run alone (B = 1)"
+                f"their own and run alone (B = 1){where}"
             )
     pad, batches = summary["num_padding_batches"], summary["batches"]
     if pad > HEAVY_PADDING * batches:
