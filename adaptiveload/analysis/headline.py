@@ -11,8 +11,8 @@ table (`tables.paper_table`) keeps every column as an appendix.
 Numbers in the README and docs are never typed: `analyze publish` records a run's runs table
 under results/reference/<experiment>/<date>-<commit>/ and rewrites the blocks between
 ``<!-- generated: NAME -->`` and ``<!-- end generated -->`` from every recorded run (the newest
-for the tables, all of them for how far the measured figures moved between reruns); a test
-fails when the committed text disagrees with the committed records.
+for the tables and findings, all of them for how far the measured figures moved between
+reruns); a test fails when the committed text disagrees with the committed records.
 """
 
 from __future__ import annotations
@@ -25,13 +25,21 @@ import numpy as np
 import pandas as pd
 
 from adaptiveload.analysis.paper_map import PAPER
-from adaptiveload.analysis.stats import SEED_RANGE, compare, headline
+from adaptiveload.analysis.stats import (
+    LOAD_ADJUSTED,
+    PAIRED,
+    SEED_RANGE,
+    compare,
+    describe,
+    headline,
+)
 from adaptiveload.errors import UserError
 from adaptiveload.experiment import schema_default
 from adaptiveload.pipeline import BASE_VARIANT
 
 MEASURED_SETUP = "train"
 THROUGHPUT = "samples_per_s ratio"
+IMBALANCE = "imbalance_rate difference"
 PAPER_LINE = (
     f"Paper (Wan 2.1, 16 GPUs, its own definitions, unpublished): imbalance "
     f"{PAPER['baseline_imbalance']:.0%} (equal-token) → {PAPER['adaptiveload_imbalance']:.1%} "
@@ -154,8 +162,8 @@ def write(tables: list[Headline], stem: Path) -> list[Path]:
 # ------------------------------------------------------------------ recorded runs and blocks
 RECORDS = Path("results/reference")
 RUNS_FILE = "runs.csv"
-BLOCK = re.compile(r"(<!-- generated: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- end generated -->)",
-                   re.S)
+BLOCK = re.compile(r"(<!-- generated: (?P<name>[\w:/.-]+) -->\n)(?P<body>.*?)"
+                   r"(<!-- end generated -->)", re.S)
 
 
 def recorded(root: Path) -> list[tuple[str, pd.DataFrame]]:
@@ -188,20 +196,71 @@ def _moved(records: list[tuple[str, pd.DataFrame]], baseline: str) -> str:
             f"({', '.join(name for name, _ in records)}): " + "; ".join(parts) + ".")
 
 
+def findings(
+    runs: pd.DataFrame, baseline: str = schema_default("analysis.baseline")
+) -> dict[str, str]:
+    """Per setup, one generated line per policy: its speedup and imbalance change with what
+    varies, and a verdict that follows from the interval (measured) or says it is a model."""
+    base = runs[runs["variant"] == BASE_VARIANT]
+    stats = compare(base, baseline)
+    out = {}
+    for table in headline_tables(base, stats, baseline):
+        lines = []
+        group = stats[(stats["setup"] == table.setup) & (stats["variant"] == BASE_VARIANT)]
+        for policy in table.table["policy"]:
+            if policy == baseline:
+                continue
+            rows = group[group["policy"] == policy]
+            head = PAIRED if table.measured else SEED_RANGE
+            speed, imb = _pick(rows, THROUGHPUT, head), _pick(rows, IMBALANCE, head)
+            if speed is None or imb is None:
+                continue
+            text = (f"- `{table.setup}`, {policy}: samples/s {speedup(speed)}, imbalance "
+                    f"{describe(imb, unit=' pp')}")
+            if table.measured:
+                text += f" ({evidence(speed)}): {_verdict(speed)}"
+                adj = _pick(rows, THROUGHPUT, LOAD_ADJUSTED)
+                if adj is not None:
+                    text += (f"; at equal host load ×{adj['estimate']:.2f} "
+                             f"[{adj['ci_low']:.2f}, {adj['ci_high']:.2f}]")
+            else:
+                text += " (model)"
+            lines.append(text + ".")
+        out[table.setup] = "\n".join(lines) + "\n"
+    return out
+
+
+def _pick(rows: pd.DataFrame, metric: str, test: str) -> pd.Series | None:
+    found = rows[(rows["metric"] == metric) & (rows["test"] == test)]
+    return found.iloc[0] if len(found) else None
+
+
+def _verdict(row: pd.Series) -> str:
+    if row["ci_low"] > 1:
+        return "faster, resolved (the 95% interval excludes ×1)"
+    if row["ci_high"] < 1:
+        return "slower, resolved (the 95% interval excludes ×1)"
+    return "not resolved (the 95% interval spans ×1)"
+
+
 def blocks(root: Path, baseline: str = schema_default("analysis.baseline")) -> dict[str, str]:
-    """The generated blocks' texts from the recorded runs under `root`: `headline-measured`,
-    `headline-model` (the newest run's tables) and `reruns`."""
+    """The generated blocks' texts from the recorded runs under `root`: `headline:<setup>`
+    and `findings:<setup>` for each setup of the newest run, `headline:measured`,
+    `headline:model` (all of one kind), `findings` (all setups) and `reruns` (every recorded
+    run)."""
     records = recorded(root)
     name, runs = records[-1]
     tables = headline_tables(runs, baseline=baseline)
-    measured = [t for t in tables if t.measured]
-    model = [t for t in tables if not t.measured]
     source = f"_Generated from `{(root / name / RUNS_FILE).as_posix()}`._\n"
-    return {
-        "headline-measured": to_markdown(measured) + "\n" + source if measured else source,
-        "headline-model": "\n".join(t.markdown() for t in model) + "\n" + source,
-        "reruns": _moved(records, baseline) + "\n",
-    }
+    out = {f"headline:{t.setup}": t.markdown() + "\n" + source for t in tables}
+    out["headline:measured"] = to_markdown([t for t in tables if t.measured]) + "\n" + source
+    out["headline:model"] = "\n".join(t.markdown() for t in tables if not t.measured) + (
+        "\n" + source)
+    found = findings(runs, baseline)
+    out.update({f"findings:{setup}": text for setup, text in found.items()})
+    out["findings"] = "".join(found.values())
+    out["reruns"] = _moved(records, baseline) + "\n"
+    return out
 
 
 def fill(text: str, generated: dict[str, str], where: str) -> str:

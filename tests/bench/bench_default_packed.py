@@ -1,5 +1,5 @@
 """The measured CPU default, packed vs equal-token and vs balanced dealing: whole-epoch
-training runs of the default experiment, 3 seeds, thread CPU time, compared by the analysis'
+training runs of the default experiment, its seeds, thread CPU time, compared by the analysis'
 own replicate-level inference (runs paired by seed)
 -> results/benchmarks/default_packed_training.json.
 
@@ -23,13 +23,14 @@ import tempfile
 from pathlib import Path
 
 import pandas as pd
+import yaml
 from stamp import stamp
 
 from adaptiveload.analysis.stats import PAIRED
 from adaptiveload.io import read_json, write_json
 
 POLICIES = ("equal-token", "adaptiveload-balanced", "adaptiveload-packed")
-SEEDS = (0, 1, 2)
+SEEDS = tuple(yaml.safe_load(Path("experiments/default.yaml").read_text())["seeds"])
 RUNS = Path("results/default/runs")
 FIELDS = ("samples_per_s", "imbalance_rate", "idle_fraction", "steps", "sim_rel_err_median",
           "batch_layout", "timer", "timed_window")
