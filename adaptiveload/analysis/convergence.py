@@ -281,3 +281,26 @@ def to_markdown(table: pd.DataFrame) -> str:
         lines.append("")
     lines += ["## Every number", "", table.to_markdown(index=False, floatfmt=".4g"), ""]
     return "\n".join(lines)
+
+
+# the two numbers of a convergence comparison the README shows, by their names in the table
+README_METRICS = {TIME_TO_COMMON: "time to the loss every run reaches",
+                  LOSS_AT_SAMPLES: "val loss at equal samples"}
+
+
+def readme_table(comparisons: list[dict]) -> str:
+    """The README's convergence table from a convergence benchmark's `comparisons` (the
+    rows of `compare`): per step mode and policy the optimizer steps and the two ratios vs
+    the baseline, point estimates only. That benchmark's intervals came from a bootstrap over
+    3 seeds, which is too narrow at 3 seeds (docs/measurement.md), so none is shown; a run
+    of experiments/convergence.yaml gives replicate-level ones in its tables."""
+    frame = pd.DataFrame(comparisons)
+    frame = frame[frame["policy"] != frame["baseline"]]
+    rows = []
+    for (mode, policy), group in frame.groupby(["steps_per_epoch", "policy"], sort=True):
+        by = group.set_index("metric")["estimate"]
+        rows.append({"step mode": mode, "policy": policy,
+                     "steps": f"{group['optimizer_steps'].iloc[0]:.0f}",
+                     **{label: f"×{by[m]:.2f}" if np.isfinite(by.get(m, np.nan)) else ""
+                        for m, label in README_METRICS.items()}})
+    return pd.DataFrame(rows).to_markdown(index=False) + "\n"

@@ -263,6 +263,25 @@ def blocks(root: Path, baseline: str = schema_default("analysis.baseline")) -> d
     return out
 
 
+CONVERGENCE_BENCHMARK = Path("results/benchmarks/convergence.json")
+
+
+def generated_blocks(
+    records: Path, convergence: Path = CONVERGENCE_BENCHMARK,
+    baseline: str = schema_default("analysis.baseline"),
+) -> dict[str, str]:
+    """Every generated block of the README and docs: the recorded runs' (`blocks`) and the
+    convergence benchmark's table (`convergence`)."""
+    from adaptiveload.analysis.convergence import readme_table
+    from adaptiveload.io import read_json
+
+    out = blocks(records, baseline)
+    bench = read_json(convergence, "convergence benchmark")
+    out["convergence"] = readme_table(bench["comparisons"]) + (
+        f"\n_Generated from `{convergence.as_posix()}` (commit {bench['commit'][:7]})._\n")
+    return out
+
+
 def fill(text: str, generated: dict[str, str], where: str) -> str:
     """`text` with every generated block replaced by its new body; UserError for a block
     whose name has no generator."""

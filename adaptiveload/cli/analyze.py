@@ -292,7 +292,7 @@ def publish_cmd(
             "devices": sorted(set(table["label"])),
         }, indent=2) + "\n")
         typer.echo(f"recorded {len(table)} runs -> {folder}")
-    generated = headline.blocks(records, baseline)
+    generated = headline.generated_blocks(records, baseline=baseline)
     stale = []
     for path in doc or [Path("README.md"), Path("docs/results.md")]:
         text = path.read_text(encoding="utf-8")

@@ -4,13 +4,13 @@ disagree, or when a text has lost its generated blocks."""
 
 from __future__ import annotations
 
-from repo_paths import DEFAULT_RECORDS, GENERATED_DOCS
+from repo_paths import CONVERGENCE_BENCHMARK, DEFAULT_RECORDS, GENERATED_DOCS
 
 from adaptiveload.analysis import headline
 
 
 def test_generated_numbers_match_the_recorded_runs():
-    generated = headline.blocks(DEFAULT_RECORDS)
+    generated = headline.generated_blocks(DEFAULT_RECORDS, CONVERGENCE_BENCHMARK)
     for path in GENERATED_DOCS:
         text = path.read_text(encoding="utf-8")
         names = {m.group("name") for m in headline.BLOCK.finditer(text)}

@@ -22,3 +22,4 @@ H200_GRID7 = {f"run{i}": H200_RUNS / f"calibration-grid7-run{i}.json" for i in (
 # the default experiment's recorded runs and the texts whose numbers are generated from them
 DEFAULT_RECORDS = ROOT / "results" / "reference" / "default"
 GENERATED_DOCS = (ROOT / "README.md", ROOT / "docs" / "results.md")
+CONVERGENCE_BENCHMARK = ROOT / "results" / "benchmarks" / "convergence.json"
