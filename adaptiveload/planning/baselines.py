@@ -44,6 +44,8 @@ import pandas as pd
 
 from adaptiveload.costmodel import Calibration, CostModel
 from adaptiveload.errors import UserError
+from adaptiveload.model.analytic import flop_terms
+from adaptiveload.model.architectures import get_config
 from adaptiveload.planning.batches import (
     Batches,
     EpochInputs,
@@ -88,9 +90,6 @@ def flop_workload(tokens: np.ndarray, cost_model: CostModel | Calibration | None
     p)."""
     s = np.asarray(tokens, dtype=np.float64)
     if isinstance(cost_model, Calibration):
-        from adaptiveload.model.analytic import flop_terms
-        from adaptiveload.model.architectures import get_config
-
         try:
             return flop_terms(get_config(cost_model.model)).forward(s)
         except UserError:  # a model of unknown shape: no FLOPs to count
