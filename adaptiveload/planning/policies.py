@@ -315,15 +315,20 @@ class TimeBuckets(Policy):
         batches, slots, slot_pad = bucket_cuts(epoch, b_size, self.name)
         over = (batches.size * batches.tokens > budgets.m_mem) | (
             _StepTime(batches.tokens.astype(np.float64), budgets, epoch.cost).of(batches.size)
-            > reference * (1 + 1e-9)
+            > reference * (1 + REFERENCE_SLACK)
         )
-        alone = (s > budgets.m_mem) | (step_time.of(1) > reference * (1 + 1e-9))
+        alone = (s > budgets.m_mem) | (step_time.of(1) > reference * (1 + REFERENCE_SLACK))
         return MicroBatches(
             batches=batches, slots=slots, slot_pad=slot_pad,
             oversize=alone[epoch.buckets.of],
             violations=int(((batches.size > 1) & over).sum()),
             summary={"reference_step": reference},
         )
+
+
+# a relative slack on the reference time: the reference batch itself (its time computed from
+# its B) is never rounded down one sample, nor found over it
+REFERENCE_SLACK = 1e-9
 
 
 class _StepTime:
@@ -336,15 +341,14 @@ class _StepTime:
         self.fixed = cost.c0 if cost else 0.0
 
     def of(self, batch: Any) -> np.ndarray:
+        """The predicted time of a batch of `batch` samples of each token count."""
         if self.cost is None:
             return np.asarray(batch) * self.per_sample
         return np.asarray(self.cost.step_time(batch, self.tokens))
 
     def batch_size(self, reference: float) -> np.ndarray:
         """B(S): the largest batch within `reference` seconds and M_mem tokens, at least 1."""
-        # a relative 1e-9 keeps the reference batch itself (its time computed from its B)
-        # from rounding down one sample
-        within = max(reference * (1 + 1e-9) - self.fixed, 0.0)
+        within = max(reference * (1 + REFERENCE_SLACK) - self.fixed, 0.0)
         by_time = _floor_within(within, self.per_sample)
         return np.maximum(1, np.minimum(_floor_within(self.budgets.m_mem, self.tokens), by_time))
 
@@ -367,52 +371,56 @@ class _StepTime:
         return high
 
 
-class TokenFFD(Policy):
-    """Token-count packing as NVIDIA NeMo DFM trains Wan 2.1 on Megatron-Energon:
-    first-fit-decreasing of samples into packs up to a sequence length, the packs shuffled
-    and dealt to ranks without regard to cost (``baselines.ffd_packs``). Simplified: the
-    sequence length is the memory limit of ``adaptiveload-packed`` (bytes where the
-    calibration knows the device, else M_mem tokens), not a user's fixed number."""
+class PeerPacks(Policy):
+    """The field's packing methods (``planning.baselines``): packs held to the memory limit of
+    ``adaptiveload-packed`` (bytes where the calibration knows the device, else M_mem tokens;
+    pack_tokens when set), not to M_comp."""
 
-    name = "token-ffd"
     requires = ("m_mem",)
     packed = True
     peer = True
+
+
+class TokenFFD(PeerPacks):
+    """Token-count packing as NVIDIA NeMo DFM trains Wan 2.1 on Megatron-Energon:
+    first-fit-decreasing of samples into packs up to a sequence length, the packs shuffled
+    and dealt to ranks without regard to cost (``baselines.ffd_packs``). Simplified: the
+    sequence length is the memory limit, not a user's fixed number."""
+
+    name = "token-ffd"
 
     def micro_batches(self, epoch: EpochInputs) -> MicroBatches:
         return baselines.ffd_packs(epoch)
 
 
-class TokenKK(Policy):
-    """verl's sequence-length balancing (``get_seqlen_balanced_partitions``): each step's
-    global batch split over the data-parallel ranks by Karmarkar-Karp on token counts, a
-    rank's load being its tokens (``baselines.step_partitions``, ``karmarkar_karp``).
-    Simplified: one micro-batch per rank per step (a step over the memory limit runs as two),
-    global batches of equal sample counts, as many as the memory volume needs."""
+class StepBalanced(PeerPacks):
+    """Each step's global batch split over the ranks by `partition`
+    (``baselines.step_partitions``). Simplified as both methods it serves: one micro-batch
+    per rank per step (a step over the memory limit runs as two), global batches of equal
+    sample counts, as many as the memory volume needs."""
+
+    partition: ClassVar[baselines.Partition]
+
+    def micro_batches(self, epoch: EpochInputs) -> MicroBatches:
+        return baselines.step_partitions(epoch, self.partition, self.name)
+
+
+class TokenKK(StepBalanced):
+    """verl's sequence-length balancing (``get_seqlen_balanced_partitions``): Karmarkar-Karp
+    on token counts over the data-parallel ranks, a rank's load being its tokens. Simplified:
+    parts need not hold equal sample counts (verl's ``equal_size``)."""
 
     name = "token-kk"
-    requires = ("m_mem",)
-    packed = True
-    peer = True
-
-    def micro_batches(self, epoch: EpochInputs) -> MicroBatches:
-        return baselines.step_partitions(epoch, baselines.kk_partition, self.name)
+    partition = staticmethod(baselines.kk_partition)
 
 
-class FlopGreedy(Policy):
-    """KnapFormer's workload balancing: each step's samples sorted by an estimated FLOP
-    workload and placed greedily in the least-loaded bag of the fixed ranks
-    (``baselines.step_partitions``, ``greedy_partition``). Simplified: one bag per rank (no
-    sequence-parallel bags), FLOPs from the model's shape (``flop_workload``), steps as
-    ``token-kk``'s."""
+class FlopGreedy(StepBalanced):
+    """KnapFormer's workload balancing: samples sorted by an estimated FLOP workload, each to
+    the least-loaded bag of the fixed ranks that has room. Simplified: one bag per rank (no
+    sequence-parallel bags), FLOPs from the model's shape (``baselines.flop_workload``)."""
 
     name = "flop-greedy"
-    requires = ("m_mem",)
-    packed = True
-    peer = True
-
-    def micro_batches(self, epoch: EpochInputs) -> MicroBatches:
-        return baselines.step_partitions(epoch, baselines.greedy_partition, self.name)
+    partition = staticmethod(baselines.greedy_partition)
 
 
 POLICIES: dict[str, type[Policy]] = {

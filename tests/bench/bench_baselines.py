@@ -9,8 +9,8 @@ through the measured H200 calibration of Wan 2.1 T2V-1.3B (shipped), each policy
 `steps_per_epoch` free (its own step count) and match (equal-token's); and the packed policy
 with M_comp lifted (the memory limit alone, as the field's methods keep). Per plan: real
 samples/s, padding, steps, K_min, x epoch bound, imbalance, micro-batches beyond the measured
-memory and over a limit. No step is run. 198 s wall (42 s CPU) on the 2-core development
-machine at load 5-10 without the memory-only row.
+memory and over a limit. No step is run. 134 s wall on the 2-core development machine at
+load 5-10.
 
 Run: .venv/bin/python tests/bench/bench_baselines.py [-o results/benchmarks/baselines.json]
      [--doc docs/baselines.md]   # also rewrite the doc's generated table from the result
