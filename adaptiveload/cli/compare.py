@@ -77,8 +77,7 @@ def compare_cmd(
     cal = _cost_model(calibration, prior, model, tokens, origin)
     cal, source = _budgets(cal, budgets_file, prior, capacity_gb, headroom, tokens)
     names = [p.strip() for p in policies.split(",") if p.strip()] if policies else None
-    config = CompareConfig(cal, world_size, seed, names,
-                           steps_per_epoch=step_mode(steps_per_epoch))
+    config = CompareConfig(cal, world_size, seed, names, steps_per_epoch=step_mode(steps_per_epoch))
     # the header counts what every plan leaves out (one of fewer ranks per sample, more)
     bucketed = without_over_capacity(bucketed, cal, config.max_degree)
     summaries = compare_policies(bucketed, config)
