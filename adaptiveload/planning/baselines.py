@@ -15,10 +15,10 @@ beyond its own balancing key (tokens, or an estimate of FLOPs).
 - ``ffd_packs``: token-count packing (NVIDIA NeMo DFM on Megatron-Energon, which trains
   Wan 2.1): first-fit-decreasing of samples by tokens into packs up to the limit, the packs
   shuffled and dealt to ranks without regard to their cost;
-- ``step_partitions`` with ``karmarkar_karp``: verl's sequence-length balancing
+- ``step_partitions`` with ``kk_partition`` (``karmarkar_karp``): verl's sequence-length balancing
   (``get_seqlen_balanced_partitions``): each step's global batch of samples split over the N
   ranks by the Karmarkar-Karp largest-differencing method on token counts;
-- ``step_partitions`` with ``greedy_bags``: KnapFormer's workload balancing: each step's
+- ``step_partitions`` with ``greedy_partition``: KnapFormer's workload balancing: each step's
   samples, costliest first by an estimate of FLOPs (``flop_workload``), each into the
   least-loaded of the N bags (ranks) that has room.
 
@@ -240,7 +240,7 @@ def step_partitions(epoch: EpochInputs, partition: Partition, policy: str) -> Mi
         )
     packs = [p for parts in parts_of_steps for p in parts]
     n_real = np.array([len(parts) for parts in parts_of_steps])
-    first = np.concatenate(([0], np.cumsum(n_real)[:-1]))
+    first = starts(n_real)
     rank = np.arange(n)
     real = rank[None, :] < n_real[:, None]  # [steps, N]
     repeat = epoch.rng.integers(0, len(packs), size=real.shape)
