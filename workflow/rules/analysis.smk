@@ -41,7 +41,6 @@ rule aggregate:
 rule stats:
     input:
         runs=rules.aggregate.output.runs,
-        steps=rules.aggregate.output.steps,
     output:
         csv=f"{TABLES}/stats.csv",
         md=f"{TABLES}/stats.md",
@@ -54,9 +53,8 @@ rule stats:
     conda:
         CONDA_ENV
     shell:
-        "adaptiveload analyze stats --runs {input.runs} --steps {input.steps} --csv {output.csv} "
-        "--md {output.md} --baseline {params.a[baseline]} --n-boot {params.a[bootstrap]} "
-        "--seed {params.a[seed]} > {log} 2>&1"
+        "adaptiveload analyze stats --runs {input.runs} --csv {output.csv} "
+        "--md {output.md} --baseline {params.a[baseline]} --seed {params.a[seed]} > {log} 2>&1"
 
 
 rule convergence:
@@ -77,8 +75,7 @@ rule convergence:
         CONDA_ENV
     shell:
         "adaptiveload analyze convergence --steps {input.steps} --csv {output.csv} "
-        "--md {output.md} --baseline {params.a[baseline]} --n-boot {params.a[bootstrap]} "
-        "--seed {params.a[seed]} > {log} 2>&1"
+        "--md {output.md} --baseline {params.a[baseline]} --seed {params.a[seed]} > {log} 2>&1"
 
 
 rule tables:
@@ -89,6 +86,8 @@ rule tables:
         kernel=KERNEL_BENCH,
         paper_map=[MAP_SUMMARY] if PAPER_MAP else [],
     output:
+        f"{TABLES}/headline.md",
+        report(f"{TABLES}/headline.html", caption="../report/headline.rst", category="Tables"),
         f"{TABLES}/paper_table.csv",
         f"{TABLES}/paper_table.md",
         report(f"{TABLES}/paper_table.html", caption="../report/paper_table.rst",
