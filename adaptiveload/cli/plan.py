@@ -124,7 +124,7 @@ def plan_config(
     try:
         return PlanConfig(
             policy, budgets, world_size, seed, epoch, cost_model=cal,
-            window_steps=window_steps or None, steps_per_epoch=_step_mode(steps_per_epoch),
+            window_steps=window_steps or None, steps_per_epoch=step_mode(steps_per_epoch),
             allreduce_gbps=allreduce_gbps,
         )
     except MissingBudgetError as exc:  # the library's message names Budgets; here: the flags
@@ -199,7 +199,7 @@ def _plan_line(s: dict, policy: Policy) -> str:
     return line
 
 
-def _step_mode(value: str) -> str | int:
+def step_mode(value: str) -> str | int:
     """--steps-per-epoch as build_plan takes it: free, match or a step count."""
     if value in STEP_MODES:
         return value

@@ -116,7 +116,9 @@ def test_schema_copies_of_code_constants():
     props = experiment.schema()["properties"]
     data, sim = props["data"]["properties"], props["simulate"]["items"]["properties"]
     assert props["policies"]["items"]["enum"] == list(POLICIES)
-    assert experiment.schema_default("policies") == list(POLICIES)
+    assert experiment.schema_default("policies") == [
+        name for name, policy in POLICIES.items() if not policy.peer
+    ]
     assert experiment.schema_default("analysis.baseline") in POLICIES
     for section in (data, sim):
         assert section["bucketing"]["enum"] == list(MODES)
