@@ -19,8 +19,8 @@ were identical before and after the sequence-parallel planner, and the 12 conver
 changed on purpose (144 samples instead of 160). Then (905 plans) the field's methods as
 baselines were added: their plans in default.yaml's four measured 1.3B simulations (and in
 matched's and paper_1gpu's, which take those entries, with the policies the entries now name,
-packed among them) and experiments/baselines.yaml's 32 training plans (the default's 8
-seeds); the other 717 were identical.
+packed among them) and experiments/baselines.yaml's training plans; the other 717 were
+identical.
 
 A refactor that must not change any plan is checked by running this before and after it: the
 plan commands come from the pipeline itself (`snakemake -n -p -F` per experiment file, so the

@@ -154,10 +154,11 @@ def test_per_step_balancing_beats_cost_blind_dealing(measured):
 
 def test_the_baselines_experiment_plans_its_policies():
     """experiments/baselines.yaml as the pipeline layers it: its policies (the project's
-    packed, equal-token and two peers) plan its data at its world size with a stand-in of its
-    calibration (the tiny prior), and the peers' packs train packed."""
+    packed, the analysis baseline, and two peers) plan its data at its world size with a
+    stand-in of its calibration (the tiny prior), and the peers' packs train packed."""
     cfg = load_layered(ROOT / "experiments" / "baselines.yaml")
-    assert {"equal-token", "adaptiveload-packed"} <= set(cfg["policies"])
+    assert "adaptiveload-packed" in cfg["policies"]
+    assert cfg["analysis"]["baseline"] == "adaptiveload-packed"
     assert sum(POLICIES[p].peer for p in cfg["policies"]) == 2
     assert cfg["simulate"] == []
     cal = Calibration.load(FIXTURES / "tiny-prior.json")
