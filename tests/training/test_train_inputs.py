@@ -28,7 +28,7 @@ def _run(tmp_path, latent_path: str, **fields):
 
 
 def test_latent_paths_outside_data_root_are_refused(tmp_path):
-    with pytest.raises(UserError, match="latent_path resolves to .*, outside .*/data;"):
+    with pytest.raises(UserError, match=r"latent_path resolves to .*, outside .*/data;"):
         _run(tmp_path, "../elsewhere/x.safetensors", val_every=0)
     data = _run(tmp_path, "../elsewhere/x.safetensors", val_every=0,
                 data={"root": str(tmp_path)})  # the root the experiment names holds them
