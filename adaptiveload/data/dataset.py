@@ -137,6 +137,10 @@ class LatentDataset(Dataset):
                 "at the bucket shape or bucket the manifest with the settings it was cached at"
             )
         context = tensors.get("context")
+        for name, tensor in (("latent", latent), ("context", context)):
+            if tensor is not None and not torch.isfinite(tensor).all():
+                raise UserError(f"{path} (latent of sample {sample_id!r}): tensor {name!r} "
+                                "holds NaN or infinite values; encode the sample again")
         if context is None:  # noise as the text would train a model to ignore its prompt
             raise UserError(
                 f"{path} (latent of sample {sample_id!r}): no tensor named 'context' (found "

@@ -12,7 +12,9 @@ from adaptiveload import experiment
 from adaptiveload.data.manifest import write_manifest
 from adaptiveload.data.mixtures import synthesize
 from adaptiveload.errors import UserError
+from adaptiveload.training.distributed import Ranks
 from adaptiveload.training.inputs import prepare_data
+from adaptiveload.training.loop import Trainer
 from adaptiveload.training.settings import from_experiment
 
 
@@ -39,3 +41,19 @@ def test_validation_of_synthetic_samples_on_a_manifest_of_latents_is_refused(tmp
     with pytest.raises(UserError) as exc:
         _run(tmp_path, "x.safetensors", val_every=2)
     assert "train.val_every: 2" in str(exc.value) and "set train.val_every: 0" in str(exc.value)
+
+
+def test_a_diverged_loss_is_one_line_naming_the_lr(tmp_path):
+    """An in-schema lr of 10 drives the loss to NaN within a few steps: one UserError line
+    (exit 2 from the CLI) naming train.lr, not a FloatingPointError traceback."""
+    torch.set_num_threads(1)
+    exp = experiment.load(write_experiment(tmp_path, lr=10, lr_warmup_steps=0, grad_clip=1e6,
+                                           steps=20, warmup_steps=0))
+    cfg = from_experiment(exp, "adaptiveload", 0, launch_mode="emulated", world_size=1)
+    trainer = Trainer(cfg, prepare_data(exp, cfg), None, Ranks.emulated(1), progress=False)
+    try:
+        with pytest.raises(UserError) as exc:
+            trainer.run()
+    finally:
+        trainer.close()
+    assert "the loss is nan" in str(exc.value) and "lower train.lr (now 10)" in str(exc.value)
