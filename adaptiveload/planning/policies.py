@@ -62,6 +62,9 @@ class Policy:
     # its micro-batches may run on sequence-parallel groups of several ranks (``groups``):
     # what the pipeline reads to draw its figure of groups (`analysis.figures.sp_groups`)
     groups: ClassVar[bool] = False
+    # the policy whose predicted plan this one must not fall short of without a warning
+    # (`plan.plan_warnings`): a generalisation measured against what it generalises
+    baseline: ClassVar[str | None] = None
 
     def micro_batches(self, epoch: EpochInputs) -> MicroBatches:
         """Steps 1-5 of ``plan``: each bucket cut into B(S) batches (``batches.bucket_cuts``),
@@ -241,6 +244,7 @@ class AdaptiveLoadSP(AdaptiveLoadPacked):
 
     name = "adaptiveload-sp"
     groups = True
+    baseline = "adaptiveload-sp-fixed"
 
     def max_degree(self, cost_model: CostModel | Calibration | None, world_size: int) -> int:
         sp = _sequence_parallel(cost_model)
