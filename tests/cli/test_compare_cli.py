@@ -53,6 +53,20 @@ def test_compare_prints_and_writes_every_policy(data, tmp_path, monkeypatch, cap
     )
 
 
+def test_compare_at_equal_tokens_step_count(data, tmp_path, monkeypatch, capsys):
+    """`--steps-per-epoch match`, as the README documents it: every policy planned at
+    equal-token's step count (the option was documented, but missing)."""
+    out = tmp_path / "compare.json"
+    code, _, err = run(
+        monkeypatch, capsys, "compare", "--manifest", str(data / "tiny.csv"), "--world-size",
+        "4", "--calibration", "h200-wan2.1-t2v-1.3b", "--grid", "tiny", "--steps-per-epoch",
+        "match", "--policies", "equal-token,adaptiveload-packed", "-o", str(out),
+    )
+    assert code == 0, err
+    equal, packed = json.loads(out.read_text())["policies"]
+    assert packed["steps_per_epoch"] == "match" and packed["steps"] == equal["steps"]
+
+
 def test_compare_with_a_prior_honours_capacity(data, monkeypatch, capsys, tmp_path):
     reports = {}
     for gb in ("141", "80"):
