@@ -140,6 +140,8 @@ def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
                         "merge it into its base model first (peft: model.merge_and_unload(), "
                         "docs/models.md)")
     files = tuple(regular_file(file, "weights file") for file in _weight_files(path))
+    if path.name.endswith(".index.json"):  # the checkpoint is its folder: config.json too
+        path = path.parent
     config_json = read_json(path / "config.json", "config.json") if path.is_dir() and (
         path / "config.json").exists() else None
     keys = [k for file in files for k in _shapes(file)]
@@ -275,6 +277,10 @@ DIFFUSERS_CONFIG = {
 }
 QK_NORM = "rms_norm_across_heads"  # diffusers' name for Wan's q/k RMSNorm across all heads
 ROPE_MAX_SEQ_LEN = 1024  # diffusers' default: RoPE table rows per axis (patches)
+# config.json fields of diffusers' without a WanConfig counterpart: a conversion keeps the
+# source's value (in an original-layout config.json too, whose reader ignores it), so a
+# round trip through either layout gives them back
+DIFFUSERS_ONLY = ("rope_max_seq_len",)
 
 
 def from_weights(ckpt: Checkpoint, s: Mapping[str, tuple[int, ...]]) -> dict[str, Any]:
@@ -435,7 +441,9 @@ def convert(
         raise UserError(f"--to {to!r}: expected one of {', '.join(LAYOUTS)}")
     ckpt, cfg = inspect(src, config)
     parts = (stored_names(part, to) for part in ckpt.tensors())
-    write_checkpoint(dst, parts, len(ckpt.files), layout_config(cfg, to))
+    source = ckpt.config_json or {}
+    kept = {k: source[k] for k in DIFFUSERS_ONLY if k in source}
+    write_checkpoint(dst, parts, len(ckpt.files), {**layout_config(cfg, to), **kept})
     return cfg
 
 

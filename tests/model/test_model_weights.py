@@ -91,6 +91,9 @@ def test_original_shards_with_index_load_bit_exact_and_bf16_widens_exactly(tmp_p
     loaded = model.state_dict()
     assert all(v.dtype == torch.float32 for v in loaded.values())
     assert same({k: v.to(torch.bfloat16) for k, v in loaded.items()}, state)
+    # the index itself as the path reads the config.json beside it (num_heads is only there)
+    by_index = weights.load_wan(folder / "model.safetensors.index.json")
+    assert by_index.cfg == model.cfg and same(by_index.state_dict(), loaded)
 
 
 def test_diffusers_folder_loads_and_matches_diffusers(tmp_path):
@@ -125,6 +128,13 @@ def test_convert_round_trip_is_bit_exact_and_diffusers_reads_it(tmp_path):
     for file in sorted((tmp_path / "back").glob("*.safetensors")):
         back.update(load_file(file))
     assert same(back, state)
+    # a diffusers field without a Wan counterpart survives a round trip through the original
+    # layout (it was reset to diffusers' default)
+    config = tmp_path / "diff" / "config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "rope_max_seq_len": 64}))
+    weights.convert(tmp_path / "diff", tmp_path / "o2", "original")
+    weights.convert(tmp_path / "o2", tmp_path / "d2", "diffusers")
+    assert json.loads((tmp_path / "d2" / "config.json").read_text())["rope_max_seq_len"] == 64
     diffusers = pytest.importorskip("diffusers")
     ref = diffusers.WanTransformer3DModel.from_pretrained(tmp_path / "diff")  # fp32: exact
     theirs = {weights.rename(k, "original"): v.bfloat16() for k, v in ref.state_dict().items()}
