@@ -204,7 +204,7 @@ def read_table(path: str | os.PathLike[str], what: str, fix: str) -> Any:
     file, with `fix`, what the user does about it, after the reason."""
     import pandas as pd
 
-    path = Path(path)
+    path = regular_file(path, what)
     if path.is_dir():  # pyarrow would read it as an (empty) dataset
         raise UserError(f"{path}: {what} (a file) expected, found a directory")
     try:
