@@ -10,8 +10,9 @@ mode run as a variant is its own group) on three axes:
 - **training time**: the run's clock (the sum of its steps' `step_time_s`, by the run's timer;
   validation is outside it).
 
-Three numbers per policy, each against the baseline with a 95% CI and a two-sided p-value from
-resampling seeds (`stats.seed_bootstrap`, paired by seed):
+Three numbers per policy, each against the baseline at the level of the replicate (runs paired
+by seed, `stats.paired_effect`: the geometric mean of the per-seed ratios, a 95% t interval on
+their logs and the exact sign-flip p, docs/measurement.md):
 
 - **time to target**: the training time at which a run's validation loss first reaches the
   target, linearly interpolated between evaluations. The target is the worst final loss of
@@ -36,11 +37,11 @@ import numpy as np
 import pandas as pd
 
 from adaptiveload.analysis.aggregate import RUN_KEYS
-from adaptiveload.analysis.stats import GROUP, seed_bootstrap
+from adaptiveload.analysis.stats import GROUP, paired_effect
 from adaptiveload.errors import UserError
 from adaptiveload.step_table import VAL_COLUMNS
 
-ESTIMATE = ("estimate", "ci_low", "ci_high", "p_value")  # what `stats.seed_bootstrap` returns
+ESTIMATE = ("estimate", "ci_low", "ci_high", "p_value")  # of `stats.paired_effect`
 # the x axes of the curves: column -> label
 AXES = {
     "samples_seen": "samples seen (real samples, all ranks)",
@@ -110,7 +111,6 @@ def first_reach(x: np.ndarray, loss: np.ndarray, target: float) -> float:
 @dataclass(frozen=True)
 class Settings:
     baseline: str
-    n_boot: int
     seed: int
 
 
@@ -139,7 +139,7 @@ def _targets(group: pd.DataFrame, baseline: str) -> dict[str, float]:
 
 def _estimate(pol: pd.DataFrame, base: pd.DataFrame, metric: str, s: Settings) -> dict:
     """The row fields of one metric: seeds that have a value, the means over seeds, and the
-    bootstrap of their ratio (NaN unless every run of both has one: a censored time is not a
+    paired effect of their ratio (NaN unless every run of both has one: a censored time is not a
     time, so neither its mean nor a ratio exists)."""
     have = int(pol[metric].notna().sum())
     values = (np.nan,) * len(ESTIMATE)
@@ -149,7 +149,9 @@ def _estimate(pol: pd.DataFrame, base: pd.DataFrame, metric: str, s: Settings) -
     if have == len(pol):
         means["policy_mean"] = float(pol[metric].mean())
         if base[metric].notna().all():
-            values = seed_bootstrap(pol, base, metric, True, s.n_boot, s.seed)
+            pairs = pol.merge(base, on="seed", suffixes=("", "_base"))
+            eff = paired_effect(pairs[metric], pairs[f"{metric}_base"], True, seed=s.seed)
+            values = (eff.estimate, eff.ci_low, eff.ci_high, eff.p_value)
     fields = {"metric": metric, "n_reached": have, **means}
     return {**fields, **dict(zip(ESTIMATE, values, strict=True))}
 

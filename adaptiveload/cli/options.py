@@ -78,7 +78,6 @@ Model = Annotated[str | None, Opt(help="refuse a calibration made for another mo
 AllreduceGbps = Annotated[
     float, Opt(help="ring all-reduce bandwidth, Gbit/s (predicted metrics)")
 ]
-WarmupSteps = Annotated[int, Opt(help="steps left out of the simulation summary's metrics")]
 Experiment = Annotated[str | None, Opt(help="experiment name for the simulation summary")]
 
 

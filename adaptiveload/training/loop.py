@@ -35,6 +35,7 @@ runs side by side on a 2-core machine do not fight over cores.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -503,7 +504,9 @@ class Trainer:
                 w_end - w_opt
             )
         self.seen += sum(row["samples"] - row["padding_samples"] for row in rows)
+        load = os.getloadavg()[0]
         for row in rows:
+            row["host_load_1m"] = load
             row["step_time_s"] = step_time
             row["step_wall_s"] = step_wall
             row["samples_seen"] = self.seen

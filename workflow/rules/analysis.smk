@@ -41,7 +41,6 @@ rule aggregate:
 rule stats:
     input:
         runs=rules.aggregate.output.runs,
-        steps=rules.aggregate.output.steps,
     output:
         csv=f"{TABLES}/stats.csv",
         md=f"{TABLES}/stats.md",
@@ -54,9 +53,8 @@ rule stats:
     conda:
         CONDA_ENV
     shell:
-        "adaptiveload analyze stats --runs {input.runs:q} --steps {input.steps:q} --csv {output.csv:q} "
-        "--md {output.md:q} --baseline {params.a[baseline]:q} --n-boot {params.a[bootstrap]:q} "
-        "--seed {params.a[seed]:q} > {log:q} 2>&1"
+        "adaptiveload analyze stats --runs {input.runs:q} --csv {output.csv:q} "
+        "--md {output.md:q} --baseline {params.a[baseline]:q} --seed {params.a[seed]:q} > {log:q} 2>&1"
 
 
 rule convergence:
@@ -77,8 +75,8 @@ rule convergence:
         CONDA_ENV
     shell:
         "adaptiveload analyze convergence --steps {input.steps:q} --csv {output.csv:q} "
-        "--md {output.md:q} --baseline {params.a[baseline]:q} --n-boot {params.a[bootstrap]:q} "
-        "--seed {params.a[seed]:q} > {log:q} 2>&1"
+        "--md {output.md:q} --baseline {params.a[baseline]:q} --seed {params.a[seed]:q} "
+        "> {log:q} 2>&1"
 
 
 rule tables:
@@ -89,6 +87,8 @@ rule tables:
         kernel=KERNEL_BENCH,
         paper_map=[MAP_SUMMARY] if PAPER_MAP else [],
     output:
+        f"{TABLES}/headline.md",
+        report(f"{TABLES}/headline.html", caption="../report/headline.rst", category="Tables"),
         f"{TABLES}/paper_table.csv",
         f"{TABLES}/paper_table.md",
         report(f"{TABLES}/paper_table.html", caption="../report/paper_table.rst",

@@ -173,7 +173,8 @@ def describe_flags():
 
 
 TABLE_FILES = [f"{TABLES}/{t}.{ext}" for t in ("paper_table", "kernel_table")
-               for ext in ("csv", "md", "html")]
+               for ext in ("csv", "md", "html")] + [f"{TABLES}/headline.{ext}"
+                                                     for ext in ("md", "html")]
 CONVERGENCE_FILES = [f"{TABLES}/convergence.{ext}" for ext in ("csv", "md")] if VALIDATION else []
 
 

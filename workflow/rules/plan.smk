@@ -50,7 +50,8 @@ rule sim_budgets:
 
 rule simulate:
     """Plan one sweep point of a simulate entry and predict it through its calibration: the
-    per-step table and the run summary (the plan's own summary inside it) the analysis reads."""
+    per-step table and the run summary (the plan's own summary inside it) the analysis reads.
+    A prediction has no warm-up: its summary covers every step of the epoch."""
     input:
         manifest=sim_manifest,
         calibration=lambda w: SIMS[w.sim]["calibration"],
@@ -60,7 +61,6 @@ rule simulate:
         summary=f"{OUT.sim_dir('{sim}', '{variant}', '{policy}', '{seed}')}/summary.json",
     params:
         flags=sim_flags,
-        warmup=config["train"]["warmup_steps"],
         experiment=EXP,
     log:
         f"{LOGS}/simulate/{{sim}}/{{variant}}/{{policy}}/seed{{seed}}.log",
@@ -72,5 +72,4 @@ rule simulate:
         "adaptiveload plan --manifest {input.manifest:q} --policy {wildcards.policy:q} "
         "--seed {wildcards.seed:q} --calibration {input.calibration:q} {params.flags:q} "
         "--simulation-steps {output.steps:q} "
-        "--simulation-summary {output.summary:q} --warmup-steps {params.warmup:q} "
-        "--experiment {params.experiment:q} > {log:q} 2>&1"
+        "--simulation-summary {output.summary:q} --experiment {params.experiment:q} > {log:q} 2>&1"

@@ -200,7 +200,7 @@ _TRAINING = {"train": 4, "tracking_check": 1, **_ANALYSIS}
 # one edit per section of the experiment -> the jobs it reruns (2 policies x 2 seeds)
 SECTION_EDITS = [
     ({"description": "edited"}, {"record": 1}),
-    ({"analysis": {"bootstrap": 300}}, {k: 1 for k in ("stats", "tables", "figures", "record")}),
+    ({"analysis": {"seed": 3}}, {k: 1 for k in ("stats", "tables", "figures", "record")}),
     ({"calibration": {"repeats": 3}}, {"config_view": 1, "calibrate": 1, "plan": 4, **_TRAINING}),
     ({"train": {"lr": 2.0e-4}}, {"config_view": 1, **_TRAINING}),
     # the experiment's step mode: training plans, training (its view) and the simulation
