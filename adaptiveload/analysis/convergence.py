@@ -38,6 +38,7 @@ import pandas as pd
 
 from adaptiveload.analysis.aggregate import RUN_KEYS
 from adaptiveload.analysis.stats import GROUP, paired_effect
+from adaptiveload.errors import UserError
 from adaptiveload.step_table import VAL_COLUMNS
 
 ESTIMATE = ("estimate", "ci_low", "ci_high", "p_value")  # of `stats.paired_effect`
@@ -73,9 +74,16 @@ TIME_TO_COMMON = "time to common loss ratio"  # target: the worst final loss of 
 LOSS_AT_SAMPLES = "val_loss at equal samples seen ratio"
 
 
-def curves(steps: pd.DataFrame) -> pd.DataFrame:
+def curves(steps: pd.DataFrame, origin: str = "steps table") -> pd.DataFrame:
     """One row per (run, evaluation): the run keys, `AXES` and the `VAL_COLUMNS`, in step
-    order. `steps` is the aggregated per-step table (`aggregate.aggregate(...).steps`)."""
+    order. `steps` is the aggregated per-step table (`aggregate.aggregate(...).steps`); one
+    run's own table (no run keys) is a UserError naming `origin`."""
+    missing = [c for c in (*RUN_KEYS, "rank", "step", "step_time_s", *VAL_COLUMNS)
+               if c not in steps.columns]
+    if missing:
+        raise UserError(f"{origin}: no column {', '.join(missing)}; pass the per-step table of "
+                        "all runs that `adaptiveload analyze aggregate --steps-out` writes, not "
+                        "one run's steps.parquet")
     one = steps[steps["rank"] == steps.groupby(list(RUN_KEYS))["rank"].transform("min")]
     one = one.sort_values([*RUN_KEYS, "step"])
     one = one.assign(

@@ -163,7 +163,7 @@ def convergence_cmd(
     from adaptiveload.analysis.convergence import Settings, compare, curves, to_markdown
     from adaptiveload.io import write_text
 
-    table = compare(curves(_read(steps)), Settings(baseline, seed))
+    table = compare(curves(_read(steps), str(steps)), Settings(baseline, seed))
     write_text(csv, table.to_csv(index=False))
     write_text(md, to_markdown(table))
     typer.echo(f"convergence: {len(table)} rows -> {csv}, {md}")

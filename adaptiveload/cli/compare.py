@@ -16,6 +16,7 @@ from adaptiveload.data.bucketing import (
     cut_note,
 )
 from adaptiveload.errors import UserError
+from adaptiveload.planning.plan import FREE
 
 Opt = typer.Option
 
@@ -52,7 +53,7 @@ def compare_cmd(
         str | None, Opt(help="comma-separated policies", show_default="every registered one")
     ] = None,
     seed: Annotated[int, Opt(help="plan seed")] = 0,
-    steps_per_epoch: o.StepsPerEpoch = "free",
+    steps_per_epoch: o.StepsPerEpoch = FREE,
     bucketing: o.Bucketing = DEFAULT_MODE,
     grid: o.Grid = DEFAULT_GRID,
     max_frames: o.MaxFrames = DEFAULT_MAX_FRAMES,
@@ -67,7 +68,6 @@ def compare_cmd(
     derived for your data (its p, budgets and capacity). A --prior has no budgets of its own:
     they are derived for this data, at --capacity-gb.
     """
-    from adaptiveload.cli.plan import step_mode
     from adaptiveload.io import write_json
     from adaptiveload.planning.compare import CompareConfig, compare_policies, comparison_rows
     from adaptiveload.planning.plan import plan_warnings, without_over_capacity
@@ -77,7 +77,8 @@ def compare_cmd(
     cal = _cost_model(calibration, prior, model, tokens, origin)
     cal, source = _budgets(cal, budgets_file, prior, capacity_gb, headroom, tokens)
     names = [p.strip() for p in policies.split(",") if p.strip()] if policies else None
-    config = CompareConfig(cal, world_size, seed, names, steps_per_epoch=step_mode(steps_per_epoch))
+    config = CompareConfig(cal, world_size, seed, names,
+                           steps_per_epoch=o.step_mode(steps_per_epoch))
     # the header counts what every plan leaves out (one of fewer ranks per sample, more)
     bucketed = without_over_capacity(bucketed, cal, config.max_degree)
     summaries = compare_policies(bucketed, config)

@@ -27,7 +27,6 @@ from adaptiveload.planning.budgets import AUTO
 from adaptiveload.planning.dealing import DEFAULT_WINDOW_STEPS
 from adaptiveload.planning.plan import (
     FREE,
-    STEP_MODES,
     Plan,
     PlanConfig,
     check_table,
@@ -124,7 +123,7 @@ def plan_config(
     try:
         return PlanConfig(
             policy, budgets, world_size, seed, epoch, cost_model=cal,
-            window_steps=window_steps or None, steps_per_epoch=step_mode(steps_per_epoch),
+            window_steps=window_steps or None, steps_per_epoch=o.step_mode(steps_per_epoch),
             allreduce_gbps=allreduce_gbps,
         )
     except MissingBudgetError as exc:  # the library's message names Budgets; here: the flags
@@ -197,18 +196,6 @@ def _plan_line(s: dict, policy: Policy) -> str:
         ratio, k_min = s["predicted_vs_epoch_lower_bound"], s["min_steps_per_epoch"]
         line += f", {ratio:.3f}x the epoch's lower bound (K_min {k_min} steps)"
     return line
-
-
-def step_mode(value: str) -> str | int:
-    """--steps-per-epoch as build_plan takes it: free, match or a step count."""
-    if value in STEP_MODES:
-        return value
-    try:
-        return int(value)
-    except ValueError:
-        raise UserError(
-            f"--steps-per-epoch {value!r}: expected {' | '.join(STEP_MODES)} or an integer >= 1"
-        ) from None
 
 
 @app.command("simulate", epilog=examples(

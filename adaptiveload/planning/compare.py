@@ -58,9 +58,9 @@ class CompareConfig:
     """What a comparison is made from, the samples aside: one calibration (the cost model and
     the budgets every policy plans with), the ranks and seed, the policies (None: every
     registered one, in registry order, the field's methods included), the cost-aware deal's
-    window and the step count (``free``: each policy's own, ``match``: equal-token's). Each
-    policy's plan is made from the ``PlanConfig`` `adaptiveload plan` would build from the
-    same inputs."""
+    window and the step count (free, match or K: `PlanConfig.steps_per_epoch`). Each policy's
+    plan is made from the ``PlanConfig`` `adaptiveload plan` would build from the same
+    inputs."""
 
     calibration: Calibration
     world_size: int

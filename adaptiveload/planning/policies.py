@@ -76,6 +76,9 @@ class Policy:
     # a method of the field written here as a baseline (docs/baselines.md): `compare` runs it,
     # an experiment only where it names it (the schema's default list leaves it out)
     peer: ClassVar[bool] = False
+    # the policy whose predicted plan this one must not fall short of without a warning
+    # (`plan.plan_warnings`): a generalisation measured against what it generalises
+    baseline: ClassVar[str | None] = None
 
     def micro_batches(self, epoch: EpochInputs) -> MicroBatches:
         """Steps 1-5 of ``plan``: each bucket cut into B(S) batches (``batches.bucket_cuts``),
@@ -255,6 +258,7 @@ class AdaptiveLoadSP(AdaptiveLoadPacked):
 
     name = "adaptiveload-sp"
     groups = True
+    baseline = "adaptiveload-sp-fixed"
 
     def max_degree(self, cost_model: CostModel | Calibration | None, world_size: int) -> int:
         sp = _sequence_parallel(cost_model)

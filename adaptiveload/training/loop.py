@@ -565,8 +565,12 @@ class Trainer:
                 rows = self._step(step)
                 self._validate(step, rows)
                 logged = step_metrics(rows, self.capacity)
-                if not math.isfinite(logged["loss"]):
-                    raise FloatingPointError(f"step {step}: loss is {logged['loss']}")
+                if not math.isfinite(logged["loss"]):  # every later step would be NaN too
+                    raise UserError(
+                        f"step {step}: the loss is {logged['loss']} (the model diverged); "
+                        f"lower train.lr (now {cfg.optim.lr:g}) or train.grad_clip, or check the "
+                        "inputs for NaN or infinite values"
+                    )
                 self.rows.extend(rows)
                 if self.ranks.is_main and self.sink is not None:
                     self.sink.log_step(step, logged)
