@@ -35,7 +35,9 @@ def test_pipeline_produces_tables_figures_and_mlflow_runs(tiny_run):
     assert "equal-token" in table and "adaptiveload" in table
     assert "measured (" in table and "model (" in table  # both sources labelled
     assert "18.9%" in table  # the paper's numbers side by side
-    assert "Mann-Whitney U" in (res / "tables" / "stats.md").read_text()
+    stats = (res / "tables" / "stats.md").read_text()  # replicate-level: 2 seeds, p >= 0.5
+    assert "paired t interval, sign-flip p" in stats and "seed range (model" in stats
+    assert "**train**" in (res / "tables" / "headline.md").read_text()
     for name in ("mixture_tokens", "compute_heatmap", "imbalance_distribution", "throughput",
                  "vram_utilization", "calibration_fit", "kernel_bandwidth", "p_sweep",
                  "load_vs_lower_bound"):
