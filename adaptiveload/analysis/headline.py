@@ -215,16 +215,15 @@ def findings(
             speed, imb = _pick(rows, THROUGHPUT, head), _pick(rows, IMBALANCE, head)
             if speed is None or imb is None:
                 continue
-            text = (f"- `{table.setup}`, {policy}: samples/s {speedup(speed)}, imbalance "
-                    f"{describe(imb, unit=' pp')}")
+            kind = "" if table.measured else " (model)"
+            text = (f"- `{table.setup}`, {policy}{kind}: samples/s {speedup(speed)}, imbalance "
+                    f"{describe(imb, unit=' pp', evidence=False)}")
             if table.measured:
                 text += f" ({evidence(speed)}): {_verdict(speed)}"
                 adj = _pick(rows, THROUGHPUT, LOAD_ADJUSTED)
                 if adj is not None:
                     text += (f"; at equal host load ×{adj['estimate']:.2f} "
                              f"[{adj['ci_low']:.2f}, {adj['ci_high']:.2f}]")
-            else:
-                text += " (model)"
             lines.append(text + ".")
         out[table.setup] = "\n".join(lines) + "\n"
     return out
@@ -251,7 +250,8 @@ def blocks(root: Path, baseline: str = schema_default("analysis.baseline")) -> d
     records = recorded(root)
     name, runs = records[-1]
     tables = headline_tables(runs, baseline=baseline)
-    source = f"_Generated from `{(root / name / RUNS_FILE).as_posix()}`._\n"
+    # named as in the checkout, wherever `root` was given from
+    source = f"_Generated from `{(RECORDS / root.name / name / RUNS_FILE).as_posix()}`._\n"
     out = {f"headline:{t.setup}": t.markdown() + "\n" + source for t in tables}
     out["headline:measured"] = to_markdown([t for t in tables if t.measured]) + "\n" + source
     out["headline:model"] = "\n".join(t.markdown() for t in tables if not t.measured) + (
@@ -278,7 +278,8 @@ def generated_blocks(
     out = blocks(records, baseline)
     bench = read_json(convergence, "convergence benchmark")
     out["convergence"] = readme_table(bench["comparisons"]) + (
-        f"\n_Generated from `{convergence.as_posix()}` (commit {bench['commit'][:7]})._\n")
+        f"\n_Generated from `{CONVERGENCE_BENCHMARK.as_posix()}` (commit "
+        f"{bench['commit'][:7]})._\n")
     return out
 
 

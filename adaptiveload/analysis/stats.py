@@ -277,10 +277,10 @@ def headline(stats: pd.DataFrame) -> pd.DataFrame:
     return stats[stats["test"].isin(HEADLINE_TESTS)].reset_index(drop=True)
 
 
-def describe(row: pd.Series, scale: float = 100.0, unit: str = "%") -> str:
-    """'+52.1% [+4.2, +122.0], p=0.25, 3/3 seeds' for a measured row, '+52.1% (seeds
-    +50.2 to +53.9)' for a model row: a ratio as a relative change, a difference as is
-    (`scale` and `unit`: percent or percentage points)."""
+def describe(row: pd.Series, scale: float = 100.0, unit: str = "%", evidence: bool = True) -> str:
+    """'+52.1% [+4.2, +122.0], p=0.25, 3/3 seeds' for a measured row (without the p and the
+    seeds unless `evidence`), '+52.1% (seeds +50.2 to +53.9)' for a model row: a ratio as a
+    relative change, a difference as is (`scale` and `unit`: percent or percentage points)."""
     offset = 1.0 if row["metric"].endswith("ratio") else 0.0
 
     def num(x: float) -> str:
@@ -292,9 +292,9 @@ def describe(row: pd.Series, scale: float = 100.0, unit: str = "%") -> str:
             f"{text} (seeds {num(row['seed_min'])} to {num(row['seed_max'])})")
     if np.isfinite(row["ci_low"]):
         text += f" [{num(row['ci_low'])}, {num(row['ci_high'])}]"
-    if np.isfinite(row["p_value"]):
+    if evidence and np.isfinite(row["p_value"]):
         text += f", p={row['p_value']:.2g}"
-    if row["test"] == PAIRED:
+    if evidence and row["test"] == PAIRED:
         text += f", {row['agree']}/{row['n_policy']} seeds"
     return text
 

@@ -268,11 +268,17 @@ def publish_cmd(
                                show_default="README.md and docs/results.md")
     ] = None,
     check: Annotated[bool, Opt(help="write nothing; exit 2 if a file is out of date")] = False,
+    commit: Annotated[
+        str | None, Opt(help="the commit the recorded run was made at",
+                        show_default="this checkout's")
+    ] = None,
     baseline: Baseline = BASELINE,
 ) -> None:
     """The README's and docs' generated numbers, from the recorded runs (never typed)."""
     import datetime as dt
     import json
+
+    import pandas as pd
 
     from adaptiveload.analysis import headline
     from adaptiveload.io import write_text
@@ -283,13 +289,17 @@ def publish_cmd(
             raise UserError("--check writes nothing: give it without --runs")
         table = _read(runs)
         now = dt.datetime.now(dt.timezone.utc)
-        commit = git_commit()
+        commit = commit or git_commit()
         folder = records / f"{now:%Y-%m-%d}-{commit[:7]}"
+        measured = table[table["source"] == "measured"]
+        load = measured.get("host_load_mean", pd.Series(dtype=float)).dropna()
         write_text(folder / headline.RUNS_FILE, table.to_csv(index=False))
         write_text(folder / "provenance.json", json.dumps({
             "recorded": now.isoformat(timespec="seconds"), "commit": commit,
-            "cpu": cpu_model(), "source": str(runs),
+            "cpu": cpu_model(), "source": _shown_path(runs),
             "devices": sorted(set(table["label"])),
+            "measured_runs": len(measured),
+            "host_load_mean_range": [float(load.min()), float(load.max())] if len(load) else None,
         }, indent=2) + "\n")
         typer.echo(f"recorded {len(table)} runs -> {folder}")
     generated = headline.generated_blocks(records, baseline=baseline)
@@ -306,3 +316,14 @@ def publish_cmd(
                         "`adaptiveload analyze publish`")
     typer.echo(f"{'out of date' if check else 'rewritten'}: "
                f"{', '.join(map(str, stale)) or 'nothing'}")
+
+
+def _shown_path(path: Path) -> str:
+    """`path` relative to the working directory where it lies under it, else from its
+    experiment's results folder on (a record names no machine's folders)."""
+    try:
+        return path.resolve().relative_to(Path.cwd().resolve()).as_posix()
+    except ValueError:
+        parts = path.resolve().parts
+        return Path(*parts[parts.index("results"):]).as_posix() if "results" in parts else (
+            path.name)
