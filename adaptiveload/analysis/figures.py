@@ -34,6 +34,13 @@ import pandas as pd
 import seaborn as sns
 
 from adaptiveload.analysis.aggregate import per_step
+from adaptiveload.analysis.landing import (
+    PAPER_SPEEDUP,
+    group_name,
+    policy_order,
+    seed_spread,
+    speedups,
+)
 from adaptiveload.analysis.paper_map import PAPER
 from adaptiveload.analysis.stats import headline
 from adaptiveload.analysis.tables import kernel_measurements
@@ -42,10 +49,8 @@ from adaptiveload.errors import UserError
 from adaptiveload.planning.policies import POLICIES
 from adaptiveload.step_table import SP_DEGREE
 
-POLICY_ORDER = list(POLICIES)
 # the one colour of each policy, in every figure (a policy not in POLICIES: OTHER_COLOR)
-POLICY_COLORS = dict(zip(POLICY_ORDER, sns.color_palette("colorblind", len(POLICY_ORDER)),
-                         strict=True))
+POLICY_COLORS = dict(zip(POLICIES, sns.color_palette("colorblind", len(POLICIES)), strict=True))
 OTHER_COLOR = (0.5, 0.5, 0.5)
 # the widest a figure may be for its height; a row of panels wider than this wraps
 MAX_ASPECT = 3.0
@@ -76,12 +81,6 @@ class FigureInputs:
         self.step_table = per_step(self.steps)
 
 
-def _order(policies) -> list[str]:
-    present = list(dict.fromkeys(policies))
-    return [p for p in POLICY_ORDER if p in present] + [p for p in present
-                                                         if p not in POLICY_ORDER]
-
-
 def _placeholder(title: str, why: str) -> plt.Figure:
     fig, ax = plt.subplots(figsize=(7, 2.5))
     ax.axis("off")
@@ -105,11 +104,6 @@ def _label(frame: pd.DataFrame) -> str:
 def _wrap(text: str, width: int = 48) -> str:
     """Panel titles wrapped to their panel's width, so neighbours' titles never overlap."""
     return "\n".join(textwrap.fill(line, width) for line in text.splitlines())
-
-
-def _group(setup: str, kernel: str) -> str:
-    """'setup / kernel', or just the setup where no kernel ran (simulations: 'none')."""
-    return setup if kernel in ("none", "", None) else f"{setup} / {kernel}"
 
 
 def _kind(source: str) -> str:
@@ -150,7 +144,7 @@ def _box_panels(table: pd.DataFrame, y: pd.Series, ylabel: str, subtitle,
     fig, axes = _panel_grid(len(setups), 4.8, 4.4)
     for ax, setup in zip(axes, setups, strict=True):
         sel = table[table["setup"] == setup]
-        policies = _order(sel["policy"])
+        policies = policy_order(sel["policy"])
         sns.boxplot(data=sel, x="policy", y=y[sel.index], order=policies, hue="policy",
                     palette=_palette(policies), saturation=1, ax=ax, showfliers=False,
                     legend=False)
@@ -201,7 +195,7 @@ def compute_heatmap(inp: FigureInputs) -> plt.Figure:
     steps = steps[(steps["kernel"] == kernel) & (steps["seed"] == steps["seed"].min())]
     steps = steps.assign(share=steps["compute_s"]
                          / steps.groupby(["policy", "step"])["compute_s"].transform("max"))
-    policies = _order(steps["policy"])
+    policies = policy_order(steps["policy"])
     height = 1.6 + 1.3 * len(policies)
     fig, axes = plt.subplots(len(policies), 1, figsize=(min(11.0, MAX_ASPECT * height), height),
                              squeeze=False, layout="constrained")
@@ -254,19 +248,6 @@ def imbalance_distribution(inp: FigureInputs) -> plt.Figure:
     return fig
 
 
-# the samples/s speedup the paper reports for AdaptiveLoad over equal-token bucketing
-PAPER_SPEEDUP = 1 + PAPER["throughput_change"]
-
-
-def speedups(stats: pd.DataFrame) -> pd.DataFrame:
-    """The samples/s ratio policy / baseline of every comparison of the base variant: one row
-    per setup, kernel and policy, with its interval (NaN where there is none: simulations)."""
-    rows = headline(stats)
-    rows = rows[(rows["metric"] == "samples_per_s ratio") & (rows["variant"] == "base")]
-    return rows.assign(group=[_group(s, k) for s, k in zip(rows["setup"], rows["kernel"],
-                                                            strict=True)])
-
-
 def _axis_range(values: pd.Series) -> tuple[float, float]:
     """A speedup axis around the estimates, the baseline (1.0) and the paper's speedup: the
     intervals do not widen it (one wide interval would flatten every other row)."""
@@ -286,7 +267,7 @@ def throughput(inp: FigureInputs) -> plt.Figure:
     sel = sel.assign(measured=sel["source"].map(_measured))
     panels = [(kind, part) for kind, part in ((True, sel[sel["measured"]]),
                                               (False, sel[~sel["measured"]])) if not part.empty]
-    policies = _order(sel["policy"])
+    policies = policy_order(sel["policy"])
     rows = [len(part) + part["group"].nunique() for _, part in panels]
     fig, axes = plt.subplots(len(panels), 1, sharex=True, squeeze=False, layout="constrained",
                              height_ratios=rows, figsize=(9, 1.6 + 0.32 * sum(rows)))
@@ -304,16 +285,6 @@ def throughput(inp: FigureInputs) -> plt.Figure:
     return fig
 
 
-def _seed_spread(runs: pd.DataFrame, row: pd.Series) -> tuple[float, float]:
-    """Min and max over seeds of a policy's samples/s over the baseline's of the same seed."""
-    mine = runs[(runs["setup"] == row["setup"]) & (runs["variant"] == row["variant"])
-                & (runs["kernel"] == row["kernel"])]
-    pol = mine[mine["policy"] == row["policy"]].set_index("seed")["samples_per_s"]
-    base = mine[mine["policy"] == row["baseline"]].set_index("seed")["samples_per_s"]
-    ratio = (pol / base).dropna()
-    return (ratio.min(), ratio.max()) if len(ratio) > 1 else (np.nan, np.nan)
-
-
 def _speedup_panel(ax: plt.Axes, part: pd.DataFrame, policies: list[str], lo: float, hi: float,
                    runs: pd.DataFrame) -> None:
     """One dot per group and policy at its speedup, its interval as a line clipped to
@@ -327,7 +298,7 @@ def _speedup_panel(ax: plt.Axes, part: pd.DataFrame, policies: list[str], lo: fl
             row = mine[mine["policy"] == policy].iloc[0]
             low, high = row["ci_low"], row["ci_high"]
             if np.isnan(low) or np.isnan(high):
-                low, high = _seed_spread(runs, row)
+                low, high = seed_spread(runs, row)
             color = policy_color(policy)
             if not (np.isnan(low) or np.isnan(high)):
                 ax.plot([max(low, lo), min(high, hi)], [y, y], color=color, lw=2)
@@ -520,7 +491,7 @@ def _sweep_figure(inp: FigureInputs, axis: str, xlabel: str, logx: bool = False)
                              squeeze=False, sharex="col")
     for col, setup in enumerate(setups):
         sel = runs[runs["setup"] == setup]
-        policies = _order(sel["policy"])
+        policies = policy_order(sel["policy"])
         ax = axes[0, col]
         sns.lineplot(data=sel, x="x", y=100 * sel["imbalance_rate"], hue="policy",
                      hue_order=policies, palette=_palette(policies), marker="o", ax=ax,
@@ -530,7 +501,7 @@ def _sweep_figure(inp: FigureInputs, axis: str, xlabel: str, logx: bool = False)
         ax.set_title(_wrap(f"{setup} ({kind}) [{_label(sel)}]", 60), fontsize=9)
         ax = axes[1, col]
         rsel = ratio[ratio["setup"] == setup]
-        for policy in _order(rsel["policy"]):
+        for policy in policy_order(rsel["policy"]):
             part = rsel[rsel["policy"] == policy].sort_values("x")
             err = np.array([part["estimate"] - part["ci_low"], part["ci_high"] - part["estimate"]])
             ax.errorbar(part["x"], part["estimate"], yerr=np.nan_to_num(err), marker="o",
@@ -621,7 +592,7 @@ def load_vs_lower_bound(inp: FigureInputs) -> plt.Figure:
     runs = runs.assign(measured=runs["label"].str.contains("measured calibration"))
     picked = (runs.sort_values(["measured", "setup", "variant"], ascending=[False, True, True])
               .drop_duplicates("world_size").sort_values("world_size"))
-    policies = _order(runs["policy"])
+    policies = policy_order(runs["policy"])
     fig, axes = plt.subplots(len(policies), len(picked), squeeze=False, sharey="col",
                              figsize=(6 * len(picked), max(1.2 + 2.1 * len(policies),
                                                            6 * len(picked) / MAX_ASPECT)))
@@ -681,7 +652,7 @@ def sp_groups(inp: FigureInputs) -> plt.Figure:
     sel = steps[(steps["setup"] == first["setup"]) & (steps["variant"] == first["variant"])]
     runs = inp.runs[(inp.runs["setup"] == first["setup"])
                     & (inp.runs["variant"] == first["variant"])]
-    policies = _order(runs["policy"])
+    policies = policy_order(runs["policy"])
     fig, axes = plt.subplots(2, len(policies), squeeze=False, sharey=True, layout="constrained",
                              figsize=(min(4.6 * len(policies), MAX_ASPECT * 8), 8))
     top = float(sel["compute_s"].max())
@@ -741,11 +712,11 @@ def convergence(inp: FigureInputs) -> plt.Figure:
     fig, axes = plt.subplots(len(groups), len(AXES), figsize=size, squeeze=False)
     for row, ((setup, variant, kernel), group) in zip(axes, groups, strict=True):
         for ax, (x, label) in zip(row, AXES.items(), strict=True):
-            for policy in _order(group["policy"]):
+            for policy in policy_order(group["policy"]):
                 _seed_band(ax, group[group["policy"] == policy], x, policy)
             ax.set_xlabel(label)
             ax.set_ylabel("validation loss")
-            where = f"{_group(setup, kernel)} / {variant}"
+            where = f"{group_name(setup, kernel)} / {variant}"
             mode = f"steps per epoch: {group['steps_per_epoch'].iloc[0]}"
             ax.set_title(f"{_label(group)}\n{where} ({mode})", fontsize=9)
         row[0].legend(fontsize=8)

@@ -149,6 +149,30 @@ def figures_cmd(
     typer.echo(f"{len(figure)} figures -> {out_dir}")
 
 
+@analyze.command("landing", epilog=examples(
+    "adaptiveload analyze landing --runs runs.parquet --stats stats.csv "
+    "--template workflow/report/workflow.rst -o landing.rst",
+))
+def landing_cmd(
+    runs: Runs,
+    stats: Stats,
+    template: Annotated[Path, Opt(help="the report's description (reStructuredText) it extends")],
+    out: Annotated[Path, Opt("-o", "--out", help="the landing text (reStructuredText)")],
+    kernel_bench: KernelBench = None,
+) -> None:
+    """The report's landing text: the description, then every policy's headline numbers."""
+    from adaptiveload.analysis.landing import landing
+    from adaptiveload.analysis.tables import kernel_measurements
+    from adaptiveload.io import write_text
+
+    if not template.is_file():
+        raise UserError(f"--template {template}: no such file; give the report's description")
+    reason = kernel_measurements(kernel_bench)[1] if kernel_bench is not None else None
+    write_text(out, landing(template.read_text(encoding="utf-8"), _read(runs), _read(stats),
+                            reason))
+    typer.echo(f"landing text -> {out}")
+
+
 @analyze.command("convergence", epilog=examples(
     "adaptiveload analyze convergence --steps steps.parquet --csv convergence.csv "
     "--md convergence.md",

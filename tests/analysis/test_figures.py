@@ -12,6 +12,7 @@ from analysis_synth import write_run
 
 from adaptiveload.analysis import figures
 from adaptiveload.analysis.aggregate import aggregate, parse_index
+from adaptiveload.analysis.landing import PAPER_SPEEDUP
 from adaptiveload.analysis.stats import compare
 
 POLICIES = {"equal-token": 1.0, "adaptiveload": 1.2, "adaptiveload-balanced": 1.4}
@@ -59,12 +60,12 @@ def test_throughput_is_a_speedup_axis_measured_apart_from_model(inputs):
     assert measured.get_title(loc="left").startswith("measured")
     assert model.get_title(loc="left").startswith("model estimate")
     lo, hi = measured.get_xlim()
-    assert lo < 1.0 < figures.PAPER_SPEEDUP < hi < WIDE  # the wide interval is clipped
+    assert lo < 1.0 < PAPER_SPEEDUP < hi < WIDE  # the wide interval is clipped
     for ax in (measured, model):
         verticals = {round(line.get_xdata()[0], 3) for line in ax.lines
                      if len(set(line.get_xdata())) == 1 and len(line.get_xdata()) == 2
                      and line.get_ydata()[0] != line.get_ydata()[1]}
-        assert {1.0, round(figures.PAPER_SPEEDUP, 3)} <= verticals
+        assert {1.0, round(PAPER_SPEEDUP, 3)} <= verticals
     arrows = [line for line in measured.lines if line.get_marker() == ">"]
     assert arrows and all(line.get_xdata()[0] == hi for line in arrows)
     spreads = [line for line in model.lines if len(line.get_xdata()) == 2

@@ -43,7 +43,7 @@ rule stats:
         runs=rules.aggregate.output.runs,
         steps=rules.aggregate.output.steps,
     output:
-        csv=f"{TABLES}/stats.csv",
+        csv=report(f"{TABLES}/stats.csv", caption="../report/stats.rst", category="Tables"),
         md=f"{TABLES}/stats.md",
     params:
         a=config["analysis"],
@@ -121,13 +121,11 @@ rule figures:
         stats=rules.stats.output.csv,
         describe=DESCRIBE,
         calibration=CALIBRATION if TRAIN else next(iter(SIMS.values()))["calibration"],
-        kernel=KERNEL_BENCH,
     output:
         [report(f"{FIGS}/{name}.png", caption=f"../report/{name}.rst", category="Figures")
          for name in figure_names()],
     params:
         figures=" ".join(f"--figure {name}" for name in figure_names()),
-        kernel=lambda w, input: f"--kernel-bench {input.kernel}" if input.kernel else "",
         out=lambda w, output: os.path.dirname(output[0]),
         mixture=config["data"]["manifest"] or config["data"]["mixture"],
     log:
@@ -139,8 +137,55 @@ rule figures:
     shell:
         "MPLBACKEND=Agg adaptiveload analyze figures --runs {input.runs} --steps {input.steps} "
         "--stats {input.stats} --describe {input.describe} --calibration {input.calibration} "
-        "{params.kernel} --mixture {params.mixture:q} --out-dir {params.out} "
-        "{params.figures} > {log} 2>&1"
+        "--mixture {params.mixture:q} --out-dir {params.out} {params.figures} > {log} 2>&1"
+
+
+rule kernel_figure:
+    """The kernel's achieved bandwidth, made only where its benchmark measured (kernel_figure
+    in kernel.smk asks for it)."""
+    input:
+        runs=rules.aggregate.output.runs,
+        steps=rules.aggregate.output.steps,
+        stats=rules.stats.output.csv,
+        kernel=OUT.kernel_bench,
+    output:
+        report(f"{FIGS}/kernel_bandwidth.png", caption="../report/kernel_bandwidth.rst",
+               category="Figures"),
+    params:
+        out=lambda w, output: os.path.dirname(output[0]),
+    log:
+        f"{LOGS}/kernel_figure.log",
+    benchmark:
+        f"{BENCH}/kernel_figure.tsv"
+    conda:
+        CONDA_ENV
+    shell:
+        "MPLBACKEND=Agg adaptiveload analyze figures --runs {input.runs} --steps {input.steps} "
+        "--stats {input.stats} --kernel-bench {input.kernel} --out-dir {params.out} "
+        "--figure kernel_bandwidth > {log} 2>&1"
+
+
+rule landing:
+    """The report's landing text: the workflow's description, then every policy's headline
+    numbers from the statistics (the report opens on it once it exists: the Snakefile)."""
+    input:
+        runs=rules.aggregate.output.runs,
+        stats=rules.stats.output.csv,
+        template=REPORT_DESCRIPTION,
+        kernel=KERNEL_BENCH,
+    output:
+        LANDING,
+    params:
+        kernel=lambda w, input: f"--kernel-bench {input.kernel}" if input.kernel else "",
+    log:
+        f"{LOGS}/landing.log",
+    benchmark:
+        f"{BENCH}/landing.tsv"
+    conda:
+        CONDA_ENV
+    shell:
+        "adaptiveload analyze landing --runs {input.runs} --stats {input.stats} "
+        "--template {input.template:q} {params.kernel} -o {output:q} > {log} 2>&1"
 
 
 rule record:
@@ -153,10 +198,13 @@ rule record:
         stats=rules.stats.output.csv,
         files=[f"{TABLES}/stats.md", *TABLE_FILES, *CONVERGENCE_FILES,
                *[f"{FIGS}/{name}.png" for name in figure_names()]],
+        kernel_figure=kernel_figure,
     output:
         f"{OUT.analysis}/mlflow_analysis.json",
     params:
-        artifacts=lambda w, input: " ".join(f"--artifact {f}" for f in input.files),
+        artifacts=lambda w, input: " ".join(
+            f"--artifact {f}" for f in [*input.files, *input.kernel_figure]
+        ),
         experiment=EXP,
     log:
         f"{LOGS}/record.log",

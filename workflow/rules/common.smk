@@ -68,6 +68,9 @@ CALIBRATION = OUT.calibration
 MANIFEST = config["data"]["manifest"] or OUT.manifest
 DESCRIBE = OUT.describe
 KERNEL_BUILD = "build/kernels/build.json"
+# the report's landing text: the workflow's description, then the headline numbers (rule landing)
+REPORT_DESCRIPTION = os.path.join(workflow.basedir, "workflow", "report", "workflow.rst")
+LANDING = os.path.abspath(f"{OUT.analysis}/landing.rst")
 KERNEL_BENCH = [OUT.kernel_bench] if config["kernel"]["bench"] else []
 PAPER_MAP = config["paper_map"]["enabled"]
 MAP_POINTS = OUT.map_points
@@ -145,7 +148,7 @@ def map_calibrations():
 # ---------------------------------------------------------------- figures and tables
 def figure_names():
     names = ["mixture_tokens", "compute_heatmap", "imbalance_distribution", "throughput",
-             "vram_utilization", "calibration_fit", "kernel_bandwidth"]
+             "vram_utilization", "calibration_fit"]  # kernel_bandwidth: kernel.smk
     for axis, name in (("p", "p_sweep"), ("m_comp_scale", "m_comp_sweep"),
                        ("world_sizes", "world_size_scaling"), ("mixtures", "mixture_sweep")):
         if SWEEPS[axis]:
@@ -197,6 +200,7 @@ def all_targets():
     targets = [OUT.owner, CONFIG, STORE, DESCRIBE, OUT.run_index, *pipeline.run_files(index),
                f"{OUT.analysis}/runs.parquet", f"{OUT.analysis}/steps.parquet",
                f"{TABLES}/stats.md", f"{OUT.analysis}/mlflow_analysis.json", *KERNEL_BENCH,
+               LANDING,
                *TABLE_FILES, *CONVERGENCE_FILES,
                *[f"{FIGS}/{name}.png" for name in figure_names()]]
     targets += [OUT.sim_manifest(name, pipeline.sweep_point(sim, variant).mixture)
