@@ -189,12 +189,14 @@ rule landing:
 
 
 rule record:
-    """The analysis as its own MLflow run, beside the training runs of this experiment."""
+    """The analysis as its own MLflow run, beside the training runs of this experiment
+    (adaptiveload/<name>), and the simulations as runs of adaptiveload/<name>/simulations."""
     input:
         store=STORE,
         trained=[OUT.tracking_check] if TRAIN else [],
         config=CONFIG,
-        paper=f"{TABLES}/paper_table.csv",
+        runs=rules.aggregate.output.runs,
+        steps=rules.aggregate.output.steps,
         stats=rules.stats.output.csv,
         files=[f"{TABLES}/stats.md", *TABLE_FILES, *CONVERGENCE_FILES,
                *[f"{FIGS}/{name}.png" for name in figure_names()]],
@@ -213,5 +215,6 @@ rule record:
     conda:
         CONDA_ENV
     shell:
-        "adaptiveload analyze record --experiment {params.experiment} --paper-table {input.paper} "
-        "--stats {input.stats} --config {input.config} {params.artifacts} -o {output} > {log} 2>&1"
+        "adaptiveload analyze record --experiment {params.experiment} --runs {input.runs} "
+        "--steps {input.steps} --stats {input.stats} --config {input.config} "
+        "{params.artifacts} -o {output} > {log} 2>&1"
