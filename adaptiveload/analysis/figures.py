@@ -275,7 +275,9 @@ def throughput(inp: FigureInputs) -> plt.Figure:
     for ax, (measured, part) in zip(axes[:, 0], panels, strict=True):
         _speedup_panel(ax, part, policies, lo, hi, inp.runs)
         kind = "measured" if measured else MODEL_ESTIMATE
-        interval = "95% CI" if measured else "no CI: seeds' min–max"
+        with_ci = part[["ci_low", "ci_high"]].notna().all(axis=1)
+        interval = ("95% CI" if with_ci.all() else "no CI: seeds' min–max" if not with_ci.any()
+                    else "95% CI, else seeds' min–max")
         ax.set_title(f"{kind} ({interval})", loc="left", fontsize=10)
     axes[-1, 0].set_xlabel(f"samples/s speedup over {sel['baseline'].iloc[0]} (×; 1.0 = "
                            "baseline)")
@@ -555,18 +557,23 @@ def kernel_bandwidth(inp: FigureInputs) -> plt.Figure:
     dims = sorted(set(bench["D"]))
     phases = [p for p in ("fwd", "bwd", "fwd_bwd") if p in set(bench["phase"])]
     copy = bench[bench["phase"] == "copy"]
+    impls = sorted(set(bench["impl"]) - {"copy"})  # one colour per implementation throughout
+    impl_colors = dict(zip(impls, sns.color_palette("dark", len(impls)), strict=True))
     fig, axes = plt.subplots(len(dims), len(phases), squeeze=False, sharey=True,
                              figsize=(4.5 * len(phases), 4.6 * len(dims)))
     for i, dim in enumerate(dims):
         for j, phase in enumerate(phases):
             ax = axes[i, j]
             sel = bench[(bench["D"] == dim) & (bench["phase"] == phase)]
-            sns.lineplot(data=sel, x="S", y="gbps", hue="impl", marker="o", ax=ax)
+            sns.lineplot(data=sel, x="S", y="gbps", hue="impl", marker="o", ax=ax,
+                         hue_order=[i for i in impls if i in set(sel["impl"])],
+                         palette=impl_colors)
             ceiling = copy[copy["D"] == dim]["gbps"]
             if not ceiling.empty:
                 ax.axhline(ceiling.max(), color="k", ls="--", lw=0.8, label="copy ceiling")
             ax.set(xscale="log", xlabel="tokens S", ylabel="achieved GB/s",
                    title=f"D={dim}, {phase.replace('_', '+')}")
+            ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
             ax.legend(fontsize=7)
     device = bench["device"].iloc[0] if "device" in bench.columns else "unknown device"
     fig.suptitle(f"{title} [measured ({device})]")

@@ -62,6 +62,11 @@ def _interval(runs: pd.DataFrame, row: pd.Series) -> str:
     return f" (seeds {low:.2f}–{high:.2f})" if np.isfinite(low) else ""
 
 
+def _number(value: float) -> str:
+    """Four significant digits, trailing zeros kept (0.9350, 230.1, 12.00)."""
+    return f"{value:#.4g}".rstrip(".")
+
+
 def headline_lines(runs: pd.DataFrame, stats: pd.DataFrame) -> list[str]:
     """One bullet per setup and kernel (measured first): every policy with its mean samples/s
     and imbalance over seeds, each but the baseline with its speedup and interval."""
@@ -76,7 +81,7 @@ def headline_lines(runs: pd.DataFrame, stats: pd.DataFrame) -> list[str]:
         parts = []
         for policy in policy_order(mine["policy"]):
             sel = mine[mine["policy"] == policy]
-            text = (f"**{policy}** {sel['samples_per_s'].mean():.4g} samples/s, imbalance "
+            text = (f"**{policy}** {_number(sel['samples_per_s'].mean())} samples/s, imbalance "
                     f"{100 * sel['imbalance_rate'].mean():.1f}%")
             ratio = ratios[(ratios["setup"] == setup) & (ratios["kernel"] == kernel)
                            & (ratios["policy"] == policy)]
