@@ -589,7 +589,7 @@ def load_vs_lower_bound(inp: FigureInputs) -> plt.Figure:
     """Each rank's predicted compute per step against the step's lower bound, one panel per
     policy and world size (N = 16 and 256): the simulation of each N that comes first
     (measured calibrations first), its first seed, steps sorted by their bound."""
-    title = "Per-rank predicted load per step vs the step's lower bound"
+    title = f"Per-rank predicted load per step vs the step's lower bound ({MODEL_ESTIMATE})"
     runs = inp.runs[inp.runs["setup"].str.startswith("sim/")]
     runs = runs[runs["world_size"].isin(BOUND_WORLD_SIZES)]
     steps = inp.steps[inp.steps["lower_bound_s"].notna()]
@@ -649,7 +649,8 @@ def sp_groups(inp: FigureInputs) -> plt.Figure:
     hold sequence-parallel groups, at its smallest world size, one column per policy (its
     first seed): each rank's group degree (top) and its predicted compute (bottom) over the
     first GROUP_STEPS steps, ranks across."""
-    title = "Sequence-parallel groups: each rank's degree and predicted load per step"
+    title = (f"Sequence-parallel groups: each rank's degree and predicted load per step "
+             f"({MODEL_ESTIMATE})")
     steps = inp.steps
     if SP_DEGREE not in steps.columns or not (steps[SP_DEGREE] > 1).any():
         return _placeholder(title, "no simulation planned sequence-parallel groups")
