@@ -151,7 +151,8 @@ def log_simulations(
             [exp_id], filter_string=f"tags.`{KIND_TAG}` = 'simulation'", max_results=50_000)
         try:
             for _, run in sims.iterrows():
-                created.append(_log_simulation(client, exp_id, experiment, run, table))
+                created.append(_create_simulation(client, exp_id, experiment, run))
+                _fill_simulation(client, created[-1], run, table)
         except BaseException:
             for run_id in created:
                 _discard(client, uri, run_id)
@@ -165,18 +166,25 @@ def log_simulations(
 SIM_LABELS = ("setup", "variant", "policy", "seed", "world_size", "device", "label")
 
 
-def _log_simulation(client: Any, exp_id: str, experiment: str, run: pd.Series,
-                    table: pd.DataFrame) -> str:
-    """One simulation run: labels as params and tags, summary metrics, per-step metrics."""
-    from mlflow.entities import Metric
+def _sim_labels(run: pd.Series) -> dict[str, str]:
+    return {k: str(run[k]) for k in SIM_LABELS if k in run.index}
 
-    labels = {k: str(run[k]) for k in SIM_LABELS if k in run.index}
+
+def _create_simulation(client: Any, exp_id: str, experiment: str, run: pd.Series) -> str:
+    """A simulation's MLflow run, its labels as tags; returns its id."""
+    labels = _sim_labels(run)
     tags = {**labels, KIND_TAG: "simulation", "source": "model", "experiment": experiment,
             DESCRIPTION_TAG: f"{run['policy']}, seed {run['seed']}: {run['setup']} "
                              f"({run['variant']}), {run['label']}"}
     name = f"{run['setup'].removeprefix('sim/')}/{run['variant']}/{run['policy']}/s{run['seed']}"
-    run_id = client.create_run(exp_id, run_name=name, tags=tags).info.run_id
-    log_params(client, run_id, {"sim": labels})
+    return client.create_run(exp_id, run_name=name, tags=tags).info.run_id
+
+
+def _fill_simulation(client: Any, run_id: str, run: pd.Series, table: pd.DataFrame) -> None:
+    """A simulation run's labels as params, its summary and per-step metrics, then FINISHED."""
+    from mlflow.entities import Metric
+
+    log_params(client, run_id, {"sim": _sim_labels(run)})
     ts = int(pd.Timestamp.now().timestamp() * 1000)
     summary = [Metric(_key("summary", m), float(run[m]), ts, 0) for m in SUMMARY_METRICS
                if m in run.index and pd.notna(run[m]) and np.isfinite(run[m])]
@@ -191,7 +199,6 @@ def _log_simulation(client: Any, exp_id: str, experiment: str, run: pd.Series,
     for chunk in chunked(summary + per):
         client.log_batch(run_id, metrics=chunk, synchronous=True)
     client.set_terminated(run_id)
-    return run_id
 
 
 def _tags(experiment: str) -> dict[str, str]:
