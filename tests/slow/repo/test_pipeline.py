@@ -107,6 +107,8 @@ def test_second_run_is_a_noop_and_report_renders(tiny_run):
     out = snakemake(tiny_run, "--configfile", "experiments/tiny.yaml", "--report", str(report))
     assert out.returncode == 0, out.stderr[-3000:]
     assert report.stat().st_size > 100_000  # figures embedded
+    text = report.read_text(encoding="utf-8")
+    assert "Headline numbers" in text and "stats.csv" in text  # the landing text leads
 
 
 def test_lint_is_clean():
