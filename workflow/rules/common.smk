@@ -3,11 +3,13 @@
 # (adaptiveload.pipeline), so a command run by hand and the rules agree.
 import os
 import sys
+from pathlib import Path
 
 import yaml
 from snakemake.exceptions import WorkflowError
 
 from adaptiveload import jobshell, pipeline
+from adaptiveload.analysis.tables import kernel_measurements
 from adaptiveload.io import json_text
 from adaptiveload.calibration.settings import CalibrationConfig
 from adaptiveload.planning.policies import POLICIES as POLICIES_BY_NAME
@@ -160,6 +162,16 @@ def figure_names():
     if VALIDATION:
         names.append("convergence")
     return names
+
+
+def kernel_figure(wildcards=None):
+    """The kernel's bandwidth figure where its benchmark measured something, else nothing (no
+    figure of nothing: the kernel table says why); known once the benchmark ran."""
+    if not KERNEL_BENCH:
+        return []
+    bench = checkpoints.kernel_bench.get().output[0]
+    measured, _ = kernel_measurements(Path(bench))
+    return [f"{FIGS}/kernel_bandwidth.png"] if measured is not None else []
 
 
 def describe_input():

@@ -4,9 +4,6 @@
 # shared by all experiments: every job of this workflow builds into and loads from
 # build/kernels of the working directory, named to them by $ADAPTIVELOAD_BUILD_DIR (the
 # installed package would otherwise use its own default, docs/kernel.md).
-from pathlib import Path
-
-from adaptiveload.analysis.tables import kernel_measurements
 from adaptiveload.ops.kernel_sources import source_files
 
 os.environ["ADAPTIVELOAD_BUILD_DIR"] = os.path.abspath(os.path.dirname(KERNEL_BUILD))
@@ -40,7 +37,7 @@ rule kernel_build:
 
 
 # a checkpoint: whether it measured anything (a CUDA GPU) decides whether the kernel's figure
-# is made (`kernel_figure`)
+# is made (`kernel_figure`, common.smk)
 checkpoint kernel_bench:
     input:
         KERNEL_BUILD,
@@ -56,13 +53,3 @@ checkpoint kernel_bench:
         CONDA_ENV
     shell:
         "adaptiveload kernel bench --skip-ok -o {output} > {log} 2>&1"
-
-
-def kernel_figure(wildcards=None):
-    """The kernel's bandwidth figure where its benchmark measured something, else nothing (no
-    figure of nothing: the kernel table says why); known once the benchmark ran."""
-    if not KERNEL_BENCH:
-        return []
-    bench = checkpoints.kernel_bench.get().output[0]
-    measured, _ = kernel_measurements(Path(bench))
-    return [f"{FIGS}/kernel_bandwidth.png"] if measured is not None else []
