@@ -4,9 +4,10 @@ or `model estimate (device)`. Seaborn on the Agg backend (no display needed).
 What makes a figure stand alone, here for all of them: one colour per policy in every figure
 (`POLICY_COLORS`, the one home of the palette); measured and modelled numbers never share a
 panel, and "model estimate" is in the title of anything modelled; no figure is wider than
-`MAX_ASPECT` times its height (wide rows of panels wrap); an axis keeps to the range of its
-estimates and marks the intervals that run past it instead of stretching to them; the paper's
-own numbers (`paper_map.PAPER`) drawn as references where a figure shows the same quantity.
+`MAX_ASPECT` times its height (wide rows of panels wrap); a speedup axis keeps to its
+estimates and to SPEEDUP_WINDOW, marking the intervals that run past it instead of stretching
+to them; the paper's own numbers (`paper_map.PAPER`) drawn as references where a figure
+shows the same quantity.
 
 Each figure is a function of `FigureInputs` registered in `FIGURES`. A figure whose data do
 not exist in this experiment (no measured calibration points, no sweep) is still written,
@@ -234,8 +235,7 @@ def _paper_imbalance(ax: plt.Axes, sel: pd.DataFrame) -> None:
     for policy, key in (("equal-token", "baseline_imbalance"),
                         ("adaptiveload", "adaptiveload_imbalance")):
         ax.axhline(100 * PAPER[key], color=policy_color(policy), ls="--", lw=1,
-                   label=f"paper, {policy}: {100 * PAPER[key]:.1f}%")
-    ax.legend(fontsize=7, loc="upper right")
+                   label=f"the paper's {policy}: {100 * PAPER[key]:.1f}%")
 
 
 def imbalance_distribution(inp: FigureInputs) -> plt.Figure:
@@ -243,17 +243,26 @@ def imbalance_distribution(inp: FigureInputs) -> plt.Figure:
     table = _base(inp.step_table)
     fig = _box_panels(table, 100 * table["imbalance"], "per-step imbalance rate (%)",
                       lambda sel: f"[{_label(sel)}]", reference=_paper_imbalance)
+    handles, labels = fig.axes[0].get_legend_handles_labels()  # below the panels, not on boxes
+    fig.legend(handles, labels, loc="outside lower center", ncols=len(labels), fontsize=8)
     fig.suptitle("Imbalance rate per step, (max − min)/max of rank compute: lower = ranks "
                  "finish together (dashed: the paper's, Wan 2.1 on 16 GPUs)")
     return fig
 
 
-def _axis_range(values: pd.Series) -> tuple[float, float]:
-    """A speedup axis around the estimates, the baseline (1.0) and the paper's speedup: the
-    intervals do not widen it (one wide interval would flatten every other row)."""
-    lo = min(values.min(), 1.0, PAPER_SPEEDUP)
-    hi = max(values.max(), 1.0, PAPER_SPEEDUP)
-    pad = 0.15 * (hi - lo)
+# interval ends beyond these multiples of the baseline's samples/s do not widen a speedup
+# axis (one interval of a few steps would otherwise flatten every other row): they are clipped
+SPEEDUP_WINDOW = (0.5, 2.0)
+
+
+def _axis_range(rows: pd.DataFrame) -> tuple[float, float]:
+    """A speedup axis over the estimates, the baseline (1.0), the paper's speedup and the
+    interval ends within SPEEDUP_WINDOW."""
+    ends = pd.concat([rows["ci_low"], rows["ci_high"]]).dropna()
+    ends = ends[ends.between(*SPEEDUP_WINDOW)]
+    values = pd.concat([rows["estimate"], ends, pd.Series([1.0, PAPER_SPEEDUP])])
+    lo, hi = values.min(), values.max()
+    pad = 0.05 * (hi - lo)
     return max(0.0, lo - pad), hi + pad
 
 
@@ -271,7 +280,7 @@ def throughput(inp: FigureInputs) -> plt.Figure:
     rows = [len(part) + part["group"].nunique() for _, part in panels]
     fig, axes = plt.subplots(len(panels), 1, sharex=True, squeeze=False, layout="constrained",
                              height_ratios=rows, figsize=(9, 1.6 + 0.32 * sum(rows)))
-    lo, hi = _axis_range(sel["estimate"])
+    lo, hi = _axis_range(sel)
     for ax, (measured, part) in zip(axes[:, 0], panels, strict=True):
         _speedup_panel(ax, part, policies, lo, hi, inp.runs)
         kind = "measured" if measured else MODEL_ESTIMATE
