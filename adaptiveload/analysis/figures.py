@@ -507,7 +507,7 @@ def _sweep_figure(inp: FigureInputs, axis: str, xlabel: str, logx: bool = False)
         sns.lineplot(data=sel, x="x", y=100 * sel["imbalance_rate"], hue="policy",
                      hue_order=policies, palette=_palette(policies), marker="o", ax=ax,
                      errorbar=("pi", 100) if sel["seed"].nunique() > 1 else None)
-        ax.set_ylabel("imbalance rate (%)")
+        ax.set_ylabel("imbalance rate (%)" if col == 0 else "")
         kind = _kind(sel["source"].iloc[0])
         ax.set_title(_wrap(f"{setup} ({kind}) [{_label(sel)}]", 60), fontsize=9)
         ax = axes[1, col]
@@ -519,7 +519,7 @@ def _sweep_figure(inp: FigureInputs, axis: str, xlabel: str, logx: bool = False)
                         capsize=3, color=policy_color(policy), label=policy)
         ax.axhline(1.0, color="k", lw=0.8)
         ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"×{v:.2f}"))
-        ax.set_ylabel("samples/s speedup over the baseline (×)")
+        ax.set_ylabel("samples/s speedup (×)" if col == 0 else "")
         ax.set_xlabel(xlabel)
         if logx:
             ax.set_xscale("log", base=2)
