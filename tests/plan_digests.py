@@ -16,7 +16,11 @@ paper_1gpu), long-clips in the mixture sweep and experiments/matched.yaml were a
 Since then (717 plans): the sequence-parallel plans (experiments/sp.yaml and paper_14b's SP
 entry) and both step modes of experiments/convergence.yaml were added; the other 627 plans
 were identical before and after the sequence-parallel planner, and the 12 convergence plans
-changed on purpose (144 samples instead of 160).
+changed on purpose (144 samples instead of 160). Then (905 plans) the field's methods as
+baselines were added: their plans in default.yaml's four measured 1.3B simulations (and in
+matched's and paper_1gpu's, which take those entries, with the policies the entries now name,
+packed among them) and experiments/baselines.yaml's training plans; the other 717 were
+identical.
 
 A refactor that must not change any plan is checked by running this before and after it: the
 plan commands come from the pipeline itself (`snakemake -n -p -F` per experiment file, so the

@@ -15,7 +15,8 @@ and, per step, imbalance, step time, samples/s and `warmup`.
 
 Re-running replaces the previous analysis run and simulation runs (deleted, i.e. moved to
 MLflow's trash) once the new ones are complete, so the experiment shows one current analysis,
-never a partial one.
+never a partial one; a partial run a killed record left (RUNNING, SIGKILL allows no
+clean-up) goes with its files.
 """
 
 from __future__ import annotations
@@ -124,7 +125,7 @@ def log_analysis(
             _discard(client, uri, run_id)
             raise
         for old in previous:
-            client.delete_run(old.info.run_id)
+            _retire(client, uri, old)
     return run_id, ui_path(exp_id)
 
 
@@ -158,7 +159,7 @@ def log_simulations(
                 _discard(client, uri, run_id)
             raise
         for old in previous:
-            client.delete_run(old.info.run_id)
+            _retire(client, uri, old)
     return created
 
 
@@ -199,6 +200,15 @@ def _fill_simulation(client: Any, run_id: str, run: pd.Series, table: pd.DataFra
     for chunk in chunked(summary + per):
         client.log_batch(run_id, metrics=chunk, synchronous=True)
     client.set_terminated(run_id)
+
+
+def _retire(client: Any, uri: str, old: Any) -> None:
+    """A run the new analysis replaces: a FINISHED one to MLflow's trash with its files kept; a
+    killed record's partial run (RUNNING), with nothing to restore, goes with its files."""
+    if old.info.status == "FINISHED":
+        client.delete_run(old.info.run_id)
+    else:
+        _discard(client, uri, old.info.run_id)
 
 
 def _tags(experiment: str) -> dict[str, str]:

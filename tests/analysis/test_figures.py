@@ -33,7 +33,7 @@ def inputs(tmp_path_factory) -> figures.FigureInputs:
                 index.append(write_run(root, policy, seed, setup=sim, speedup=speedup,
                                        kernel="none", source="model", device="H200", steps=6))
     agg = aggregate(parse_index(index))
-    stats = compare(agg.runs, agg.steps, n_boot=100, seed=0)
+    stats = compare(agg.runs, seed=0)
     # one interval that runs far past the estimates: the axis must not stretch to it
     wide = (stats["metric"] == "samples_per_s ratio") & (stats["setup"] == "train")
     stats.loc[wide & stats["ci_high"].notna(), "ci_high"] = WIDE

@@ -24,7 +24,7 @@ def test_landing_names_every_policy_with_its_generated_numbers(tmp_path, monkeyp
             index.append(write_run(tmp_path, policy, seed, setup="sim/h200", kernel="none",
                                    speedup=speedup, source="model", device="H200", steps=6))
     agg = aggregate(parse_index(index))
-    stats = compare(agg.runs, agg.steps, n_boot=100, seed=0)
+    stats = compare(agg.runs, seed=0)
     stats.loc[stats["setup"] == "sim/h200", ["ci_low", "ci_high"]] = np.nan  # no CI: seeds
     files = {"runs": tmp_path / "runs.parquet", "stats": tmp_path / "stats.csv",
              "template": tmp_path / "workflow.rst", "bench": tmp_path / "bench.csv"}

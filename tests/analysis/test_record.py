@@ -22,7 +22,7 @@ def test_headline_metrics_are_the_measured_setups_speedups_with_intervals(tmp_pa
             index.append(write_run(tmp_path, policy, seed, setup="sim/h200", kernel="none",
                                    speedup=speedup, source="model", device="H200", steps=6))
     agg = aggregate(parse_index(index))
-    stats = compare(agg.runs, agg.steps, n_boot=100, seed=0)
+    stats = compare(agg.runs, seed=0)
     stats.loc[stats["kernel"] == "fused", ["ci_low", "ci_high"]] = np.nan  # no interval there
     assert headline_setup(agg.runs) == "train"
     metrics = headline_metrics(agg.runs, stats)

@@ -34,14 +34,13 @@ rule aggregate:
     conda:
         CONDA_ENV
     shell:
-        "adaptiveload analyze aggregate --index {input.index} --runs-out {output.runs} "
-        "--steps-out {output.steps} > {log} 2>&1"
+        "adaptiveload analyze aggregate --index {input.index:q} --runs-out {output.runs:q} "
+        "--steps-out {output.steps:q} > {log:q} 2>&1"
 
 
 rule stats:
     input:
         runs=rules.aggregate.output.runs,
-        steps=rules.aggregate.output.steps,
     output:
         csv=report(f"{TABLES}/stats.csv", caption="../report/stats.rst", category="Tables"),
         md=f"{TABLES}/stats.md",
@@ -54,9 +53,8 @@ rule stats:
     conda:
         CONDA_ENV
     shell:
-        "adaptiveload analyze stats --runs {input.runs} --steps {input.steps} --csv {output.csv} "
-        "--md {output.md} --baseline {params.a[baseline]} --n-boot {params.a[bootstrap]} "
-        "--seed {params.a[seed]} > {log} 2>&1"
+        "adaptiveload analyze stats --runs {input.runs:q} --csv {output.csv:q} "
+        "--md {output.md:q} --baseline {params.a[baseline]:q} --seed {params.a[seed]:q} > {log:q} 2>&1"
 
 
 rule convergence:
@@ -76,9 +74,9 @@ rule convergence:
     conda:
         CONDA_ENV
     shell:
-        "adaptiveload analyze convergence --steps {input.steps} --csv {output.csv} "
-        "--md {output.md} --baseline {params.a[baseline]} --n-boot {params.a[bootstrap]} "
-        "--seed {params.a[seed]} > {log} 2>&1"
+        "adaptiveload analyze convergence --steps {input.steps:q} --csv {output.csv:q} "
+        "--md {output.md:q} --baseline {params.a[baseline]:q} --seed {params.a[seed]:q} "
+        "> {log:q} 2>&1"
 
 
 rule tables:
@@ -89,6 +87,8 @@ rule tables:
         kernel=KERNEL_BENCH,
         paper_map=[MAP_SUMMARY] if PAPER_MAP else [],
     output:
+        f"{TABLES}/headline.md",
+        report(f"{TABLES}/headline.html", caption="../report/headline.rst", category="Tables"),
         f"{TABLES}/paper_table.csv",
         f"{TABLES}/paper_table.md",
         report(f"{TABLES}/paper_table.html", caption="../report/paper_table.rst",
@@ -98,8 +98,8 @@ rule tables:
         report(f"{TABLES}/kernel_table.html", caption="../report/kernel_table.rst",
                category="Tables"),
     params:
-        kernel=lambda w, input: f"--kernel-bench {input.kernel}" if input.kernel else "",
-        paper_map=lambda w, input: f"--paper-map {input.paper_map}" if input.paper_map else "",
+        kernel=lambda w, input: ["--kernel-bench", *input.kernel] if input.kernel else [],
+        paper_map=lambda w, input: ["--paper-map", *input.paper_map] if input.paper_map else [],
         baseline=config["analysis"]["baseline"],
         out=lambda w, output: os.path.dirname(output[0]),
     log:
@@ -109,9 +109,9 @@ rule tables:
     conda:
         CONDA_ENV
     shell:
-        "adaptiveload analyze tables --runs {input.runs} --steps {input.steps} --stats {input.stats} "
-        "--out-dir {params.out} {params.kernel} {params.paper_map} "
-        "--baseline {params.baseline} > {log} 2>&1"
+        "adaptiveload analyze tables --runs {input.runs:q} --steps {input.steps:q} --stats {input.stats:q} "
+        "--out-dir {params.out:q} {params.kernel:q} {params.paper_map:q} "
+        "--baseline {params.baseline:q} > {log:q} 2>&1"
 
 
 rule figures:
@@ -125,7 +125,7 @@ rule figures:
         [report(f"{FIGS}/{name}.png", caption=f"../report/{name}.rst", category="Figures")
          for name in figure_names()],
     params:
-        figures=" ".join(f"--figure {name}" for name in figure_names()),
+        figures=[item for name in figure_names() for item in ("--figure", name)],
         out=lambda w, output: os.path.dirname(output[0]),
         mixture=config["data"]["manifest"] or config["data"]["mixture"],
     log:
@@ -135,14 +135,14 @@ rule figures:
     conda:
         CONDA_ENV
     shell:
-        "MPLBACKEND=Agg adaptiveload analyze figures --runs {input.runs} --steps {input.steps} "
-        "--stats {input.stats} --describe {input.describe} --calibration {input.calibration} "
-        "--mixture {params.mixture:q} --out-dir {params.out} {params.figures} > {log} 2>&1"
+        "MPLBACKEND=Agg adaptiveload analyze figures --runs {input.runs:q} --steps {input.steps:q} "
+        "--stats {input.stats:q} --describe {input.describe:q} --calibration {input.calibration:q} "
+        "--mixture {params.mixture:q} --out-dir {params.out:q} {params.figures:q} > {log:q} 2>&1"
 
 
 rule kernel_figure:
     """The kernel's achieved bandwidth, made only where its benchmark measured (kernel_figure
-    in kernel.smk asks for it)."""
+    in common.smk asks for it)."""
     input:
         runs=rules.aggregate.output.runs,
         steps=rules.aggregate.output.steps,
@@ -160,9 +160,9 @@ rule kernel_figure:
     conda:
         CONDA_ENV
     shell:
-        "MPLBACKEND=Agg adaptiveload analyze figures --runs {input.runs} --steps {input.steps} "
-        "--stats {input.stats} --kernel-bench {input.kernel} --out-dir {params.out} "
-        "--figure kernel_bandwidth > {log} 2>&1"
+        "MPLBACKEND=Agg adaptiveload analyze figures --runs {input.runs:q} --steps {input.steps:q} "
+        "--stats {input.stats:q} --kernel-bench {input.kernel:q} --out-dir {params.out:q} "
+        "--figure kernel_bandwidth > {log:q} 2>&1"
 
 
 rule landing:
@@ -176,7 +176,7 @@ rule landing:
     output:
         LANDING,
     params:
-        kernel=lambda w, input: f"--kernel-bench {input.kernel}" if input.kernel else "",
+        kernel=lambda w, input: ["--kernel-bench", *input.kernel] if input.kernel else [],
     log:
         f"{LOGS}/landing.log",
     benchmark:
@@ -184,8 +184,8 @@ rule landing:
     conda:
         CONDA_ENV
     shell:
-        "adaptiveload analyze landing --runs {input.runs} --stats {input.stats} "
-        "--template {input.template:q} {params.kernel} -o {output:q} > {log} 2>&1"
+        "adaptiveload analyze landing --runs {input.runs:q} --stats {input.stats:q} "
+        "--template {input.template:q} {params.kernel:q} -o {output:q} > {log:q} 2>&1"
 
 
 rule record:
@@ -204,9 +204,9 @@ rule record:
     output:
         f"{OUT.analysis}/mlflow_analysis.json",
     params:
-        artifacts=lambda w, input: " ".join(
-            f"--artifact {f}" for f in [*input.files, *input.kernel_figure]
-        ),
+        artifacts=lambda w, input: [
+            item for f in [*input.files, *input.kernel_figure] for item in ("--artifact", f)
+        ],
         experiment=EXP,
     log:
         f"{LOGS}/record.log",
@@ -215,6 +215,6 @@ rule record:
     conda:
         CONDA_ENV
     shell:
-        "adaptiveload analyze record --experiment {params.experiment} --runs {input.runs} "
-        "--steps {input.steps} --stats {input.stats} --config {input.config} "
-        "{params.artifacts} -o {output} > {log} 2>&1"
+        "adaptiveload analyze record --experiment {params.experiment:q} --runs {input.runs:q} "
+        "--steps {input.steps:q} --stats {input.stats:q} --config {input.config:q} "
+        "{params.artifacts:q} -o {output:q} > {log:q} 2>&1"

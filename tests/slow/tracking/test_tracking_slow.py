@@ -204,7 +204,7 @@ def _synthetic_experiment(root):
             index.append(write_run(root / "runs", policy, seed, setup="sim/h200", kernel="none",
                                    speedup=speedup, source="model", device="H200", steps=6))
     agg = aggregate(parse_index(index))
-    stats = compare(agg.runs, agg.steps, n_boot=100, seed=0)
+    stats = compare(agg.runs, seed=0)
     stats.to_csv(root / "stats.csv", index=False)
     return agg, stats
 
