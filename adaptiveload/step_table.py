@@ -87,6 +87,11 @@ def window_kind(steps: int | str) -> str:
     return WHOLE_EPOCH if steps == WHOLE_EPOCH else "steps"
 
 
+# the per-step MLflow metric of training runs and simulations that tells warm-up steps (1.0)
+# from the timed window (0.0): a chart of it beside any other per-step chart shows which is which
+WARMUP_KEY = "warmup"
+
+
 def timed(step: pd.Series | np.ndarray, warmup_steps: int) -> pd.Series | np.ndarray:
     """Which rows (or step indices) lie in the timed window: the steps from `warmup_steps` on."""
     return step >= warmup_steps

@@ -1,13 +1,24 @@
 """The figures: one message each, titled, units on axes, every panel labelled `measured (device)`
-or `model (device)`. Seaborn on the Agg backend (no display needed).
+or `model estimate (device)`. Seaborn on the Agg backend (no display needed).
 
-Each figure is a function of `FigureInputs` registered in `FIGURES`; a figure whose data do not
-exist in this experiment (no CUDA for the kernel benchmark, no measured calibration points)
-is still written, saying what is missing and why, so the pipeline's outputs are fixed.
+What makes a figure stand alone, here for all of them: one colour per policy in every figure
+(`POLICY_COLORS`, the one home of the palette); measured and modelled numbers never share a
+panel, and "model estimate" is in the title of anything modelled; no figure is wider than
+`MAX_ASPECT` times its height (wide rows of panels wrap); a speedup axis keeps to its
+estimates and to SPEEDUP_WINDOW, marking the intervals that run past it instead of stretching
+to them; the paper's own numbers (`paper_map.PAPER`) drawn as references where a figure
+shows the same quantity.
+
+Each figure is a function of `FigureInputs` registered in `FIGURES`. A figure whose data do
+not exist in this experiment (no measured calibration points, no sweep) is still written,
+saying what is missing and why, so the pipeline's outputs are fixed; the kernel figure is the
+exception, drawn only where the kernel was measured (`kernel_measured`; the pipeline asks for
+it only then, and the kernel table says why otherwise).
 """
 
 from __future__ import annotations
 
+import math
 import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,14 +35,37 @@ import pandas as pd
 import seaborn as sns
 
 from adaptiveload.analysis.aggregate import per_step
+from adaptiveload.analysis.landing import (
+    PAPER_SPEEDUP,
+    group_name,
+    policy_order,
+    seed_spread,
+    speedups,
+)
+from adaptiveload.analysis.paper_map import PAPER
 from adaptiveload.analysis.stats import headline
 from adaptiveload.analysis.tables import kernel_measurements
 from adaptiveload.costmodel import CostModel
+from adaptiveload.errors import UserError
 from adaptiveload.planning.policies import POLICIES
 from adaptiveload.step_table import SP_DEGREE
 
-POLICY_ORDER = list(POLICIES)
-PALETTE = dict(zip(POLICY_ORDER, sns.color_palette("colorblind", len(POLICY_ORDER)), strict=True))
+# the one colour of each policy, in every figure (a policy not in POLICIES: OTHER_COLOR)
+POLICY_COLORS = dict(zip(POLICIES, sns.color_palette("colorblind", len(POLICIES)), strict=True))
+OTHER_COLOR = (0.5, 0.5, 0.5)
+# the widest a figure may be for its height; a row of panels wider than this wraps
+MAX_ASPECT = 3.0
+# what a panel of modelled numbers says in its title
+MODEL_ESTIMATE = "model estimate"
+
+
+def policy_color(policy: str) -> tuple[float, float, float]:
+    return POLICY_COLORS.get(policy, OTHER_COLOR)
+
+
+def _palette(policies) -> dict:
+    """The colours of `policies` for seaborn's `palette=`."""
+    return {p: policy_color(p) for p in policies}
 
 
 @dataclass
@@ -46,12 +80,6 @@ class FigureInputs:
 
     def __post_init__(self) -> None:
         self.step_table = per_step(self.steps)
-
-
-def _order(policies) -> list[str]:
-    present = list(dict.fromkeys(policies))
-    return [p for p in POLICY_ORDER if p in present] + [p for p in present
-                                                         if p not in POLICY_ORDER]
 
 
 def _placeholder(title: str, why: str) -> plt.Figure:
@@ -79,24 +107,59 @@ def _wrap(text: str, width: int = 48) -> str:
     return "\n".join(textwrap.fill(line, width) for line in text.splitlines())
 
 
-def _group(setup: str, kernel: str) -> str:
-    """'setup / kernel', or just the setup where no kernel ran (simulations: 'none')."""
-    return setup if kernel in ("none", "", None) else f"{setup} / {kernel}"
+def _kind(source: str) -> str:
+    """How a panel of `source` numbers is titled: measured, or a model estimate."""
+    return "measured" if _measured(source) else MODEL_ESTIMATE
 
 
-def _box_panels(table: pd.DataFrame, y: pd.Series, ylabel: str, subtitle) -> plt.Figure:
-    """One box plot of `y` by policy per setup; the y label once, on the leftmost panel."""
+def _measured(source: str) -> bool:
+    """A source ("measured", or a label such as "measured (cpu)") of measured numbers."""
+    return str(source).startswith("measured")
+
+
+def _panel_grid(n: int, width: float, height: float, **kw) -> tuple[plt.Figure, list[plt.Axes]]:
+    """`n` panels of `width` x `height` inches, as many per row as keep the figure within
+    MAX_ASPECT (a row of many setups wraps instead of becoming a strip); row-major order."""
+    cols = n
+    while cols > 1 and cols * width > MAX_ASPECT * math.ceil(n / cols) * height:
+        cols -= 1
+    rows = math.ceil(n / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(cols * width, rows * height), squeeze=False,
+                             layout="constrained", **kw)
+    flat = list(axes.ravel())
+    for ax in flat[n:]:
+        fig.delaxes(ax)
+    return fig, flat[:n]
+
+
+def _first_in_row(ax: plt.Axes) -> bool:
+    return ax.get_subplotspec().is_first_col()
+
+
+def _box_panels(table: pd.DataFrame, y: pd.Series, ylabel: str, subtitle,
+                reference=None) -> plt.Figure:
+    """One box plot of `y` by policy per setup, measured setups first, each titled measured
+    or model estimate; the y label on the leftmost panel of each row. `reference(ax, sel)`
+    draws the paper's numbers on a panel."""
     setups = _setups(table)
-    fig, axes = plt.subplots(1, len(setups), figsize=(4.8 * len(setups), 4.4), squeeze=False,
-                             layout="constrained")
-    for i, (ax, setup) in enumerate(zip(axes[0], setups, strict=True)):
+    fig, axes = _panel_grid(len(setups), 4.8, 4.4)
+    for ax, setup in zip(axes, setups, strict=True):
         sel = table[table["setup"] == setup]
-        sns.boxplot(data=sel, x="policy", y=y[sel.index], order=_order(sel["policy"]),
-                    hue="policy", palette=PALETTE, ax=ax, showfliers=False, legend=False)
-        ax.set_ylabel(ylabel if i == 0 else "")
+        policies = policy_order(sel["policy"])
+        sns.boxplot(data=sel, x="policy", y=y[sel.index], order=policies, hue="policy",
+                    palette=_palette(policies), saturation=1, ax=ax, showfliers=False,
+                    legend=False)
+        modelled = not sel["source"].map(_measured).all()
+        if modelled:  # hatched as well as titled: a model's boxes read apart at a glance
+            for patch in ax.patches:
+                patch.set_hatch("//")
+        if reference is not None:
+            reference(ax, sel)
+        ax.set_ylabel(ylabel if _first_in_row(ax) else "")
         ax.set_xlabel("")
         ax.tick_params(axis="x", rotation=15)
-        ax.set_title(_wrap(f"{setup}\n{subtitle(sel)}"), fontsize=9)
+        kind = MODEL_ESTIMATE if modelled else "measured"
+        ax.set_title(_wrap(f"{setup} ({kind})\n{subtitle(sel)}"), fontsize=9)
     return fig
 
 
@@ -122,92 +185,194 @@ def mixture_tokens(inp: FigureInputs) -> plt.Figure:
 
 
 def compute_heatmap(inp: FigureInputs) -> plt.Figure:
-    """Per-rank compute per step (first seed, base variant), one panel per policy."""
+    """Each rank's compute at every step of one run per policy (first setup, base variant,
+    first kernel and seed), as a share of the step's slowest rank: 1 is the step's straggler,
+    lower values are ranks that wait. Each panel spans its own policy's steps (their counts
+    differ); the warm-up steps, outside every number of the tables, are shaded and named."""
     steps = _base(inp.steps)
     setup = _setups(steps)[0]
     steps = steps[steps["setup"] == setup]
     kernel = sorted(set(steps["kernel"]))[0]
     steps = steps[(steps["kernel"] == kernel) & (steps["seed"] == steps["seed"].min())]
-    policies = _order(steps["policy"])
-    vmax = steps["compute_s"].max()
-    fig, axes = plt.subplots(len(policies), 1, figsize=(10, 1.2 + 1.1 * len(policies)),
-                             sharex=True, squeeze=False)
+    steps = steps.assign(share=steps["compute_s"]
+                         / steps.groupby(["policy", "step"])["compute_s"].transform("max"))
+    policies = policy_order(steps["policy"])
+    height = 1.6 + 1.3 * len(policies)
+    fig, axes = plt.subplots(len(policies), 1, figsize=(min(11.0, MAX_ASPECT * height), height),
+                             squeeze=False, layout="constrained")
     for ax, policy in zip(axes[:, 0], policies, strict=True):
         sel = steps[steps["policy"] == policy]
-        grid = sel.pivot(index="rank", columns="step", values="compute_s")
-        mesh = ax.imshow(grid.to_numpy(), aspect="auto", cmap="viridis", vmin=0, vmax=vmax,
-                         interpolation="nearest")
+        grid = sel.pivot(index="rank", columns="step", values="share")
+        first, last = int(grid.columns.min()), int(grid.columns.max())
+        mesh = ax.imshow(grid.to_numpy(np.float64), aspect="auto", cmap="viridis", vmin=0,
+                         vmax=1, interpolation="nearest",
+                         extent=(first - 0.5, last + 0.5, grid.index.max() + 0.5,
+                                 grid.index.min() - 0.5))
         ax.grid(False)
-        imb = per_step(sel)["imbalance"].mean()
+        warm = sorted(set(sel.loc[~sel["timed"].astype(bool), "step"]))
+        if warm:
+            ax.axvspan(min(warm) - 0.5, max(warm) + 0.5, facecolor="none", hatch="xx",
+                       edgecolor="white", lw=0, label="warm-up")
+            ax.axvline(max(warm) + 0.5, color="white", lw=1.5)
+        timed = sel[sel["timed"].astype(bool)]
+        imb = per_step(timed)["imbalance"].mean() if not timed.empty else float("nan")
         ax.set_ylabel("rank")
-        ax.set_title(f"{policy}: mean imbalance {100 * imb:.1f}%", fontsize=9, loc="left")
-    axes[-1, 0].set_xlabel("step")
-    fig.colorbar(mesh, ax=axes[:, 0].tolist(), label="compute time per rank (s)")
-    fig.suptitle(f"Per-rank compute per step, {setup}, seed {steps['seed'].min()} "
-                 f"[{_label(steps)}]\nbright = straggler, dark = rank waiting", fontsize=11, y=1.04)
+        ax.set_xlabel("step")
+        ax.set_title(f"{policy}: {last - first + 1} steps ({len(warm)} warm-up, hatched), "
+                     f"mean imbalance of the timed steps {100 * imb:.1f}%", fontsize=9,
+                     loc="left", color=policy_color(policy))
+    fig.colorbar(mesh, ax=axes[:, 0].tolist(),
+                 label="compute / the step's slowest rank (1 = straggler)")
+    kind = _kind(steps["source"].iloc[0])
+    fig.suptitle(f"Per-rank compute at every step ({kind}), {setup}, seed "
+                 f"{steps['seed'].min()} [{_label(steps)}]\nbright = the step's straggler, "
+                 "dark = a rank waiting for it", fontsize=11)
     return fig
+
+
+def _paper_imbalance(ax: plt.Axes, sel: pd.DataFrame) -> None:
+    """The paper's imbalance of equal-token and of AdaptiveLoad, in those policies' colours."""
+    for policy, key in (("equal-token", "baseline_imbalance"),
+                        ("adaptiveload", "adaptiveload_imbalance")):
+        ax.axhline(100 * PAPER[key], color=policy_color(policy), ls="--", lw=1,
+                   label=f"the paper's {policy}: {100 * PAPER[key]:.1f}%")
 
 
 def imbalance_distribution(inp: FigureInputs) -> plt.Figure:
-    """Per-step imbalance rate by policy, one panel per setup."""
+    """Per-step imbalance rate by policy, one panel per setup, the paper's numbers dashed."""
     table = _base(inp.step_table)
     fig = _box_panels(table, 100 * table["imbalance"], "per-step imbalance rate (%)",
-                      lambda sel: f"[{_label(sel)}]")
+                      lambda sel: f"[{_label(sel)}]", reference=_paper_imbalance)
+    handles, labels = fig.axes[0].get_legend_handles_labels()  # below the panels, not on boxes
+    fig.legend(handles, labels, loc="outside lower center", ncols=len(labels), fontsize=8)
     fig.suptitle("Imbalance rate per step, (max − min)/max of rank compute: lower = ranks "
-                 "finish together")
+                 "finish together (dashed: the paper's, Wan 2.1 on 16 GPUs)")
     return fig
+
+
+# interval ends beyond these multiples of the baseline's samples/s do not widen a speedup
+# axis (one interval of a few steps would otherwise flatten every other row): they are clipped
+SPEEDUP_WINDOW = (0.5, 2.0)
+
+
+def _axis_range(rows: pd.DataFrame) -> tuple[float, float]:
+    """A speedup axis over the estimates, the baseline (1.0), the paper's speedup and the
+    interval ends within SPEEDUP_WINDOW."""
+    ends = pd.concat([rows["ci_low"], rows["ci_high"]]).dropna()
+    ends = ends[ends.between(*SPEEDUP_WINDOW)]
+    values = pd.concat([rows["estimate"], ends, pd.Series([1.0, PAPER_SPEEDUP])])
+    lo, hi = values.min(), values.max()
+    pad = 0.05 * (hi - lo)
+    return max(0.0, lo - pad), hi + pad
 
 
 def throughput(inp: FigureInputs) -> plt.Figure:
-    """Throughput change vs the baseline with bootstrap 95% CIs, per setup and kernel."""
-    stats = headline(inp.stats)
-    sel = stats[(stats["metric"] == "samples_per_s ratio") & (stats["variant"] == "base")]
+    """Samples/s of each policy as a speedup over the baseline (×, the baseline at 1.0, the
+    paper's ×1.272 dashed): measured comparisons in the top panel with their 95% intervals,
+    model estimates below (seeds' min-max where the statistics give no interval)."""
+    sel = speedups(inp.stats)
     if sel.empty:
         return _placeholder("Throughput vs baseline", "no baseline comparison")
-    sel = sel.assign(group=[_group(s, k) for s, k in zip(sel["setup"], sel["kernel"],
-                                                          strict=True)],
-                     setup_of=sel["setup"],
-                     change=100 * (sel["estimate"] - 1),
-                     lo=100 * (sel["estimate"] - sel["ci_low"]),
-                     hi=100 * (sel["ci_high"] - sel["estimate"]))
-    groups = sorted(set(sel["group"]), key=lambda g: (not g.startswith("train"), g))
-    policies = _order(sel["policy"])
-    fig, ax = plt.subplots(figsize=(2.5 + 2.4 * len(groups), 4.4))
-    width = 0.8 / len(policies)
-    for i, policy in enumerate(policies):
-        part = sel[sel["policy"] == policy].set_index("group").reindex(groups)
-        x = np.arange(len(groups)) + i * width
-        ax.bar(x, part["change"], width, color=PALETTE.get(policy), label=policy,
-               yerr=[part["lo"], part["hi"]], capsize=3)
-    ax.axhline(0, color="k", lw=0.8)
-    ax.set_xticks(np.arange(len(groups)) + width * (len(policies) - 1) / 2)
-    setup_of = sel.drop_duplicates("group").set_index("group")["setup_of"]
-    ax.set_xticklabels([f"{g}\n[{_wrap(_label(inp.runs[inp.runs['setup'] == setup_of[g]]), 28)}]"
-                        for g in groups], fontsize=8)
-    ax.set_ylabel("samples/s change vs equal-token (%)")
-    # outside the axes: inside, the legend can hide an error bar
-    ax.legend(title="policy", loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
-    ax.set_title("Training throughput vs the equal-token baseline (bootstrap 95% CI)")
-    fig.tight_layout()
+    sel = sel.assign(measured=sel["source"].map(_measured))
+    panels = [(kind, part) for kind, part in ((True, sel[sel["measured"]]),
+                                              (False, sel[~sel["measured"]])) if not part.empty]
+    policies = policy_order(sel["policy"])
+    rows = [len(part) + part["group"].nunique() for _, part in panels]
+    fig, axes = plt.subplots(len(panels), 1, sharex=True, squeeze=False, layout="constrained",
+                             height_ratios=rows, figsize=(9, 1.6 + 0.32 * sum(rows)))
+    lo, hi = _axis_range(sel)
+    for ax, (measured, part) in zip(axes[:, 0], panels, strict=True):
+        _speedup_panel(ax, part, policies, lo, hi, inp.runs)
+        kind = "measured" if measured else MODEL_ESTIMATE
+        with_ci = part[["ci_low", "ci_high"]].notna().all(axis=1)
+        interval = ("95% CI" if with_ci.all() else "no CI: seeds' min–max" if not with_ci.any()
+                    else "95% CI, else seeds' min–max")
+        ax.set_title(f"{kind} ({interval})", loc="left", fontsize=10)
+    axes[-1, 0].set_xlabel(f"samples/s speedup over {sel['baseline'].iloc[0]} (×; 1.0 = "
+                           "baseline)")
+    fig.suptitle("Training throughput vs the baseline (dashed: the paper's ×"
+                 f"{PAPER_SPEEDUP:.3f}, Wan 2.1 on 16 GPUs; ▶/◀: interval beyond the axis)",
+                 fontsize=11)
     return fig
 
 
+def _speedup_panel(ax: plt.Axes, part: pd.DataFrame, policies: list[str], lo: float, hi: float,
+                   runs: pd.DataFrame) -> None:
+    """One dot per group and policy at its speedup, its interval as a line clipped to
+    [lo, hi] with an arrow where it runs past; groups down the y axis, measured first."""
+    groups = sorted(set(part["group"]), key=lambda g: (not g.startswith("train"), g))
+    y, ticks = 0.0, []
+    for group in groups:
+        mine = part[part["group"] == group]
+        start = y
+        for policy in [p for p in policies if p in set(mine["policy"])]:
+            row = mine[mine["policy"] == policy].iloc[0]
+            low, high = row["ci_low"], row["ci_high"]
+            if np.isnan(low) or np.isnan(high):
+                low, high = seed_spread(runs, row)
+            color = policy_color(policy)
+            if not (np.isnan(low) or np.isnan(high)):
+                ax.plot([max(low, lo), min(high, hi)], [y, y], color=color, lw=2)
+                if high > hi:
+                    ax.plot(hi, y, marker=">", color=color, ms=7, clip_on=False)
+                if low < lo:
+                    ax.plot(lo, y, marker="<", color=color, ms=7, clip_on=False)
+            ax.plot(row["estimate"], y, "o", color=color, ms=7, label=policy)
+            ax.annotate(f"×{row['estimate']:.2f}", (min(row["estimate"], hi), y),
+                        xytext=(0, 5), textcoords="offset points", ha="center", fontsize=7)
+            y += 1
+        ticks.append(((start + y - 1) / 2, group))
+        y += 1  # a gap between groups
+    ax.axvline(1.0, color="k", lw=0.8)
+    ax.axvline(PAPER_SPEEDUP, color=policy_color("adaptiveload"), ls="--", lw=1)
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(y - 1, -1)
+    ax.set_yticks([t for t, _ in ticks], [_wrap(g, 30) for _, g in ticks], fontsize=8)
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"×{v:.2f}"))
+    handles, labels = ax.get_legend_handles_labels()
+    unique = dict(zip(labels, handles, strict=True))
+    ax.legend(unique.values(), unique.keys(), fontsize=8, loc="upper left",
+              bbox_to_anchor=(1.01, 1.0))
+
+
+def _memory_note(runs: pd.DataFrame, sel: pd.DataFrame) -> str:
+    """How much of a setup's modelled memory is extrapolated: its micro-batches beyond the
+    largest the calibration measured memory for (the runs' summaries count them)."""
+    mine = runs[runs["setup"].isin(set(sel["setup"])) & (runs["variant"] == "base")]
+    beyond = mine.get("micro_batches_beyond_measured_memory", pd.Series(dtype=float)).dropna()
+    if beyond.empty:
+        return ""
+    total = sel["micro_batches"].sum() if "micro_batches" in sel else np.nan
+    share = f" ({100 * beyond.sum() / total:.0f}% of them)" if total and total > 0 else ""
+    return (f"\nEXTRAPOLATED: {int(beyond.sum())} micro-batches beyond measured memory"
+            f"{share}" if beyond.sum() > 0 else "\nwithin measured memory")
+
+
 def vram_utilization(inp: FigureInputs) -> plt.Figure:
-    """Per-step mean VRAM utilization by policy: measured where it exists, else the model's."""
+    """Per-step mean VRAM utilization by policy: measured where it exists, else the model's
+    (titled model estimate, boxes hatched, extrapolated memory flagged); 0 to 100% at least."""
     table = _base(inp.step_table).copy()
     measured = table["vram_util_measured"].notna()
     table["vram"] = np.where(measured, table["vram_util_measured"], table["vram_util_model"])
-    table["vram_source"] = np.where(measured, "measured", "model estimate")
+    table["source"] = np.where(measured, "measured", "model")
     table = table[table["vram"].notna()]
     if table.empty:
         return _placeholder("VRAM utilization", "neither measured peaks nor a capacity to "
                             "compare the model's estimate with")
+    micro = (inp.steps[inp.steps["samples"] > 0].groupby("setup").size()
+             .rename("micro_batches").reset_index())
+    table = table.merge(micro, on="setup", how="left")
+    counted = table.drop_duplicates("setup")
     fig = _box_panels(
         table, 100 * table["vram"], "peak memory / device capacity (%)",
-        lambda sel: f"memory: {', '.join(sorted(set(sel['vram_source'])))}\n"
-                    f"runs: {_label(sel)}",
+        lambda sel: f"runs: {_label(sel)}"
+                    + _memory_note(inp.runs, counted[counted["setup"].isin(set(sel["setup"]))]),
     )
-    fig.suptitle("VRAM utilization per step: higher = memory budget used, not wasted")
+    for ax in fig.axes:
+        ax.set_ylim(0, max(100.0, ax.get_ylim()[1]))
+    kind = "measured" if measured.all() else (
+        MODEL_ESTIMATE if not measured.any() else f"measured, else {MODEL_ESTIMATE}")
+    fig.suptitle(f"VRAM utilization per step ({kind}): higher = memory budget used, not wasted")
     return fig
 
 
@@ -237,7 +402,7 @@ def calibration_fit(inp: FigureInputs) -> plt.Figure:
         resid = points["time_s"] - pred
         r2 = 1 - (resid**2).sum() / ((points["time_s"] - points["time_s"].mean()) ** 2).sum()
     worst = fit.get("max_rel_err")
-    fig, (ax, curve_ax, val_ax) = plt.subplots(1, 3, figsize=(16, 5))
+    fig, (ax, curve_ax, val_ax) = plt.subplots(1, 3, figsize=(15, 5.2))
     sns.scatterplot(x=pred, y=points["time_s"], hue=points["batch"].astype(str),
                     size=points["tokens"], ax=ax)
     additivity = cal.get("additivity") or {}
@@ -303,7 +468,7 @@ def _validation_panel(ax: plt.Axes, cal: dict) -> None:
     rows = rows[rows["measured_s"].notna()]
     val = cal["validation"]
     for policy, sel in rows.groupby("policy"):
-        ax.scatter(sel["predicted_s"], sel["measured_s"], color=PALETTE.get(policy), s=22,
+        ax.scatter(sel["predicted_s"], sel["measured_s"], color=policy_color(policy), s=22,
                    label=policy)
     lim = np.array([min(rows["predicted_s"].min(), rows["measured_s"].min()) * 0.8,
                     max(rows["predicted_s"].max(), rows["measured_s"].max()) * 1.2])
@@ -318,6 +483,8 @@ def _validation_panel(ax: plt.Axes, cal: dict) -> None:
 
 
 def _sweep_figure(inp: FigureInputs, axis: str, xlabel: str, logx: bool = False) -> plt.Figure:
+    """A sweep of simulations: imbalance (top) and samples/s speedup over the baseline
+    (bottom, ×, the baseline at 1.0) per point, one column per setup."""
     runs = inp.runs[inp.runs["sweep_axis"] == axis]
     title = f"Sweep over {xlabel}"
     if runs.empty:
@@ -335,30 +502,34 @@ def _sweep_figure(inp: FigureInputs, axis: str, xlabel: str, logx: bool = False)
                              squeeze=False, sharex="col")
     for col, setup in enumerate(setups):
         sel = runs[runs["setup"] == setup]
+        policies = policy_order(sel["policy"])
         ax = axes[0, col]
         sns.lineplot(data=sel, x="x", y=100 * sel["imbalance_rate"], hue="policy",
-                     hue_order=_order(sel["policy"]), palette=PALETTE, marker="o", ax=ax,
+                     hue_order=policies, palette=_palette(policies), marker="o", ax=ax,
                      errorbar=("pi", 100) if sel["seed"].nunique() > 1 else None)
-        ax.set_ylabel("imbalance rate (%)")
-        ax.set_title(f"{setup} [{_label(sel)}]", fontsize=9)
+        ax.set_ylabel("imbalance rate (%)" if col == 0 else "")
+        kind = _kind(sel["source"].iloc[0])
+        ax.set_title(_wrap(f"{setup} ({kind}) [{_label(sel)}]", 60), fontsize=9)
         ax = axes[1, col]
         rsel = ratio[ratio["setup"] == setup]
-        for policy in _order(rsel["policy"]):
+        for policy in policy_order(rsel["policy"]):
             part = rsel[rsel["policy"] == policy].sort_values("x")
-            ax.errorbar(part["x"], 100 * (part["estimate"] - 1),
-                        yerr=[100 * (part["estimate"] - part["ci_low"]),
-                              100 * (part["ci_high"] - part["estimate"])],
-                        marker="o", capsize=3, color=PALETTE.get(policy), label=policy)
-        ax.axhline(0, color="k", lw=0.8)
-        ax.set_ylabel("samples/s vs equal-token (%)")
+            err = np.array([part["estimate"] - part["ci_low"], part["ci_high"] - part["estimate"]])
+            ax.errorbar(part["x"], part["estimate"], yerr=np.nan_to_num(err), marker="o",
+                        capsize=3, color=policy_color(policy), label=policy)
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"×{v:.2f}"))
+        ax.set_ylabel("samples/s speedup (×)" if col == 0 else "")
         ax.set_xlabel(xlabel)
         if logx:
             ax.set_xscale("log", base=2)
         if not numeric:
             ax.tick_params(axis="x", rotation=20)
         ax.legend(fontsize=7)
-    fig.suptitle(f"{title}\nimbalance (top; band = range over seeds) and throughput change vs "
-                 "equal-token (bottom; bootstrap 95% CI)", fontsize=11)
+    kinds = set(runs["source"])
+    kind = MODEL_ESTIMATE if "measured" not in kinds else ", ".join(map(_kind, sorted(kinds)))
+    fig.suptitle(f"{title} ({kind})\nimbalance (top; band = range over seeds) and samples/s "
+                 "speedup over the baseline (bottom; 1.0 = baseline)", fontsize=11)
     fig.tight_layout()
     return fig
 
@@ -381,29 +552,37 @@ def mixture_sweep(inp: FigureInputs) -> plt.Figure:
 
 
 def kernel_bandwidth(inp: FigureInputs) -> plt.Figure:
-    """Achieved bandwidth of each LN-modulate implementation against the copy ceiling."""
+    """Achieved bandwidth of each LN-modulate implementation against the copy ceiling.
+    Nothing measured (no CUDA) is no figure: a UserError with the reason, which the kernel
+    table gives instead."""
     title = "Fused LayerNorm-Modulate (dense batches): achieved bandwidth vs copy ceiling"
     bench, reason = kernel_measurements(inp.kernel_bench)
     if bench is None:
-        return _placeholder(title, reason)
+        raise UserError(f"kernel_bandwidth: nothing was measured ({reason}); the kernel "
+                        "table says so, draw this figure only from a measured benchmark")
     bench = bench[bench["gbps"].notna()]
     if "layout" in bench.columns:  # the packed (segment) shapes are in the table, not here
         bench = bench[bench["layout"].fillna("dense") == "dense"]
     dims = sorted(set(bench["D"]))
     phases = [p for p in ("fwd", "bwd", "fwd_bwd") if p in set(bench["phase"])]
     copy = bench[bench["phase"] == "copy"]
+    impls = sorted(set(bench["impl"]) - {"copy"})  # one colour per implementation throughout
+    impl_colors = dict(zip(impls, sns.color_palette("dark", len(impls)), strict=True))
     fig, axes = plt.subplots(len(dims), len(phases), squeeze=False, sharey=True,
-                             figsize=(4.5 * len(phases), 3.5 * len(dims)))
+                             figsize=(4.5 * len(phases), 4.6 * len(dims)))
     for i, dim in enumerate(dims):
         for j, phase in enumerate(phases):
             ax = axes[i, j]
             sel = bench[(bench["D"] == dim) & (bench["phase"] == phase)]
-            sns.lineplot(data=sel, x="S", y="gbps", hue="impl", marker="o", ax=ax)
+            sns.lineplot(data=sel, x="S", y="gbps", hue="impl", marker="o", ax=ax,
+                         hue_order=[i for i in impls if i in set(sel["impl"])],
+                         palette=impl_colors)
             ceiling = copy[copy["D"] == dim]["gbps"]
             if not ceiling.empty:
                 ax.axhline(ceiling.max(), color="k", ls="--", lw=0.8, label="copy ceiling")
             ax.set(xscale="log", xlabel="tokens S", ylabel="achieved GB/s",
                    title=f"D={dim}, {phase.replace('_', '+')}")
+            ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
             ax.legend(fontsize=7)
     device = bench["device"].iloc[0] if "device" in bench.columns else "unknown device"
     fig.suptitle(f"{title} [measured ({device})]")
@@ -419,7 +598,7 @@ def load_vs_lower_bound(inp: FigureInputs) -> plt.Figure:
     """Each rank's predicted compute per step against the step's lower bound, one panel per
     policy and world size (N = 16 and 256): the simulation of each N that comes first
     (measured calibrations first), its first seed, steps sorted by their bound."""
-    title = "Per-rank predicted load per step vs the step's lower bound"
+    title = f"Per-rank predicted load per step vs the step's lower bound ({MODEL_ESTIMATE})"
     runs = inp.runs[inp.runs["setup"].str.startswith("sim/")]
     runs = runs[runs["world_size"].isin(BOUND_WORLD_SIZES)]
     steps = inp.steps[inp.steps["lower_bound_s"].notna()]
@@ -429,9 +608,10 @@ def load_vs_lower_bound(inp: FigureInputs) -> plt.Figure:
     runs = runs.assign(measured=runs["label"].str.contains("measured calibration"))
     picked = (runs.sort_values(["measured", "setup", "variant"], ascending=[False, True, True])
               .drop_duplicates("world_size").sort_values("world_size"))
-    policies = _order(runs["policy"])
+    policies = policy_order(runs["policy"])
     fig, axes = plt.subplots(len(policies), len(picked), squeeze=False, sharey="col",
-                             figsize=(6 * len(picked), 1.2 + 2.1 * len(policies)))
+                             figsize=(6 * len(picked), max(1.2 + 2.1 * len(policies),
+                                                           6 * len(picked) / MAX_ASPECT)))
     for col, group in enumerate(picked.itertuples()):
         for row, policy in enumerate(policies):
             ax = axes[row, col]
@@ -461,7 +641,7 @@ def _load_panel(ax: plt.Axes, steps: pd.DataFrame, run: pd.Series) -> None:
     bound = steps.groupby("step")["lower_bound_s"].first().sort_values()
     x = pd.Series(np.arange(bound.size), index=bound.index)
     ax.scatter(x[steps["step"]], steps["compute_s"], s=3, alpha=0.35,
-               color=PALETTE.get(run["policy"]), linewidths=0)
+               color=policy_color(run["policy"]), linewidths=0)
     ax.plot(x.to_numpy(), bound.to_numpy(), color="k", lw=1.0)
     ratio = steps.groupby("step")["compute_s"].max().sum() / bound.sum()
     ax.set_title(f"{bound.size} steps, critical path {ratio:.3f}x the bound, imbalance "
@@ -478,7 +658,8 @@ def sp_groups(inp: FigureInputs) -> plt.Figure:
     hold sequence-parallel groups, at its smallest world size, one column per policy (its
     first seed): each rank's group degree (top) and its predicted compute (bottom) over the
     first GROUP_STEPS steps, ranks across."""
-    title = "Sequence-parallel groups: each rank's degree and predicted load per step"
+    title = (f"Sequence-parallel groups: each rank's degree and predicted load per step "
+             f"({MODEL_ESTIMATE})")
     steps = inp.steps
     if SP_DEGREE not in steps.columns or not (steps[SP_DEGREE] > 1).any():
         return _placeholder(title, "no simulation planned sequence-parallel groups")
@@ -488,9 +669,9 @@ def sp_groups(inp: FigureInputs) -> plt.Figure:
     sel = steps[(steps["setup"] == first["setup"]) & (steps["variant"] == first["variant"])]
     runs = inp.runs[(inp.runs["setup"] == first["setup"])
                     & (inp.runs["variant"] == first["variant"])]
-    policies = _order(runs["policy"])
+    policies = policy_order(runs["policy"])
     fig, axes = plt.subplots(2, len(policies), squeeze=False, sharey=True, layout="constrained",
-                             figsize=(4.6 * len(policies), 8))
+                             figsize=(min(4.6 * len(policies), MAX_ASPECT * 8), 8))
     top = float(sel["compute_s"].max())
     for col, policy in enumerate(policies):
         run = runs[runs["policy"] == policy].sort_values("seed").iloc[0]
@@ -544,15 +725,15 @@ def convergence(inp: FigureInputs) -> plt.Figure:
     if curve.empty:
         return _placeholder("Validation loss", "no run scored a validation set (val_every: 0)")
     groups = curve.groupby(["setup", "variant", "kernel"], sort=True)
-    size = (5 * len(AXES), 3.6 * len(groups))
+    size = (5 * len(AXES), 5.0 * len(groups))
     fig, axes = plt.subplots(len(groups), len(AXES), figsize=size, squeeze=False)
     for row, ((setup, variant, kernel), group) in zip(axes, groups, strict=True):
         for ax, (x, label) in zip(row, AXES.items(), strict=True):
-            for policy in _order(group["policy"]):
+            for policy in policy_order(group["policy"]):
                 _seed_band(ax, group[group["policy"] == policy], x, policy)
             ax.set_xlabel(label)
             ax.set_ylabel("validation loss")
-            where = f"{_group(setup, kernel)} / {variant}"
+            where = f"{group_name(setup, kernel)} / {variant}"
             mode = f"steps per epoch: {group['steps_per_epoch'].iloc[0]}"
             ax.set_title(f"{_label(group)}\n{where} ({mode})", fontsize=9)
         row[0].legend(fontsize=8)
@@ -567,7 +748,7 @@ def _seed_band(ax: plt.Axes, runs: pd.DataFrame, x: str, policy: str) -> None:
     by_seed = [run for _, run in runs.groupby("seed")]
     grid = np.linspace(max(r[x].min() for r in by_seed), min(r[x].max() for r in by_seed), 60)
     ys = np.array([np.interp(grid, r[x], r["val_loss"]) for r in by_seed])
-    color = PALETTE.get(policy)
+    color = policy_color(policy)
     ax.plot(grid, ys.mean(axis=0), color=color, label=f"{policy} (n={len(by_seed)} seeds)")
     ax.fill_between(grid, ys.min(axis=0), ys.max(axis=0), color=color, alpha=0.2, lw=0)
 

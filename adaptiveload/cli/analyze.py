@@ -148,6 +148,30 @@ def figures_cmd(
     typer.echo(f"{len(figure)} figures -> {out_dir}")
 
 
+@analyze.command("landing", epilog=examples(
+    "adaptiveload analyze landing --runs runs.parquet --stats stats.csv "
+    "--template workflow/report/workflow.rst -o landing.rst",
+))
+def landing_cmd(
+    runs: Runs,
+    stats: Stats,
+    template: Annotated[Path, Opt(help="the report's description (reStructuredText) it extends")],
+    out: Annotated[Path, Opt("-o", "--out", help="the landing text (reStructuredText)")],
+    kernel_bench: KernelBench = None,
+) -> None:
+    """The report's landing text: the description, then every policy's headline numbers."""
+    from adaptiveload.analysis.landing import landing
+    from adaptiveload.analysis.tables import kernel_measurements
+    from adaptiveload.io import write_text
+
+    if not template.is_file():
+        raise UserError(f"--template {template}: no such file; give the report's description")
+    reason = kernel_measurements(kernel_bench)[1] if kernel_bench is not None else None
+    write_text(out, landing(template.read_text(encoding="utf-8"), _read(runs), _read(stats),
+                            reason))
+    typer.echo(f"landing text -> {out}")
+
+
 @analyze.command("convergence", epilog=examples(
     "adaptiveload analyze convergence --steps steps.parquet --csv convergence.csv "
     "--md convergence.md",
@@ -220,12 +244,15 @@ def paper_map_figure_cmd(
 
 
 @analyze.command("record", epilog=examples(
-    "adaptiveload analyze record --experiment default --paper-table tables/paper_table.csv "
+    "adaptiveload analyze record --experiment default --runs runs.parquet --steps steps.parquet "
     "--stats tables/stats.csv --config results/default/config.yaml -o analysis.json",
 ))
 def record_cmd(
-    experiment: Annotated[str, Opt(help="MLflow experiment (the experiment's name)")],
-    paper_table: Annotated[Path, Opt(help="paper_table.csv")],
+    experiment: Annotated[
+        str, Opt(help="the experiment's name (MLflow experiment adaptiveload/<name>)")
+    ],
+    runs: Runs,
+    steps: Steps,
     stats: Stats,
     out: Annotated[Path, Opt("--out", "-o", help="JSON naming the analysis run")],
     config: Annotated[
@@ -233,23 +260,28 @@ def record_cmd(
     ] = None,
     artifact: Annotated[list[Path] | None, Opt(help="file to attach (repeatable)")] = None,
 ) -> None:
-    """Log the analysis to MLflow as the experiment's "analysis" run."""
-    from adaptiveload.analysis.record import log_analysis
+    """Log the analysis to MLflow as the experiment's "analysis" run, and its simulations as
+    runs of adaptiveload/<name>/simulations."""
+    from adaptiveload.analysis.record import log_analysis, log_simulations
     from adaptiveload.io import write_json
     from adaptiveload.lifecycle import stop_on_signals
-    from adaptiveload.tracking.store import tracking_uri
+    from adaptiveload.tracking.store import experiment_name, tracking_uri
 
     stop_on_signals()  # stopped, the new analysis run is deleted with its files, not left RUNNING
-    for path in (paper_table, stats):
-        _read(path)  # the same one-line error as the other steps when a table is missing
+    run_table, step_table = _read(runs), _read(steps)
+    _read(stats)  # the same one-line error as the other steps when a table is missing
     exp = None
     if config is not None:
         from adaptiveload.experiment import load
 
         exp = load(config)
-    run_id = log_analysis(experiment, paper_table, stats, artifact or [], config=exp)
-    write_json(out, {"experiment": experiment, "run_id": run_id, "tracking_uri": tracking_uri()})
-    typer.echo(f"analysis run {run_id} in {tracking_uri()}")
+    run_id, ui = log_analysis(experiment, run_table, stats, artifact or [], config=exp)
+    sims = log_simulations(experiment, run_table, step_table)
+    uri = tracking_uri()
+    write_json(out, {"experiment": experiment_name(experiment), "run_id": run_id,
+                     "tracking_uri": uri, "ui": ui, "simulation_runs": len(sims)})
+    typer.echo(f"analysis run {run_id} and {len(sims)} simulation run(s) in {uri}; in the UI "
+               f"of `mlflow server`: http://127.0.0.1:5000/{ui}")
 
 
 @analyze.command("publish", epilog=examples(

@@ -27,6 +27,7 @@ from adaptiveload.tracking.store import (
     check_reachable,
     chunked,
     experiment_id,
+    experiment_name,
     log_artifact,
     log_params,
     require_existing,
@@ -132,10 +133,12 @@ class RunTracker:
 
     @classmethod
     def open(cls, **start: Any) -> RunTracker:
-        """`start` (its arguments but `uri`) on the configured store, with the system metrics
-        monitor running: what a training run reports to. An unreachable store is a UserError
-        here, before any training."""
+        """`start` (its arguments but `uri`) on the configured store, in the MLflow
+        experiment of experiment `start["experiment"]` (`experiment_name`), with the system
+        metrics monitor running: what a training run reports to. An unreachable store is a
+        UserError here, before any training."""
         uri = check_reachable()
+        start = {**start, "experiment": experiment_name(start["experiment"])}
         with store_errors(uri):  # a read-only or full store: one line, before any training
             tracker = cls.start(uri, **start)
         tracker.start_system_metrics()
@@ -353,7 +356,8 @@ def sync(spool_path: str | Path, uri: str | None = None) -> int:
 
 def check_runs(experiment: str, run_dirs: list[Path], uri: str | None = None) -> list[dict]:
     """The end of a pipeline's training: upload what each run folder spooled (`sync`), then
-    require that the store holds a FINISHED run of each folder (the newest one not
+    require that the store holds, in the MLflow experiment of `experiment`
+    (`experiment_name`), a FINISHED run of each folder (the newest one not
     superseded). One entry per folder (its MLflow run and the records uploaded); a spool the
     store refuses, or a run that is missing or not FINISHED, is a UserError naming the
     folder and the fix, so a pipeline never ends with runs RUNNING or records only on disk."""
@@ -369,7 +373,7 @@ def check_runs(experiment: str, run_dirs: list[Path], uri: str | None = None) ->
                             f"{spool}`)") from None
         client = _client(check_reachable(uri))
         with store_errors(uri):
-            run = _current_run(client, uri, experiment, run_dir)
+            run = _current_run(client, uri, experiment_name(experiment), run_dir)
         if run is None:
             raise UserError(
                 f"{run_dir}: no MLflow run of this folder in {uri} (trained with --no-track, "

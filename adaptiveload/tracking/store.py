@@ -99,6 +99,27 @@ def _client(uri: str):
     return require("mlflow.tracking").MlflowClient(tracking_uri=uri)
 
 
+# Every experiment of this project is `adaptiveload/<experiment>` in MLflow, its simulations
+# `adaptiveload/<experiment>/simulations`: apart from MLflow's own `Default` and from other
+# projects' experiments on a shared server
+EXPERIMENT_PREFIX = "adaptiveload/"
+SIMULATIONS = "simulations"
+
+
+def experiment_name(experiment: str, part: str | None = None) -> str:
+    """The MLflow experiment of experiment `experiment` (or of its `part`: SIMULATIONS)."""
+    name = f"{EXPERIMENT_PREFIX}{experiment}"
+    return f"{name}/{part}" if part else name
+
+
+def ui_path(experiment_id: str) -> str:
+    """The MLflow UI's page of an experiment's runs as charts, in its model-training mode
+    (`workflowType`: the sidebar's GenAI / Model training switch, which the UI otherwise
+    remembers per browser and starts in GenAI; `compareRunsMode`: the runs page's view)."""
+    return (f"#/experiments/{experiment_id}/runs?workflowType=machine_learning"
+            "&compareRunsMode=CHART")
+
+
 # MLflow 3's UI files experiments by this tag; without it, it may infer GenAI views for them
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 TRAINING_KIND = "custom_model_development"

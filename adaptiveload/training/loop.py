@@ -55,7 +55,15 @@ from adaptiveload.model.architectures import get_config
 from adaptiveload.model.wan import WanModel
 from adaptiveload.planning.sampler import PlanBatch, PlanBatchSampler, PlanBuilder
 from adaptiveload.progress import progress_bar
-from adaptiveload.step_table import SP_DEGREE, STEP_COLUMNS, VAL_COLUMNS, WHOLE_EPOCH, run_steps
+from adaptiveload.step_table import (
+    SP_DEGREE,
+    STEP_COLUMNS,
+    VAL_COLUMNS,
+    WARMUP_KEY,
+    WHOLE_EPOCH,
+    run_steps,
+    timed,
+)
 from adaptiveload.training import checkpoint
 from adaptiveload.training import distributed as dd
 from adaptiveload.training.objective import per_sample_loss, step_generator
@@ -149,12 +157,15 @@ def build_model(cfg: TrainConfig, device: torch.device) -> WanModel:
     return model.to(device)
 
 
-def step_metrics(rows: list[dict[str, Any]], capacity: float | None) -> dict[str, float]:
+def step_metrics(
+    rows: list[dict[str, Any]], capacity: float | None, warmup_steps: int = 0
+) -> dict[str, float]:
     """The per-step MLflow metrics of one step's rows of the per-step table (one per rank),
     under their stable keys: computed from the table's columns alone, so a step re-logged
     from a checkpoint's rows gets the values it had when it was measured. `loss` is the
     step's mean over its samples; throughput counts real samples (`padding_samples` beside);
-    `vram_utilization` needs the device's `capacity` (CUDA)."""
+    `vram_utilization` needs the device's `capacity` (CUDA); `warmup` is 1.0 on the run's
+    first `warmup_steps` steps, which no summary counts, else 0.0."""
     t = np.array([[row["compute_s"] for row in rows]])
     step_time = rows[0]["step_time_s"]
     samples = sum(row["samples"] for row in rows)
@@ -166,6 +177,7 @@ def step_metrics(rows: list[dict[str, Any]], capacity: float | None) -> dict[str
         "step_wall_s": rows[0]["step_wall_s"],
         "imbalance_rate": metrics.imbalance_rate(t),
         "idle_fraction": metrics.idle_fraction(t),
+        WARMUP_KEY: float(not timed(rows[0]["step"], warmup_steps)),
     }
     real_tokens = sum(row["tokens"] - row["padding_tokens"] for row in rows)
     out["samples_per_s"], out["tokens_per_s"] = metrics.throughput(
@@ -532,7 +544,9 @@ class Trainer:
         for row in self.rows:
             by_step.setdefault(int(row["step"]), []).append(row)
         for step in sorted(by_step):
-            self.sink.log_step(step, step_metrics(by_step[step], self.capacity))
+            self.sink.log_step(
+                step, step_metrics(by_step[step], self.capacity, self.cfg.warmup_steps)
+            )
 
     def _validate(self, step: int, rows: list[dict[str, Any]]) -> None:
         """Score the held-out set after `step`'s update into its rows (`VAL_COLUMNS`): after
@@ -564,7 +578,7 @@ class Trainer:
                     self._replay_epoch()
                 rows = self._step(step)
                 self._validate(step, rows)
-                logged = step_metrics(rows, self.capacity)
+                logged = step_metrics(rows, self.capacity, cfg.warmup_steps)
                 if not math.isfinite(logged["loss"]):  # every later step would be NaN too
                     raise UserError(
                         f"step {step}: the loss is {logged['loss']} (the model diverged); "

@@ -3,8 +3,11 @@
 import json
 
 import pandas as pd
+import pytest
 from analysis_synth import planted_runs, write_run
 from repo_paths import H200_MEASURED
+
+from adaptiveload.errors import UserError
 
 
 def test_kernel_table_and_figure_from_a_benchmark_csv(tmp_path):
@@ -27,6 +30,9 @@ def test_kernel_table_and_figure_from_a_benchmark_csv(tmp_path):
     skipped = tmp_path / "skip.csv"
     pd.DataFrame([dict(source="skipped", note="no CUDA device")]).to_csv(skipped, index=False)
     assert kernel_table(skipped).numbers.reason.iloc[0] == "no CUDA device"
+    with pytest.raises(UserError, match="no CUDA device"):  # no placeholder figure
+        kernel_bandwidth(FigureInputs(runs=empty, steps=_empty_steps(), stats=empty,
+                                      kernel_bench=skipped))
 
 
 def _empty_steps():
@@ -119,12 +125,12 @@ def test_figure_layouts_name_things_and_do_not_collide(tmp_path):
         assert boxes([axes[0].yaxis.label], fig)[0].x0 >= 0
 
     fig = figures.throughput(inputs)
-    ax = fig.axes[0]
-    labels = [t.get_text() for t in ax.get_xticklabels()]
-    assert labels[0].startswith("train / eager") and labels[1].startswith("sim/h200-1.3b\n")
-    assert not any("/ none" in t for t in labels)
-    legend, plot = boxes([ax.get_legend(), ax], fig)
-    assert legend.x0 >= plot.x1, "the legend lies over the bars and their error bars"
+    measured, model = fig.axes
+    labels = [[t.get_text() for t in ax.get_yticklabels()] for ax in (measured, model)]
+    assert labels == [["train / eager"], ["sim/h200-1.3b"]]  # no "/ none" for simulations
+    for ax in (measured, model):
+        legend, plot = boxes([ax.get_legend(), ax], fig)
+        assert legend.x0 >= plot.x1, "the legend lies over the dots and their intervals"
 
     assert "Mixture paper-mixed" in figures.mixture_tokens(inputs).axes[0].get_title()
     figures.plt.close("all")

@@ -26,6 +26,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from adaptiveload.tracking.store import experiment_name, ui_path
+
 WORKFLOW = "machine_learning"  # the MLflow 3 UI's "Model training" view
 
 
@@ -85,7 +87,7 @@ def main() -> None:
             except OSError:
                 time.sleep(0.5)
         exp = rest(base, f"/api/2.0/mlflow/experiments/get-by-name?experiment_name="
-                         f"{args.experiment}")["experiment"]
+                         f"{experiment_name(args.experiment)}")["experiment"]
         runs = rest(base, "/api/2.0/mlflow/runs/search",
                     {"experiment_ids": [exp["experiment_id"]]})["runs"]
         tags = lambda r: {t["key"]: t["value"] for t in r["data"].get("tags", [])}  # noqa: E731
@@ -95,6 +97,8 @@ def main() -> None:
         # a fresh browser profile opens MLflow 3's GenAI view; ask for the model-training one
         view = f"?workflowType={WORKFLOW}"
         screenshot(chromium, f"{page}/runs{view}", out / "runs_table.png", args.wait_ms)
+        screenshot(chromium, f"{base}/{ui_path(exp['experiment_id'])}", out / "runs_charts.png",
+                   args.wait_ms)
         screenshot(chromium, f"{page}/runs/{train['info']['run_id']}/model-metrics{view}",
                    out / "train_run_charts.png", args.wait_ms, height=2400)
         screenshot(chromium, f"{page}/runs/{analysis['info']['run_id']}/artifacts{view}",

@@ -134,6 +134,9 @@ def test_step_metrics_log_validation_only_where_it_was_scored():
     scored = step_metrics([{**row, "val_loss": 0.5, "val_loss_image": 0.4}], None)
     assert scored["val_loss"] == 0.5 and scored["val_loss_image"] == 0.4
     assert "val_loss_long" not in scored and scored["samples_seen"] == 8
+    # step 3 is warm-up in a run of 4 warm-up steps, timed in one of 3
+    assert step_metrics([row], None, warmup_steps=4)["warmup"] == 1.0
+    assert step_metrics([row], None, warmup_steps=3)["warmup"] == 0.0
 
 
 def test_first_reach_interpolates_between_evaluations():

@@ -139,8 +139,9 @@ def test_a_group_in_a_later_epoch_of_a_run_without_groups_is_refused(tmp_path):
 
 def test_a_step_logs_a_group_s_loss_once_and_each_rank_s_degree():
     def row(rank, samples, loss, degree):
-        return {"rank": rank, "compute_s": 1.0, "samples": samples, "tokens": 10 * samples,
-                "tokens_sq": 0, "loss": loss, "padding_samples": 0, "padding_tokens": 0,
+        return {"step": 0, "rank": rank, "compute_s": 1.0, "samples": samples,
+                "tokens": 10 * samples, "tokens_sq": 0, "loss": loss, "padding_samples": 0,
+                "padding_tokens": 0,
                 "step_time_s": 2.0, "step_wall_s": 2.0, "samples_seen": 5, SP_DEGREE: degree,
                 **dict.fromkeys(VAL_COLUMNS)}
     rows = [row(0, 2, 1.0, 1), row(1, 1, 4.0, 1), row(2, 2, 2.0, 2), row(3, 0, None, 2)]

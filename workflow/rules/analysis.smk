@@ -42,7 +42,7 @@ rule stats:
     input:
         runs=rules.aggregate.output.runs,
     output:
-        csv=f"{TABLES}/stats.csv",
+        csv=report(f"{TABLES}/stats.csv", caption="../report/stats.rst", category="Tables"),
         md=f"{TABLES}/stats.md",
     params:
         a=config["analysis"],
@@ -121,13 +121,11 @@ rule figures:
         stats=rules.stats.output.csv,
         describe=DESCRIBE,
         calibration=CALIBRATION if TRAIN else next(iter(SIMS.values()))["calibration"],
-        kernel=KERNEL_BENCH,
     output:
         [report(f"{FIGS}/{name}.png", caption=f"../report/{name}.rst", category="Figures")
          for name in figure_names()],
     params:
         figures=[item for name in figure_names() for item in ("--figure", name)],
-        kernel=lambda w, input: ["--kernel-bench", *input.kernel] if input.kernel else [],
         out=lambda w, output: os.path.dirname(output[0]),
         mixture=config["data"]["manifest"] or config["data"]["mixture"],
     log:
@@ -139,24 +137,76 @@ rule figures:
     shell:
         "MPLBACKEND=Agg adaptiveload analyze figures --runs {input.runs:q} --steps {input.steps:q} "
         "--stats {input.stats:q} --describe {input.describe:q} --calibration {input.calibration:q} "
-        "{params.kernel:q} --mixture {params.mixture:q} --out-dir {params.out:q} "
-        "{params.figures:q} > {log:q} 2>&1"
+        "--mixture {params.mixture:q} --out-dir {params.out:q} {params.figures:q} > {log:q} 2>&1"
+
+
+rule kernel_figure:
+    """The kernel's achieved bandwidth, made only where its benchmark measured (kernel_figure
+    in common.smk asks for it)."""
+    input:
+        runs=rules.aggregate.output.runs,
+        steps=rules.aggregate.output.steps,
+        stats=rules.stats.output.csv,
+        kernel=OUT.kernel_bench,
+    output:
+        report(f"{FIGS}/kernel_bandwidth.png", caption="../report/kernel_bandwidth.rst",
+               category="Figures"),
+    params:
+        out=lambda w, output: os.path.dirname(output[0]),
+    log:
+        f"{LOGS}/kernel_figure.log",
+    benchmark:
+        f"{BENCH}/kernel_figure.tsv"
+    conda:
+        CONDA_ENV
+    shell:
+        "MPLBACKEND=Agg adaptiveload analyze figures --runs {input.runs:q} --steps {input.steps:q} "
+        "--stats {input.stats:q} --kernel-bench {input.kernel:q} --out-dir {params.out:q} "
+        "--figure kernel_bandwidth > {log:q} 2>&1"
+
+
+rule landing:
+    """The report's landing text: the workflow's description, then every policy's headline
+    numbers from the statistics (the report opens on it once it exists: the Snakefile)."""
+    input:
+        runs=rules.aggregate.output.runs,
+        stats=rules.stats.output.csv,
+        template=REPORT_DESCRIPTION,
+        kernel=KERNEL_BENCH,
+    output:
+        LANDING,
+    params:
+        kernel=lambda w, input: ["--kernel-bench", *input.kernel] if input.kernel else [],
+    log:
+        f"{LOGS}/landing.log",
+    benchmark:
+        f"{BENCH}/landing.tsv"
+    conda:
+        CONDA_ENV
+    shell:
+        "adaptiveload analyze landing --runs {input.runs:q} --stats {input.stats:q} "
+        "--template {input.template:q} {params.kernel:q} -o {output:q} > {log:q} 2>&1"
 
 
 rule record:
-    """The analysis as its own MLflow run, beside the training runs of this experiment."""
+    """The analysis as its own MLflow run, beside the training runs of this experiment
+    (adaptiveload/<name>), and the simulations as runs of adaptiveload/<name>/simulations."""
     input:
         store=STORE,
         trained=[OUT.tracking_check] if TRAIN else [],
         config=CONFIG,
-        paper=f"{TABLES}/paper_table.csv",
+        runs=rules.aggregate.output.runs,
+        steps=rules.aggregate.output.steps,
         stats=rules.stats.output.csv,
         files=[f"{TABLES}/stats.md", *TABLE_FILES, *CONVERGENCE_FILES,
                *[f"{FIGS}/{name}.png" for name in figure_names()]],
+        kernel_figure=kernel_figure,
     output:
         f"{OUT.analysis}/mlflow_analysis.json",
     params:
-        artifacts=lambda w, input: [item for f in input.files for item in ("--artifact", f)],
+        artifacts=lambda w, input: [
+            item for f in [*input.files, *input.kernel_figure] for item in ("--artifact", f)
+        ],
         experiment=EXP,
     log:
         f"{LOGS}/record.log",
@@ -165,5 +215,6 @@ rule record:
     conda:
         CONDA_ENV
     shell:
-        "adaptiveload analyze record --experiment {params.experiment:q} --paper-table {input.paper:q} "
-        "--stats {input.stats:q} --config {input.config:q} {params.artifacts:q} -o {output:q} > {log:q} 2>&1"
+        "adaptiveload analyze record --experiment {params.experiment:q} --runs {input.runs:q} "
+        "--steps {input.steps:q} --stats {input.stats:q} --config {input.config:q} "
+        "{params.artifacts:q} -o {output:q} > {log:q} 2>&1"

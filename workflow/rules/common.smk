@@ -3,11 +3,13 @@
 # (adaptiveload.pipeline), so a command run by hand and the rules agree.
 import os
 import sys
+from pathlib import Path
 
 import yaml
 from snakemake.exceptions import WorkflowError
 
 from adaptiveload import jobshell, pipeline
+from adaptiveload.analysis.tables import kernel_measurements
 from adaptiveload.io import json_text
 from adaptiveload.calibration.settings import CalibrationConfig
 from adaptiveload.planning.policies import POLICIES as POLICIES_BY_NAME
@@ -68,6 +70,9 @@ CALIBRATION = OUT.calibration
 MANIFEST = config["data"]["manifest"] or OUT.manifest
 DESCRIBE = OUT.describe
 KERNEL_BUILD = "build/kernels/build.json"
+# the report's landing text: the workflow's description, then the headline numbers (rule landing)
+REPORT_DESCRIPTION = os.path.join(workflow.basedir, "workflow", "report", "workflow.rst")
+LANDING = os.path.abspath(f"{OUT.analysis}/landing.rst")
 KERNEL_BENCH = [OUT.kernel_bench] if config["kernel"]["bench"] else []
 PAPER_MAP = config["paper_map"]["enabled"]
 MAP_POINTS = OUT.map_points
@@ -146,7 +151,7 @@ def map_calibrations():
 # ---------------------------------------------------------------- figures and tables
 def figure_names():
     names = ["mixture_tokens", "compute_heatmap", "imbalance_distribution", "throughput",
-             "vram_utilization", "calibration_fit", "kernel_bandwidth"]
+             "vram_utilization", "calibration_fit"]  # kernel_bandwidth: kernel.smk
     for axis, name in (("p", "p_sweep"), ("m_comp_scale", "m_comp_sweep"),
                        ("world_sizes", "world_size_scaling"), ("mixtures", "mixture_sweep")):
         if SWEEPS[axis]:
@@ -158,6 +163,16 @@ def figure_names():
     if VALIDATION:
         names.append("convergence")
     return names
+
+
+def kernel_figure(wildcards=None):
+    """The kernel's bandwidth figure where its benchmark measured something, else nothing (no
+    figure of nothing: the kernel table says why); known once the benchmark ran."""
+    if not KERNEL_BENCH:
+        return []
+    bench = checkpoints.kernel_bench.get().output[0]
+    measured, _ = kernel_measurements(Path(bench))
+    return [f"{FIGS}/kernel_bandwidth.png"] if measured is not None else []
 
 
 def describe_input():
@@ -199,6 +214,7 @@ def all_targets():
     targets = [OUT.owner, CONFIG, STORE, DESCRIBE, OUT.run_index, *pipeline.run_files(index),
                f"{OUT.analysis}/runs.parquet", f"{OUT.analysis}/steps.parquet",
                f"{TABLES}/stats.md", f"{OUT.analysis}/mlflow_analysis.json", *KERNEL_BENCH,
+               LANDING,
                *TABLE_FILES, *CONVERGENCE_FILES,
                *[f"{FIGS}/{name}.png" for name in figure_names()]]
     targets += [OUT.sim_manifest(name, pipeline.sweep_point(sim, variant).mixture)

@@ -36,7 +36,9 @@ rule kernel_build:
         "adaptiveload kernel build --build-dir {params.build_dir:q} > {log:q} 2>&1"
 
 
-rule kernel_bench:
+# a checkpoint: whether it measured anything (a CUDA GPU) decides whether the kernel's figure
+# is made (`kernel_figure`, common.smk)
+checkpoint kernel_bench:
     input:
         KERNEL_BUILD,
     output:

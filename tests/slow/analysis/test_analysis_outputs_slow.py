@@ -62,13 +62,18 @@ def test_tables_and_figures_from_synthetic_runs(tmp_path):
     assert "4/4 seeds" in headline and "(model, H200)" in headline
     assert "not measured" in (tables / "kernel_table.md").read_text()
     figs = tmp_path / "figs"
-    names = list(FIGURES)
+    names = [n for n in FIGURES if n != "kernel_bandwidth"]  # drawn only from a measurement
     _cli("figures", "--runs", runs, "--steps", steps, "--stats", stats_csv, "--out-dir", figs,
          *[a for n in names for a in ("--figure", n)])
     for name in names:
         png = figs / f"{name}.png"
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
         assert png.stat().st_size > 5000, name
+    kernel = subprocess.run([*CLI, "figures", "--runs", str(runs), "--steps", str(steps),
+                             "--stats", str(stats_csv), "--out-dir", str(figs),
+                             "--figure", "kernel_bandwidth"], capture_output=True, text=True)
+    assert kernel.returncode == 2 and "nothing was measured" in kernel.stderr
+    assert not (figs / "kernel_bandwidth.png").exists()
 
 
 def test_unknown_figure_is_a_user_error(tmp_path):

@@ -34,7 +34,15 @@ from training_setup import adaptiveload, cli_env, write_experiment
 
 from adaptiveload.analysis.record import KIND_TAG, log_analysis
 from adaptiveload.tracking.run import SUPERSEDED_TAG, RunTracker
-from adaptiveload.tracking.store import experiment_id, init_store, log_artifact, run_artifact_dir
+from adaptiveload.tracking.store import (
+    experiment_id,
+    experiment_name,
+    init_store,
+    log_artifact,
+    run_artifact_dir,
+)
+
+E = experiment_name("e")  # the MLflow experiment of experiment "e"
 
 
 def _train_cmd(exp: Path, out: Path, *extra: str) -> list[str]:
@@ -44,7 +52,7 @@ def _train_cmd(exp: Path, out: Path, *extra: str) -> list[str]:
 
 def _runs(uri: str, experiment: str = "t") -> list:
     client = MlflowClient(uri)
-    exp = client.get_experiment_by_name(experiment)
+    exp = client.get_experiment_by_name(experiment_name(experiment))
     return [] if exp is None else client.search_runs([exp.experiment_id])
 
 
@@ -228,26 +236,32 @@ def test_a_store_that_refuses_writes_is_one_line_without_mlflow_logs(tmp_path, c
     assert not (tmp_path / "run").exists() and not (tmp_path / "a.json").exists()
 
 
-def _analysis_inputs(folder: Path) -> tuple[Path, Path]:
-    paper = folder / "paper_table.csv"
-    pd.DataFrame({"setup": ["train"], "kernel": ["eager"], "policy": ["adaptiveload"],
-                  "samples_per_s": [10.0]}).to_csv(paper, index=False)
-    stats = folder / "stats.csv"
-    pd.DataFrame({"metric": ["samples_per_s"], "p_value": [0.5]}).to_csv(stats, index=False)
-    return paper, stats
+def _analysis_inputs(folder: Path) -> tuple[Path, Path, Path]:
+    """runs.parquet, steps.parquet and stats.csv of a tiny synthetic experiment."""
+    from analysis_synth import planted_runs
+
+    from adaptiveload.analysis.aggregate import aggregate, parse_index
+    from adaptiveload.analysis.stats import compare
+
+    agg = aggregate(parse_index(planted_runs(folder / "synthetic", planted=True, seeds=(0, 1))))
+    runs, steps, stats = folder / "runs.parquet", folder / "steps.parquet", folder / "stats.csv"
+    agg.runs.to_parquet(runs)
+    agg.steps.to_parquet(steps)
+    compare(agg.runs, seed=0).to_csv(stats, index=False)
+    return runs, steps, stats
 
 
-def _record(paper: Path, stats: Path, out: Path, uri: str, *artifacts: Path):
+def _record(runs: Path, steps: Path, stats: Path, out: Path, uri: str, *artifacts: Path):
     extra = [a for path in artifacts for a in ("--artifact", str(path))]
-    return adaptiveload("analyze", "record", "--experiment", "e", "--paper-table", str(paper),
-                        "--stats", str(stats), "-o", str(out), *extra, env=cli_env(uri),
-                        cwd=out.parent, timeout=300)
+    return adaptiveload("analyze", "record", "--experiment", "e", "--runs", str(runs),
+                        "--steps", str(steps), "--stats", str(stats), "-o", str(out), *extra,
+                        env=cli_env(uri), cwd=out.parent, timeout=300)
 
 
 def test_record_on_a_store_that_is_not_a_database_is_one_line(tmp_path):
-    paper, stats = _analysis_inputs(tmp_path)
+    inputs = _analysis_inputs(tmp_path)
     (tmp_path / "mlflow.db").write_bytes(os.urandom(4096))
-    done = _record(paper, stats, tmp_path / "a.json", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    done = _record(*inputs, tmp_path / "a.json", f"sqlite:///{tmp_path / 'mlflow.db'}")
     _one_line_error(done, "not an MLflow store", "adaptiveload tracking init")
     assert not (tmp_path / "a.json").exists()
 
@@ -256,21 +270,22 @@ def test_analysis_run_is_replaced_only_once_the_new_one_is_complete(tmp_path):
     """A figure the store cannot take (RLIMIT_FSIZE: the kernel refuses the write as a full
     disk does): the previous analysis run stays, FINISHED; the new one is gone, files too."""
     uri = init_store(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    paper, stats = _analysis_inputs(tmp_path)
-    first = log_analysis("e", paper, stats, [], uri=uri)
+    runs, _, stats = _analysis_inputs(tmp_path)
+    first, _ = log_analysis("e", pd.read_parquet(runs), stats, [], uri=uri)
     figure = tmp_path / "big.png"
     figure.write_bytes(b"\x89PNG" + os.urandom(3 << 20))
     script = textwrap.dedent(f"""
         from pathlib import Path
+        import pandas as pd
         from adaptiveload.analysis.record import log_analysis
-        log_analysis("e", Path({str(paper)!r}), Path({str(stats)!r}), [Path({str(figure)!r})],
-                     uri={uri!r})
+        log_analysis("e", pd.read_parquet({str(runs)!r}), Path({str(stats)!r}),
+                     [Path({str(figure)!r})], uri={uri!r})
     """)
     done = subprocess.run([sys.executable, "-c", script], env=cli_env(), capture_output=True,
                           text=True, timeout=300, preexec_fn=limited_writer(2 << 20))
     assert done.returncode != 0 and "cannot write it" in done.stderr
     client = MlflowClient(uri)
-    exp = client.get_experiment_by_name("e")
+    exp = client.get_experiment_by_name(E)
     analysis = f"tags.`{KIND_TAG}` = 'analysis'"
     (kept,) = client.search_runs([exp.experiment_id], filter_string=analysis)
     assert kept.info.run_id == first and kept.info.status == "FINISHED"
@@ -287,25 +302,25 @@ def test_a_stopped_record_deletes_its_new_run_and_keeps_the_previous_analysis(tm
     beside the previous one, which stays the experiment's analysis."""
     signum = signal.SIGTERM
     uri = init_store(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    paper, stats = _analysis_inputs(tmp_path)
-    first = log_analysis("e", paper, stats, [], uri=uri)
+    runs, steps, stats = _analysis_inputs(tmp_path)
+    first, _ = log_analysis("e", pd.read_parquet(runs), stats, [], uri=uri)
     files = []
     for i in range(400):  # seconds of copying: time to stop it half-way
         files += ["--artifact", str(tmp_path / f"t{i}.csv")]
         (tmp_path / f"t{i}.csv").write_text("a\n1\n")
     record = shlex.join([sys.executable, "-m", "adaptiveload", "analyze", "record",
-                         "--experiment", "e", "--paper-table", str(paper), "--stats", str(stats),
-                         "-o", str(tmp_path / "b.json"), *files])
+                         "--experiment", "e", "--runs", str(runs), "--steps", str(steps),
+                         "--stats", str(stats), "-o", str(tmp_path / "b.json"), *files])
     shell = str(Path(sys.executable).parent / "adaptiveload-job")
     proc = subprocess.Popen([shell, "-c", f"set -euo pipefail; {record}"], env=cli_env(uri),
                             cwd=tmp_path, stderr=subprocess.PIPE, text=True)
-    root = tmp_path / "mlartifacts" / "e"
+    root = tmp_path / "mlartifacts" / "adaptiveload" / "e"
     wait_for(lambda: len(list(root.glob("*/artifacts/tables/t*.csv"))) > 10, proc)
     proc.send_signal(signum)
     assert proc.wait(timeout=120) == 128 + signum
     assert "Traceback" not in proc.stderr.read()
     client = MlflowClient(uri)
-    exp = client.get_experiment_by_name("e")
+    exp = client.get_experiment_by_name(E)
     (kept,) = client.search_runs([exp.experiment_id])
     assert kept.info.run_id == first and kept.info.status == "FINISHED"
     everything = client.search_runs([exp.experiment_id], run_view_type=3)  # deleted too
@@ -319,14 +334,14 @@ def test_the_next_record_removes_a_killed_records_run_with_its_folder(tmp_path):
     part of its files: the next record deletes that run and its folder too (it deleted the
     run only before, leaving the folder), and keeps nothing but its own complete run."""
     uri = init_store(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    paper, stats = _analysis_inputs(tmp_path)
+    runs, _, stats = _analysis_inputs(tmp_path)
     client = MlflowClient(uri)
-    exp_id = experiment_id(client, uri, "e")
+    exp_id = experiment_id(client, uri, E)
     killed = client.create_run(exp_id, run_name="analysis", tags={KIND_TAG: "analysis"})
-    log_artifact(client, uri, killed.info.run_id, paper, "tables")
+    log_artifact(client, uri, killed.info.run_id, stats, "tables")
     folder = run_artifact_dir(uri, killed.info.artifact_uri).parent
     assert folder.is_dir()
-    new = log_analysis("e", paper, stats, [], uri=uri)
+    new, _ = log_analysis("e", pd.read_parquet(runs), stats, [], uri=uri)
     assert not folder.exists()
     (kept,) = client.search_runs([exp_id])
     assert kept.info.run_id == new and kept.info.status == "FINISHED"
@@ -334,20 +349,20 @@ def test_the_next_record_removes_a_killed_records_run_with_its_folder(tmp_path):
 
 
 def test_record_on_a_full_disk_is_one_line_and_keeps_the_previous_analysis(tmp_path):
-    paper, stats = _analysis_inputs(tmp_path)
+    inputs = _analysis_inputs(tmp_path)
     figure = tmp_path / "figure.png"
     figure.write_bytes(b"\x89PNG" + os.urandom(1 << 20))
     with small_disk(tmp_path / "disk", 8192) as disk:
         uri = init_store(f"sqlite:///{disk / 'mlflow.db'}")
-        first = _record(paper, stats, tmp_path / "a.json", uri)
+        first = _record(*inputs, tmp_path / "a.json", uri)
         assert first.returncode == 0, first.stderr[-3000:]
         fill(disk, leave_bytes=256 << 10)  # room for the run's rows, not for the figure
-        done = _record(paper, stats, tmp_path / "b.json", uri, figure)
+        done = _record(*inputs, tmp_path / "b.json", uri, figure)
         _one_line_error(done, "No space left on device")
         assert not (tmp_path / "b.json").exists()
         (disk / "filler").unlink()
         client = MlflowClient(uri)
-        exp = client.get_experiment_by_name("e")
+        exp = client.get_experiment_by_name(E)
         runs = client.search_runs([exp.experiment_id])
         assert [r.info.status for r in runs] == ["FINISHED"]
         assert not list((disk / "mlartifacts").rglob("*.tmp"))
@@ -381,7 +396,7 @@ def test_a_store_that_filled_up_during_training_fails_the_check_until_it_is_sync
     run_dir = tmp_path / "run"
     with small_disk(tmp_path / "disk", 8192) as disk:
         uri = init_store(f"sqlite:///{disk / 'mlflow.db'}")
-        tracker = RunTracker.start(uri, "e", "r", {}, {}, run_dir / "tracking.spool.jsonl",
+        tracker = RunTracker.start(uri, E, "r", {}, {}, run_dir / "tracking.spool.jsonl",
                                    run_dir=run_dir)
         tracker.retry_s = 0.0
         tracker.log_step(0, {"loss": 1.0})
@@ -409,7 +424,7 @@ def test_a_store_that_filled_up_during_training_fails_the_check_until_it_is_sync
 def test_the_check_refuses_a_run_left_running(tmp_path):
     uri = init_store(f"sqlite:///{tmp_path / 'mlflow.db'}")
     run_dir = tmp_path / "run"
-    RunTracker.start(uri, "e", "r", {}, {}, run_dir / "tracking.spool.jsonl", run_dir=run_dir)
+    RunTracker.start(uri, E, "r", {}, {}, run_dir / "tracking.spool.jsonl", run_dir=run_dir)
     done = adaptiveload("tracking", "check", "--experiment", "e", str(run_dir), "-o",
                         str(tmp_path / "c.json"), env=cli_env(uri), cwd=tmp_path, timeout=300)
     _one_line_error(done, str(run_dir), "is RUNNING", "delete its summary.json")
@@ -422,7 +437,7 @@ def test_a_copied_results_folder_passes_the_check_and_its_runs_are_still_found(t
     old = tmp_path / "old" / "results"
     uri = init_store(f"sqlite:///{old / 'mlflow.db'}")
     run_dir = old / "e" / "runs" / "a"
-    tracker = RunTracker.start(uri, "e", "r", {}, {}, run_dir / "tracking.spool.jsonl",
+    tracker = RunTracker.start(uri, E, "r", {}, {}, run_dir / "tracking.spool.jsonl",
                                run_dir=run_dir)
     tracker.log_step(0, {"loss": 1.0})
     assert tracker.finish()
@@ -435,7 +450,7 @@ def test_a_copied_results_folder_passes_the_check_and_its_runs_are_still_found(t
     (checked,) = json.loads((tmp_path / "c.json").read_text())["runs"]
     assert checked["run_id"] == tracker.run_id
     moved_uri = f"sqlite:///{new / 'results' / 'mlflow.db'}"
-    again = RunTracker.start(moved_uri, "e", "r", {}, {}, new / "results" / "e" / "runs" / "a"
+    again = RunTracker.start(moved_uri, E, "r", {}, {}, new / "results" / "e" / "runs" / "a"
                              / "tracking.spool.jsonl", run_dir=new / "results/e/runs/a")
     runs = {r.info.run_id: r for r in _runs(moved_uri, "e")}
     assert runs[tracker.run_id].data.tags[SUPERSEDED_TAG] == again.run_id

@@ -364,8 +364,8 @@ def test_installed_package_runs_the_pipelines_commands(full_venv, tmp_path):
            ["analyze", "figures", *tables, "--describe", "describe.json", "--calibration", cal,
             "--mixture", data["mixture"], "--out-dir", "figures",
             *[a for f in figures for a in ("--figure", f)]])
-    _cli(env, work, "analyze", "record", "--experiment", cfg["name"], "--paper-table",
-         "tables/paper_table.csv", "--stats", "stats.csv", "--config", "tiny.yaml",
+    _cli(env, work, "analyze", "record", "--experiment", cfg["name"], "--runs", "runs.parquet",
+         "--steps", "steps.parquet", "--stats", "stats.csv", "--config", "tiny.yaml",
          "-o", "analysis.json")
 
     assert len(pd.read_parquet(work / manifest)) == data["num_samples"]

@@ -18,6 +18,8 @@ from fault_setup import alive, descendants
 from repo_paths import ROOT
 from workflow_setup import copy_workflow, snakemake
 
+from adaptiveload.tracking.store import experiment_name
+
 POLICY_PAIR = ("equal-token", "adaptiveload")  # tests/fixtures/tiny.yaml's policies
 
 
@@ -39,10 +41,12 @@ def test_pipeline_produces_tables_figures_and_mlflow_runs(tiny_run):
     assert "paired t interval, sign-flip p" in stats and "seed range (model" in stats
     assert "**train**" in (res / "tables" / "headline.md").read_text()
     for name in ("mixture_tokens", "compute_heatmap", "imbalance_distribution", "throughput",
-                 "vram_utilization", "calibration_fit", "kernel_bandwidth", "p_sweep",
-                 "load_vs_lower_bound"):
+                 "vram_utilization", "calibration_fit", "p_sweep", "load_vs_lower_bound"):
         png = res / "figures" / f"{name}.png"
         assert png.read_bytes()[:4] == b"\x89PNG", name
+    assert not (res / "figures" / "kernel_bandwidth.png").exists()  # nothing measured
+    landing = (res / "analysis" / "landing.rst").read_text()
+    assert all(f"**{policy}**" in landing for policy in POLICY_PAIR) and "×" in landing
     assert (tiny_run / "logs" / "tiny" / "aggregate.log").exists()
     assert (tiny_run / "benchmarks" / "tiny" / "aggregate.tsv").exists()
 
@@ -52,7 +56,7 @@ def test_pipeline_produces_tables_figures_and_mlflow_runs(tiny_run):
 
     uri = f"sqlite:///{tiny_run / 'results' / 'mlflow.db'}"
     client = MlflowClient(tracking_uri=uri)
-    exp = client.get_experiment_by_name("tiny")
+    exp = client.get_experiment_by_name(experiment_name("tiny"))
     runs = client.search_runs([exp.experiment_id])
     kinds = [r.data.tags.get("adaptiveload.kind", "train") for r in runs]
     assert kinds.count("analysis") == 1
@@ -71,16 +75,21 @@ def test_pipeline_produces_tables_figures_and_mlflow_runs(tiny_run):
         planned = json.loads((res / "plans" / policy / f"seed{seed}.json").read_text())
         assert executed["plan_digest"] == planned["plan_digest"]
     analysis = next(r for r in runs if r.data.tags.get("adaptiveload.kind") == "analysis")
-    assert "train/eager/adaptiveload/throughput_change" in analysis.data.metrics
-    # the matched setup: its own rows, logged with its epoch terms
-    for key in ("vs_epoch_lower_bound", "min_steps_per_epoch", "throughput_change"):
-        assert f"sim/h200-1.3b-matched/none/adaptiveload/{key}" in analysis.data.metrics, key
+    assert {"adaptiveload/speedup", "adaptiveload/speedup_ci_low",
+            "equal-token/imbalance_rate"} <= set(analysis.data.metrics)
+    assert analysis.data.tags["adaptiveload.headline_setup"] == "train"
+    # the simulations: runs of their own experiment, the matched setup among them
+    sim_exp = client.get_experiment_by_name(experiment_name("tiny", "simulations"))
+    sims = client.search_runs([sim_exp.experiment_id], max_results=1000)
+    assert len(sims) == 2 * 2 * 3 * 2  # 2 setups x (base + 2 p) x 2 policies x 2 seeds
+    assert {r.data.tags["source"] for r in sims} == {"model"}
+    assert "sim/h200-1.3b-matched" in {r.data.tags["setup"] for r in sims}
     assert "sim/h200-1.3b-matched" in table
     matched = {p: json.loads((res / "sim" / "h200-1.3b-matched" / "base" / p / "seed0" /
                               "summary.json").read_text())["plan"] for p in POLICY_PAIR}
     assert {s["steps_per_epoch"] for s in matched.values()} == {"match"}
     assert matched["adaptiveload"]["steps"] == matched["equal-token"]["steps"]
-    assert all(" " not in k for k in analysis.data.metrics) and len(analysis.data.metrics) < 60
+    assert all(" " not in k for k in analysis.data.metrics) and len(analysis.data.metrics) < 12
     assert analysis.data.params["experiment.name"] == "tiny" and analysis.data.tags["git_commit"]
     assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
     assert exp.tags["mlflow.note.content"] == "integration test of the full pipeline"
@@ -100,6 +109,8 @@ def test_second_run_is_a_noop_and_report_renders(tiny_run):
     out = snakemake(tiny_run, "--configfile", "experiments/tiny.yaml", "--report", str(report))
     assert out.returncode == 0, out.stderr[-3000:]
     assert report.stat().st_size > 100_000  # figures embedded
+    text = report.read_text(encoding="utf-8")
+    assert "Headline numbers" in text and "stats.csv" in text  # the landing text leads
 
 
 def test_lint_is_clean():
@@ -197,12 +208,13 @@ def _jobs(dry_run: subprocess.CompletedProcess) -> dict[str, int]:
     return {rule: int(count) for rule, count in rows if rule != "all"}
 
 
-_ANALYSIS = {"aggregate": 1, "stats": 1, "tables": 1, "figures": 1, "record": 1}
+_ANALYSIS = {"aggregate": 1, "stats": 1, "tables": 1, "figures": 1, "landing": 1, "record": 1}
 _TRAINING = {"train": 4, "tracking_check": 1, **_ANALYSIS}
 # one edit per section of the experiment -> the jobs it reruns (2 policies x 2 seeds)
 SECTION_EDITS = [
     ({"description": "edited"}, {"record": 1}),
-    ({"analysis": {"seed": 3}}, {k: 1 for k in ("stats", "tables", "figures", "record")}),
+    ({"analysis": {"seed": 3}},
+     {k: 1 for k in ("stats", "tables", "figures", "landing", "record")}),
     ({"calibration": {"repeats": 3}}, {"config_view": 1, "calibrate": 1, "plan": 4, **_TRAINING}),
     ({"train": {"lr": 2.0e-4}}, {"config_view": 1, **_TRAINING}),
     # the experiment's step mode: training plans, training (its view) and the simulation
@@ -234,8 +246,9 @@ SECTION_EDITS = [
                     "world_size": 4, "steps_per_epoch": 30}]},
      {"simulate": 12, **_ANALYSIS}),
     ({"sweeps": {"p": [1.2]}}, {"run_index": 1, **_ANALYSIS}),
+    # the kernel figure only once the benchmark measured (a checkpoint): not on a CPU
     ({"kernel": {"bench": True}}, {"kernel_build": 1, "kernel_bench": 1, "tables": 1,
-                                   "figures": 1, "record": 1}),
+                                   "landing": 1, "record": 1}),
 ]
 
 
@@ -437,7 +450,7 @@ def test_a_hand_run_killed_in_a_finished_run_folder_is_retrained_by_the_recovery
         list(range(6))
     )
     client = MlflowClient(f"sqlite:///{db}")
-    exp = client.get_experiment_by_name("tiny")
+    exp = client.get_experiment_by_name(experiment_name("tiny"))
     runs = client.search_runs([exp.experiment_id], f"tags.`adaptiveload.run_dir` = '{key}'")
     (live,) = [r for r in runs if SUPERSEDED_TAG not in r.data.tags]
     assert live.info.status == "FINISHED"

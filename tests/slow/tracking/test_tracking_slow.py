@@ -7,7 +7,6 @@ import shutil
 import urllib.request
 import warnings
 
-import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 from repo_paths import ROOT
@@ -190,30 +189,55 @@ def _rest(server: MlflowServer, path: str, body: dict | None = None) -> dict:
     return json.loads(raw) if path.startswith("/api/") else {"bytes": raw}
 
 
+def _synthetic_experiment(root):
+    """A measured setup (2 seeds) and a simulated one (2 seeds, with warm-up), aggregated, and
+    its statistics: what `analyze record` reads."""
+    from analysis_synth import write_run
+
+    from adaptiveload.analysis.aggregate import aggregate, parse_index
+    from adaptiveload.analysis.stats import compare
+
+    index = []
+    for seed in (0, 1):
+        for policy, speedup in (("equal-token", 1.0), ("adaptiveload", 1.3)):
+            index.append(write_run(root / "runs", policy, seed, speedup=speedup, steps=8))
+            index.append(write_run(root / "runs", policy, seed, setup="sim/h200", kernel="none",
+                                   speedup=speedup, source="model", device="H200", steps=6))
+    agg = aggregate(parse_index(index))
+    stats = compare(agg.runs, seed=0)
+    stats.to_csv(root / "stats.csv", index=False)
+    return agg, stats
+
+
 def test_moved_results_folder_is_served_with_runs_params_and_artifacts(tmp_path):
     """Runs logged to the sqlite store, the folder moved, then a real `mlflow server
-    --artifacts-destination <folder>/mlartifacts` serves everything over REST: experiment
-    description and kind, params and tags of both runs, short analysis keys, every table."""
+    --artifacts-destination <folder>/mlartifacts` serves everything over REST: the experiment
+    `adaptiveload/moved` in model-training kind with its description, params and tags of the
+    training and analysis runs, a handful of headline metrics with their intervals, every
+    table; the simulations as `source: model` runs of their own experiment, warm-up steps
+    marked per step; the UI path that opens the comparison."""
+    from adaptiveload.analysis.landing import speedups
+    from adaptiveload.analysis.record import log_simulations
+    from adaptiveload.tracking.store import experiment_name
+
     results = tmp_path / "here" / "results"
     uri = init_store(f"sqlite:///{results / 'mlflow.db'}")
     tracker = RunTracker.start(
-        uri, "moved", "adaptiveload-s0", {"run": {"policy": "adaptiveload"}},
+        uri, experiment_name("moved"), "adaptiveload-s0", {"run": {"policy": "adaptiveload"}},
         {"policy": "adaptiveload"}, results / "s.jsonl", description="a moved experiment",
     )
     tracker.log_step(0, {"loss": 1.0, "imbalance_rate": 0.5})
     (results / "summary.json").write_text('{"imbalance_rate": 0.5}')
     tracker.log_artifact(results / "summary.json")
     assert tracker.finish()
-    paper = pd.DataFrame({
-        "setup": ["train", "sim/h200"], "kernel": ["eager"] * 2, "policy": ["adaptiveload"] * 2,
-        "samples_per_s": [10.0, 5.0], "throughput_change": [0.1, 0.2], "label": ["x", "y"],
-    })
-    paper.to_csv(results / "paper_table.csv", index=False)
-    stats = pd.DataFrame({"metric": ["samples_per_s"], "test": ["Welch's t"], "p_value": [0.5]})
-    stats.to_csv(results / "stats.csv", index=False)
-    analysis = log_analysis("moved", results / "paper_table.csv", results / "stats.csv", [],
-                            config={"name": "moved", "description": "a moved experiment"},
-                            uri=uri)
+    agg, stats = _synthetic_experiment(results)
+    html = results / "paper_table.html"
+    html.write_text("<h3>Δ samples/s × 1.5</h3>", encoding="utf-8")
+    analysis, ui = log_analysis("moved", agg.runs, results / "stats.csv", [html],
+                                config={"name": "moved", "description": "a moved experiment"},
+                                uri=uri)
+    sims = log_simulations("moved", agg.runs, agg.steps, uri=uri)
+    assert len(sims) == 4  # 2 policies x 2 seeds of sim/h200
     assert "file:" not in json.dumps([str(p) for p in results.rglob("*")])
     moved = tmp_path / "elsewhere" / "results"
     moved.parent.mkdir()
@@ -222,27 +246,58 @@ def test_moved_results_folder_is_served_with_runs_params_and_artifacts(tmp_path)
     server = MlflowServer(moved / "mlflow.db", artifacts=moved / "mlartifacts")
     server.start()
     try:
-        exp = _rest(server, "/api/2.0/mlflow/experiments/get-by-name?experiment_name=moved")
-        tags = {t["key"]: t["value"] for t in exp["experiment"]["tags"]}
+        exp = _rest(server, "/api/2.0/mlflow/experiments/get-by-name?"
+                            "experiment_name=adaptiveload/moved")["experiment"]
+        tags = {t["key"]: t["value"] for t in exp["tags"]}
         assert tags["mlflow.experimentKind"] == "custom_model_development"
         assert tags["mlflow.note.content"] == "a moved experiment"
-        assert exp["experiment"]["artifact_location"] == "mlflow-artifacts:/moved"
+        assert exp["artifact_location"] == "mlflow-artifacts:/adaptiveload/moved"
+        assert ui == (f"#/experiments/{exp['experiment_id']}/runs?"
+                      "workflowType=machine_learning&compareRunsMode=CHART")
         found = _rest(server, "/api/2.0/mlflow/runs/search",
-                      {"experiment_ids": [exp["experiment"]["experiment_id"]]})
+                      {"experiment_ids": [exp["experiment_id"]]})
         runs = {r["info"]["run_name"]: r for r in found["runs"]}
         assert set(runs) == {"adaptiveload-s0", "analysis"}
         for run in runs.values():
             assert run["data"]["params"] and run["data"]["tags"]
-        metrics = {m["key"] for m in runs["analysis"]["data"]["metrics"]}
-        assert metrics == {f"{s}/eager/adaptiveload/{c}" for s in ("train", "sim/h200")
-                           for c in ("samples_per_s", "throughput_change")}
+        # a handful of metrics, of the measured setup, with the speedup's interval
+        metrics = {m["key"]: m["value"] for m in runs["analysis"]["data"]["metrics"]}
+        assert set(metrics) == {
+            *(f"{p}/{k}" for p in ("equal-token", "adaptiveload")
+              for k in ("samples_per_s", "imbalance_rate")),
+            *(f"adaptiveload/{k}" for k in ("speedup", "speedup_ci_low", "speedup_ci_high")),
+        }
+        row = speedups(stats).set_index(["setup", "policy"]).loc[("train", "adaptiveload")]
+        assert metrics["adaptiveload/speedup"] == pytest.approx(row["estimate"])
+        assert metrics["adaptiveload/speedup_ci_low"] < metrics["adaptiveload/speedup"]
+        assert metrics["adaptiveload/speedup"] < metrics["adaptiveload/speedup_ci_high"]
         got = _rest(server, f"/get-artifact?path=tables/stats.csv&run_uuid={analysis}")
         assert got["bytes"] == (moved / "stats.csv").read_bytes()
+        got = _rest(server, f"/get-artifact?path=tables/paper_table.html&run_uuid={analysis}")
+        assert got["bytes"].decode("utf-8") == "<h3>Δ samples/s × 1.5</h3>"
         listed = _rest(server, f"/api/2.0/mlflow/artifacts/list?run_id={analysis}&path=tables")
-        assert {f["path"] for f in listed["files"]} == {"tables/paper_table.csv",
+        assert {f["path"] for f in listed["files"]} == {"tables/paper_table.html",
                                                        "tables/stats.csv"}
         train_id = runs["adaptiveload-s0"]["info"]["run_id"]
         got = _rest(server, f"/get-artifact?path=summary.json&run_uuid={train_id}")
         assert got["bytes"] == b'{"imbalance_rate": 0.5}'
+
+        sim_exp = _rest(server, "/api/2.0/mlflow/experiments/get-by-name?"
+                                "experiment_name=adaptiveload/moved/simulations")["experiment"]
+        sim_tags = {t["key"]: t["value"] for t in sim_exp["tags"]}
+        assert sim_tags["mlflow.experimentKind"] == "custom_model_development"
+        found = _rest(server, "/api/2.0/mlflow/runs/search",
+                      {"experiment_ids": [sim_exp["experiment_id"]]})["runs"]
+        assert sorted(r["info"]["run_id"] for r in found) == sorted(sims)
+        for run in found:
+            tags = {t["key"]: t["value"] for t in run["data"]["tags"]}
+            assert tags["source"] == "model" and tags["setup"] == "sim/h200"
+            assert run["info"]["status"] == "FINISHED"
+        warmup = _rest(server, "/api/2.0/mlflow/metrics/get-history?"
+                               f"run_id={sims[0]}&metric_key=warmup")["metrics"]
+        assert {m["step"]: m["value"] for m in warmup} == {s: float(s < 2) for s in range(6)}
+        history = _rest(server, "/api/2.0/mlflow/metrics/get-history?"
+                                f"run_id={sims[0]}&metric_key=imbalance_rate")["metrics"]
+        assert len(history) == 6  # every step, the warm-up too
     finally:
         server.stop()

@@ -10,7 +10,7 @@ from training_setup import write_experiment
 
 from adaptiveload import experiment
 from adaptiveload.tracking.run import RunTracker
-from adaptiveload.tracking.store import init_store
+from adaptiveload.tracking.store import experiment_name, init_store
 from adaptiveload.training.inputs import prepare_data
 from adaptiveload.training.session import Request, train
 from adaptiveload.training.settings import from_experiment
@@ -40,7 +40,8 @@ def test_matched_run_logs_its_step_mode_and_epoch_terms(tmp_path, monkeypatch):
     assert summary["steps_per_epoch"] == "match" and summary["epoch_steps"] == target
 
     client = MlflowClient(uri)
-    (run,) = client.search_runs([client.get_experiment_by_name("matched").experiment_id])
+    mlexp = client.get_experiment_by_name(experiment_name("matched"))
+    (run,) = client.search_runs([mlexp.experiment_id])
     assert run.data.tags["steps_per_epoch"] == "match"
     assert run.data.params["experiment.plan.steps_per_epoch"] == "match"
     assert run.data.metrics["summary/epoch_steps"] == target

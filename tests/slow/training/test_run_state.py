@@ -21,7 +21,7 @@ from repo_paths import ROOT
 from training_setup import adaptiveload, cli_env, notes, write_experiment
 
 from adaptiveload.tracking.run import RUN_DIR_TAG, SUPERSEDED_TAG
-from adaptiveload.tracking.store import init_store
+from adaptiveload.tracking.store import experiment_name, init_store
 from adaptiveload.training.inputs import prepare_data, run_identity
 from adaptiveload.training.settings import from_experiment
 
@@ -35,7 +35,7 @@ def _train(exp: Path, out: Path, env: dict[str, str], *extra: str):
 
 def _runs(uri: str, experiment: str) -> list:
     client = MlflowClient(uri)
-    exp = client.get_experiment_by_name(experiment)
+    exp = client.get_experiment_by_name(experiment_name(experiment))
     return [] if exp is None else client.search_runs([exp.experiment_id])
 
 

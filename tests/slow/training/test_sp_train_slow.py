@@ -24,6 +24,7 @@ from training_setup import adaptiveload, cli_env, free_port, sp_calibration, wri
 
 from adaptiveload import experiment
 from adaptiveload.step_table import SP_DEGREE
+from adaptiveload.tracking.store import experiment_name
 from adaptiveload.training import checkpoint
 from adaptiveload.training.distributed import Ranks
 from adaptiveload.training.inputs import prepare_data
@@ -117,7 +118,8 @@ def test_torchrun_trains_the_sp_policy_and_records_its_degrees(tmp_path):
     assert len(members) and (members["samples"] == 0).all() and members["loss"].isna().all()
     assert (members["compute_s"] > 0).all()
     client = MlflowClient(uri)
-    (mlrun,) = client.search_runs(client.get_experiment_by_name("t").experiment_id)
+    mlexp = client.get_experiment_by_name(experiment_name("t"))
+    (mlrun,) = client.search_runs(mlexp.experiment_id)
     history = {m.step: m.value for m in client.get_metric_history(mlrun.info.run_id,
                                                                   f"rank1/{SP_DEGREE}")}
     by_step = table[table["rank"] == 1].set_index("step")[SP_DEGREE]

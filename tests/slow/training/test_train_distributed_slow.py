@@ -15,6 +15,8 @@ from mlflow.tracking import MlflowClient
 from repo_paths import ROOT
 from training_setup import adaptiveload, cli_env, free_port, write_experiment
 
+from adaptiveload.tracking.store import experiment_name
+
 TORCHRUN = Path(sys.executable).parent / "torchrun"
 SAME = ["step", "rank", "samples", "tokens", "frames", "height", "width"]
 
@@ -56,7 +58,8 @@ def test_torchrun_ddp_matches_emulated(tmp_path):
     assert wb["config"]["launch_mode"] == "distributed"
 
     client = MlflowClient(uri)
-    (run,) = client.search_runs(client.get_experiment_by_name("t").experiment_id)
+    mlexp = client.get_experiment_by_name(experiment_name("t"))
+    (run,) = client.search_runs(mlexp.experiment_id)
     assert run.data.tags["launch_mode"] == "distributed"
     steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, "loss"))
     assert steps == [0, 1, 2]  # logged by rank 0 only, once per step

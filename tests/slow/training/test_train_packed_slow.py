@@ -18,6 +18,7 @@ from training_setup import adaptiveload, cli_env, free_port, write_experiment
 
 from adaptiveload import experiment as experiment_config
 from adaptiveload.io import read_json
+from adaptiveload.tracking.store import experiment_name
 from adaptiveload.training.inputs import prepare_data
 from adaptiveload.training.settings import from_experiment
 
@@ -89,7 +90,8 @@ def test_adaptiveload_train_packed_equals_dense_and_records_its_backend(tmp_path
     assert (summary["batch_layout"], summary["attention_backend"]) == ("packed", "sdpa-runs")
     client = MlflowClient(uri)
     for name, backend in (("dense", "sdpa"), ("packed", "sdpa-runs")):
-        (run,) = client.search_runs(client.get_experiment_by_name(name).experiment_id)
+        mlexp = client.get_experiment_by_name(experiment_name(name))
+        (run,) = client.search_runs(mlexp.experiment_id)
         assert run.data.tags["batch_layout"] == name
         assert run.data.tags["attention_backend"] == backend
 

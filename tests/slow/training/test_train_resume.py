@@ -14,7 +14,7 @@ from mlflow.tracking import MlflowClient
 from repo_paths import ROOT
 from training_setup import adaptiveload, cli_env, write_experiment
 
-from adaptiveload.tracking.store import artifact_paths
+from adaptiveload.tracking.store import artifact_paths, experiment_name
 
 STEPS, EVERY, KILL_AFTER = 12, 4, 4
 SAME = ["step", "rank", "samples", "tokens", "frames", "height", "width"]
@@ -49,7 +49,8 @@ def test_sigkill_and_restart_matches_uninterrupted_run(tmp_path):
     assert proc.wait() == -signal.SIGKILL, "the run finished before it could be killed"
     assert ckpt.exists() and not (kill_out / "steps.parquet").exists()
     client = MlflowClient(uri)
-    (run,) = client.search_runs(client.get_experiment_by_name("kill").experiment_id)
+    mlexp = client.get_experiment_by_name(experiment_name("kill"))
+    (run,) = client.search_runs(mlexp.experiment_id)
     logged_before = sorted(m.step for m in client.get_metric_history(run.info.run_id, "loss"))
     assert logged_before and logged_before[-1] < STEPS - 1
 
@@ -64,7 +65,8 @@ def test_sigkill_and_restart_matches_uninterrupted_run(tmp_path):
     pd.testing.assert_series_equal(a["loss"], b["loss"], rtol=1e-6, atol=0)
 
     # one MLflow run, every step exactly once, finished, summary and artifacts present
-    runs = client.search_runs(client.get_experiment_by_name("kill").experiment_id)
+    mlexp = client.get_experiment_by_name(experiment_name("kill"))
+    runs = client.search_runs(mlexp.experiment_id)
     assert [r.info.run_id for r in runs] == [run.info.run_id]
     for key in ("loss", "step_time_s", "imbalance_rate", "rank0/compute_s", "rank2/compute_s"):
         steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, key))

@@ -12,7 +12,7 @@ from training_setup import write_experiment
 
 from adaptiveload.analysis.aggregate import aggregate, parse_index
 from adaptiveload.tracking.run import RunTracker
-from adaptiveload.tracking.store import init_store
+from adaptiveload.tracking.store import experiment_name, init_store
 from adaptiveload.training.distributed import THREAD_TIME
 from adaptiveload.training.session import Request, train
 
@@ -50,7 +50,8 @@ def test_emulated_cpu_run_is_thread_timed_and_says_so(tmp_path, monkeypatch):
     )
 
     client = MlflowClient(uri)
-    (run,) = client.search_runs([client.get_experiment_by_name("timer").experiment_id])
+    mlexp = client.get_experiment_by_name(experiment_name("timer"))
+    (run,) = client.search_runs([mlexp.experiment_id])
     assert run.data.tags["timer"] == THREAD_TIME
     assert "summary/samples_per_s_wall" in run.data.metrics
 
