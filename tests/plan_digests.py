@@ -16,7 +16,10 @@ paper_1gpu), long-clips in the mixture sweep and experiments/matched.yaml were a
 Since then (717 plans): the sequence-parallel plans (experiments/sp.yaml and paper_14b's SP
 entry) and both step modes of experiments/convergence.yaml were added; the other 627 plans
 were identical before and after the sequence-parallel planner, and the 12 convergence plans
-changed on purpose (144 samples instead of 160).
+changed on purpose (144 samples instead of 160). Then the 219 plans of the packed and
+sequence-parallel policies changed on purpose (caps that may be filled exactly, seeds that vary
+which token counts share a pack, step levelling); the 498 plans of the other policies were
+identical before and after.
 
 A refactor that must not change any plan is checked by running this before and after it: the
 plan commands come from the pipeline itself (`snakemake -n -p -F` per experiment file, so the

@@ -14,6 +14,7 @@ from adaptiveload.data.bucketing import (
     DEFAULT_MAX_FRAMES,
     DEFAULT_MODE,
     cut_note,
+    stills_warning,
 )
 from adaptiveload.errors import UserError
 
@@ -76,6 +77,7 @@ def compare_cmd(
     # the header counts what every plan leaves out (one of fewer ranks per sample, more)
     bucketed = without_over_capacity(bucketed, cal, config.max_degree)
     summaries = compare_policies(bucketed, config)
+    report_warnings("bucketing", [w for w in (stills_warning(bucketed.samples),) if w], strict)
     for s in summaries:
         found = plan_warnings(s, bucketed.excluded_ids.tolist())
         report_warnings(f"plan ({s['policy']})", found, strict)
