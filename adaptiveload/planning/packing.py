@@ -54,7 +54,7 @@ levels L_k of LPT's packs as dealt, pins the h steps whose L_k exceeds the windo
 the packs of pinned step k, the mean m_h of the work left for the other W - h steps for the
 rest), comparing each pack's load less its target; the costliest samples then double up on the
 pinned steps' ranks together, and the rest levels at m_h. It keeps whichever packs give the
-smaller sum of step maxima (up to LEVEL_ROUNDS rounds), so it never makes a window slower. Its
+smaller sum of step maxima (one levelling pass), so it never makes a window slower. Its
 bound, per window: where every pack ends within one last-placed sample w_last of its target,
 Σ_k L_k <= Σ_{k<h} L_k + (W - h)(m_h + w_last): the pinned steps at their costliest packs,
 which no plan of those packs beats, and the rest of the work spread evenly over the other
@@ -112,7 +112,6 @@ COST_BAND = 1.25
 # a step counts as pinned above the others (`_level_steps`) when its costliest pack exceeds
 # the mean pack of the rest by more than this share
 LEVEL_MARGIN = 0.01
-LEVEL_ROUNDS = 3
 
 
 @dataclass(frozen=True)
@@ -369,12 +368,8 @@ def _pack_window(
     while True:
         placed = _lpt_offset(count, types, steps * world_size, offset)
         if placed is not None:
-            for _ in range(LEVEL_ROUNDS):
-                leveled = _level_steps(placed[2].load, count, types, world_size, offset)
-                if leveled is None:
-                    break
-                placed = leveled
-            return _Window(members, *placed, steps=steps)
+            leveled = _level_steps(placed[2].load, count, types, world_size, offset)
+            return _Window(members, *(leveled or placed), steps=steps)
         steps = min(steps + 1, most)
 
 
