@@ -654,6 +654,14 @@ class Calibration:
         for name in ("p", "m_mem", "m_comp"):
             if not _finite_number(data[name]):
                 raise UserError(f"{origin}: field '{name}' must be a finite number")
+        fix = "regenerate it with `adaptiveload calibrate`"
+        if data["p"] < 1:
+            raise UserError(f"{origin}: field 'p' is {data['p']}; must be >= 1 (a sample's "
+                            f"compute grows at least with its tokens); {fix}")
+        for name in ("m_mem", "m_comp", "capacity_bytes"):
+            if data.get(name) is not None and not (_finite_number(data[name]) and data[name] > 0):
+                raise UserError(f"{origin}: field '{name}' is {data[name]}; must be a positive "
+                                f"number; {fix}")
         cost_fields = data["cost"] if isinstance(data["cost"], dict) else {}
         try:
             cost = CostModel(**cost_fields)
@@ -662,6 +670,15 @@ class Calibration:
         bad = [k for k, v in cost_fields.items() if not _finite_number(v)]
         if bad:
             raise UserError(f"{origin}: field 'cost.{bad[0]}' must be a finite number")
+        # every term is a time or memory the fit keeps non-negative: a negative one predicts
+        # negative memory or a sample that speeds the step up, and plans on it are wrong
+        negative = [k for k, v in cost_fields.items() if v < 0]
+        if negative:
+            raise UserError(f"{origin}: field 'cost.{negative[0]}' is {cost_fields[negative[0]]}; "
+                            f"must be >= 0 (seconds or bytes); {fix}")
+        if not cost.step_time(1, 1) > 0:
+            raise UserError(f"{origin}: field 'cost' predicts no time for any micro-batch "
+                            f"(c0, a, b, c_seq and t_floor all 0); {fix}")
         m_tok = data.get("m_tok")
         if m_tok is not None and not (isinstance(m_tok, (int, float)) and m_tok > 0):
             raise UserError(f"{origin}: field 'm_tok' must be a positive number (or absent)")

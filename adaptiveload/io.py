@@ -1,7 +1,9 @@
 """Atomic file writes: a reader (or a crashed writer) never sees a half-written result.
 
 Files get the mode an ordinary `open(path, "w")` would give them (0666 minus the umask), not
-mkstemp's private 0600, so colleagues sharing a results folder can read them.
+mkstemp's private 0600, so colleagues sharing a results folder can read them. Files are read
+only when they are regular files (`regular_file`): a FIFO or a device would block `open` or
+stream forever, past any signal a reader waits for.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import errno
 import json
 import os
 import socket
+import stat
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -158,9 +161,31 @@ def read_json(path: str | os.PathLike[str], what: str = "file") -> Any:
         raise UserError(f"{path}: {what} is not valid JSON ({exc})") from None
 
 
-def read_text(path: str | os.PathLike[str], what: str = "file") -> str:
-    """A UTF-8 text file's content; missing, a directory, unreadable or binary is a UserError."""
+def regular_file(
+    path: str | os.PathLike[str], what: str = "file", root: str | os.PathLike[str] | None = None
+) -> Path:
+    """`path`, checked before anything opens it: a regular file (not a FIFO, socket or device,
+    whose `open` can block forever) and, given `root`, inside `root` once links and `..` are
+    resolved (a name in a checkpoint index or a manifest must not reach files elsewhere).
+    UserError otherwise, naming the file; a missing file is left to the opener's message."""
     path = Path(path)
+    if root is not None:
+        resolved, base = Path(os.path.realpath(path)), Path(os.path.realpath(root))
+        if not resolved.is_relative_to(base):
+            raise UserError(f"{path}: {what} resolves to {resolved}, outside {base}; "
+                            "keep the files it names inside that folder")
+    with contextlib.suppress(FileNotFoundError):
+        mode = os.stat(path).st_mode
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            raise UserError(f"{path}: {what} is not a regular file (a FIFO, socket or device); "
+                            "give a file")
+    return path
+
+
+def read_text(path: str | os.PathLike[str], what: str = "file") -> str:
+    """A UTF-8 text file's content; missing, a directory, a FIFO or device, unreadable or
+    binary is a UserError."""
+    path = regular_file(path, what)
     try:
         return path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -179,7 +204,7 @@ def read_table(path: str | os.PathLike[str], what: str, fix: str) -> Any:
     file, with `fix`, what the user does about it, after the reason."""
     import pandas as pd
 
-    path = Path(path)
+    path = regular_file(path, what)
     if path.is_dir():  # pyarrow would read it as an (empty) dataset
         raise UserError(f"{path}: {what} (a file) expected, found a directory")
     try:

@@ -9,8 +9,12 @@ own, and
   `lifecycle.die_with_parent`), and starts nothing if Snakemake died while this program was
   starting (it is not its parent any more; Snakemake exports its pid as `PARENT_ENV`);
 * passes SIGTERM, SIGINT and SIGHUP on to the whole group (bash and everything it started:
-  a compiler, both commands of an `a && b`), and SIGKILLs what is left `KILL_AFTER_S` seconds
-  later, so a job that ignores them cannot linger either;
+  a compiler, both commands of an `a && b`) and waits for the group to end, up to
+  `KILL_AFTER_S` seconds, then SIGKILLs what is left, so a job that ignores them cannot linger
+  either. Every job gets that grace, not only one that bash `exec`s: bash itself dies at
+  once on SIGTERM, and the commands it started (`adaptiveload analyze record` deleting its
+  unfinished MLflow run) are waited for as its orphans, which this program adopts
+  (`lifecycle.adopt_orphans`) and reaps;
 * exits with bash's status, or 128 + n after signal n, as a shell does.
 
 A job started by Snakemake through plain bash would instead keep running, unobserved, and
@@ -26,9 +30,10 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from typing import NoReturn
 
-from adaptiveload.lifecycle import STOP_SIGNALS, die_with_parent
+from adaptiveload.lifecycle import STOP_SIGNALS, adopt_orphans, die_with_parent
 
 # seconds a stopped job gets to end cleanly (a trainer marks its MLflow run FAILED) before SIGKILL
 KILL_AFTER_S = 30
@@ -53,15 +58,31 @@ def main() -> NoReturn:
     die_with_parent(signal.SIGTERM, int(parent) if parent.isdigit() else None)
     if stopped:  # Snakemake is gone already: start nothing
         sys.exit(128 + stopped[0])
+    adopt_orphans()
     bash = shutil.which("bash") or "/bin/bash"
     job = subprocess.Popen([bash, *sys.argv[1:]], start_new_session=True)
     group.append(job.pid)
     if stopped:  # stopped while starting it
         _signal_group(group, stopped[0])
     code = job.wait()
-    if stopped:  # whatever of the job is still running goes too
-        _signal_group(group, signal.SIGKILL)
+    if stopped:  # the job's commands finish their clean-up (SIGALRM: SIGKILL at the deadline)
+        _wait_for_group(job.pid)
     sys.exit(128 - code if code < 0 else code)
+
+
+def _wait_for_group(pgid: int) -> None:
+    """Until no process of group `pgid` is left, reaping the adopted ones as they end."""
+    while True:
+        with contextlib.suppress(ChildProcessError):
+            while os.waitpid(-1, os.WNOHANG)[0] > 0:
+                pass
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        except PermissionError:  # a member changed its user: not ours to wait for
+            return
+        time.sleep(0.05)
 
 
 def _signal_group(group: list[int], signum: int) -> None:

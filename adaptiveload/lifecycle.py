@@ -10,6 +10,8 @@ Two pieces, both standard library only (the job shell uses them before anything 
   period interrupts the clean-up (a user pressing Ctrl-C again). SIGKILL always works.
 * `die_with_parent`: ask Linux (`prctl(PR_SET_PDEATHSIG)`) for a signal when the parent
   dies, even by SIGKILL; returns False where that is not available.
+* `adopt_orphans`: become the parent of this process's orphaned descendants (Linux,
+  `prctl(PR_SET_CHILD_SUBREAPER)`), so it can wait for them after their parent died.
 """
 
 from __future__ import annotations
@@ -66,3 +68,17 @@ def die_with_parent(signum: int = signal.SIGTERM, parent: int | None = None) -> 
     if os.getppid() != parent:  # the parent died before the request took effect
         signal.raise_signal(signum)
     return True
+
+
+def adopt_orphans() -> bool:
+    """Have the kernel make this process the parent of its descendants that lose theirs
+    (`PR_SET_CHILD_SUBREAPER`), so that it can wait for and reap them; False where that is
+    not available (not Linux)."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_child_subreaper = 36
+        return libc.prctl(pr_set_child_subreaper, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False

@@ -295,7 +295,7 @@ def run_index(config: dict[str, Any]) -> list[dict[str, Any]]:
     for sim in config["simulate"]:
         for variant in variants(config["sweeps"]):
             for policy in sim_policies(config, sim):
-                for seed in config["seeds"]:
+                for seed in sim_seeds(config, sim):
                     d = out.sim_dir(sim["name"], variant, policy, seed)
                     runs.append({"setup": f"sim/{sim['name']}", "variant": variant,
                                  "experiment": config["name"], "kernel": "none",
@@ -307,6 +307,13 @@ def run_index(config: dict[str, Any]) -> list[dict[str, Any]]:
 def sim_policies(config: dict[str, Any], sim: dict[str, Any]) -> list[str]:
     """The policies a `simulate:` entry plans: its own `policies`, else the experiment's."""
     return list(sim.get("policies") or config["policies"])
+
+
+def sim_seeds(config: dict[str, Any], sim: dict[str, Any]) -> list[int]:
+    """The seeds a `simulate:` entry plans: its own `seeds`, else the experiment's. A
+    prediction has no sampling error, so a few seeds show what the data's draw changes;
+    measured training needs more to resolve its effects (docs/measurement.md)."""
+    return list(sim.get("seeds") or config["seeds"])
 
 
 def all_policies(config: dict[str, Any]) -> list[str]:

@@ -34,11 +34,14 @@ VAL_COLUMNS = ("val_loss", *(f"val_loss_{name}" for name in SHAPE_CLASSES))
 # padding_samples, padding_tokens: how many of the micro-batch's samples (and their tokens) are
 # padding repeats (plan.py, step 4), so that throughput counts each real sample once
 # (`real_counts`): samples - padding_samples are the real ones
+# host_load_1m: the host's 1-minute load average at the step's end (measured runs; empty in a
+# simulation): how busy the machine was, which moves even thread CPU time a little
+# (docs/measurement.md), so that the analysis can show how much an effect depends on it
 STEP_COLUMNS = (
     "step", "rank", "compute_s", "compute_wall_s", "wait_s", "samples", "tokens", "tokens_sq",
     "frames", "height", "width", "peak_bytes", "peak_bytes_model", "loss", "step_time_s",
     "step_wall_s", "lower_bound_s", "padding_samples", "padding_tokens", "samples_seen",
-    *VAL_COLUMNS,
+    "host_load_1m", *VAL_COLUMNS,
 )
 # the column of the sequence-parallel degree of a micro-batch's group (planning.groups,
 # docs/sequence_parallel.md): in a plan table a row's micro-batch runs on ranks rank ..

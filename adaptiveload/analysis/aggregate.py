@@ -46,7 +46,7 @@ SUMMARY_METRICS = (
     "samples_per_step_max", "tokens_per_step_mean", "tokens_per_step_std",
     "tokens_per_step_min", "tokens_per_step_max",
     "max_micro_batch_tokens", "max_micro_batch_bytes_model", "memory_measured_tokens",
-    "micro_batches_beyond_measured_memory",
+    "micro_batches_beyond_measured_memory", "host_load_mean",
 )
 RUN_KEYS = ("setup", "variant", "policy", "kernel", "seed")
 

@@ -10,8 +10,9 @@ mode run as a variant is its own group) on three axes:
 - **training time**: the run's clock (the sum of its steps' `step_time_s`, by the run's timer;
   validation is outside it).
 
-Three numbers per policy, each against the baseline with a 95% CI and a two-sided p-value from
-resampling seeds (`stats.seed_bootstrap`, paired by seed):
+Three numbers per policy, each against the baseline at the level of the replicate (runs paired
+by seed, `stats.paired_effect`: the geometric mean of the per-seed ratios, a 95% t interval on
+their logs and the exact sign-flip p, docs/measurement.md):
 
 - **time to target**: the training time at which a run's validation loss first reaches the
   target, linearly interpolated between evaluations. The target is the worst final loss of
@@ -36,10 +37,11 @@ import numpy as np
 import pandas as pd
 
 from adaptiveload.analysis.aggregate import RUN_KEYS
-from adaptiveload.analysis.stats import GROUP, seed_bootstrap
+from adaptiveload.analysis.stats import GROUP, paired_effect
+from adaptiveload.errors import UserError
 from adaptiveload.step_table import VAL_COLUMNS
 
-ESTIMATE = ("estimate", "ci_low", "ci_high", "p_value")  # what `stats.seed_bootstrap` returns
+ESTIMATE = ("estimate", "ci_low", "ci_high", "p_value")  # of `stats.paired_effect`
 # the x axes of the curves: column -> label
 AXES = {
     "samples_seen": "samples seen (real samples, all ranks)",
@@ -72,9 +74,16 @@ TIME_TO_COMMON = "time to common loss ratio"  # target: the worst final loss of 
 LOSS_AT_SAMPLES = "val_loss at equal samples seen ratio"
 
 
-def curves(steps: pd.DataFrame) -> pd.DataFrame:
+def curves(steps: pd.DataFrame, origin: str = "steps table") -> pd.DataFrame:
     """One row per (run, evaluation): the run keys, `AXES` and the `VAL_COLUMNS`, in step
-    order. `steps` is the aggregated per-step table (`aggregate.aggregate(...).steps`)."""
+    order. `steps` is the aggregated per-step table (`aggregate.aggregate(...).steps`); one
+    run's own table (no run keys) is a UserError naming `origin`."""
+    missing = [c for c in (*RUN_KEYS, "rank", "step", "step_time_s", *VAL_COLUMNS)
+               if c not in steps.columns]
+    if missing:
+        raise UserError(f"{origin}: no column {', '.join(missing)}; pass the per-step table of "
+                        "all runs that `adaptiveload analyze aggregate --steps-out` writes, not "
+                        "one run's steps.parquet")
     one = steps[steps["rank"] == steps.groupby(list(RUN_KEYS))["rank"].transform("min")]
     one = one.sort_values([*RUN_KEYS, "step"])
     one = one.assign(
@@ -102,7 +111,6 @@ def first_reach(x: np.ndarray, loss: np.ndarray, target: float) -> float:
 @dataclass(frozen=True)
 class Settings:
     baseline: str
-    n_boot: int
     seed: int
 
 
@@ -131,7 +139,7 @@ def _targets(group: pd.DataFrame, baseline: str) -> dict[str, float]:
 
 def _estimate(pol: pd.DataFrame, base: pd.DataFrame, metric: str, s: Settings) -> dict:
     """The row fields of one metric: seeds that have a value, the means over seeds, and the
-    bootstrap of their ratio (NaN unless every run of both has one: a censored time is not a
+    paired effect of their ratio (NaN unless every run of both has one: a censored time is not a
     time, so neither its mean nor a ratio exists)."""
     have = int(pol[metric].notna().sum())
     values = (np.nan,) * len(ESTIMATE)
@@ -141,7 +149,9 @@ def _estimate(pol: pd.DataFrame, base: pd.DataFrame, metric: str, s: Settings) -
     if have == len(pol):
         means["policy_mean"] = float(pol[metric].mean())
         if base[metric].notna().all():
-            values = seed_bootstrap(pol, base, metric, True, s.n_boot, s.seed)
+            pairs = pol.merge(base, on="seed", suffixes=("", "_base"))
+            eff = paired_effect(pairs[metric], pairs[f"{metric}_base"], True, seed=s.seed)
+            values = (eff.estimate, eff.ci_low, eff.ci_high, eff.p_value)
     fields = {"metric": metric, "n_reached": have, **means}
     return {**fields, **dict(zip(ESTIMATE, values, strict=True))}
 
@@ -279,3 +289,26 @@ def to_markdown(table: pd.DataFrame) -> str:
         lines.append("")
     lines += ["## Every number", "", table.to_markdown(index=False, floatfmt=".4g"), ""]
     return "\n".join(lines)
+
+
+# the two numbers of a convergence comparison the README shows, by their names in the table
+README_METRICS = {TIME_TO_COMMON: "time to the loss every run reaches",
+                  LOSS_AT_SAMPLES: "val loss at equal samples"}
+
+
+def readme_table(comparisons: list[dict]) -> str:
+    """The README's convergence table from a convergence benchmark's `comparisons` (the
+    rows of `compare`): per step mode and policy the optimizer steps and the two ratios vs
+    the baseline, point estimates only. That benchmark's intervals came from a bootstrap over
+    3 seeds, which is too narrow at 3 seeds (docs/measurement.md), so none is shown; a run
+    of experiments/convergence.yaml gives replicate-level ones in its tables."""
+    frame = pd.DataFrame(comparisons)
+    frame = frame[frame["policy"] != frame["baseline"]]
+    rows = []
+    for (mode, policy), group in frame.groupby(["steps_per_epoch", "policy"], sort=True):
+        by = group.set_index("metric")["estimate"]
+        rows.append({"step mode": mode, "policy": policy,
+                     "steps": f"{group['optimizer_steps'].iloc[0]:.0f}",
+                     **{label: f"×{by[m]:.2f}" if np.isfinite(by.get(m, np.nan)) else ""
+                        for m, label in README_METRICS.items()}})
+    return pd.DataFrame(rows).to_markdown(index=False) + "\n"

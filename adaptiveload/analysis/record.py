@@ -6,7 +6,8 @@ Metric keys are short and stable, `<setup>/<kernel>/<policy>/<column>` of the pa
 numeric columns in `HEADLINE` (e.g. `train/eager/adaptiveload/throughput_change`); the
 statistical tests are rows of the `tables/stats.csv` artifact, not metrics. Re-running the
 analysis replaces the previous analysis run (it is deleted, i.e. moved to MLflow's trash) once
-the new one is complete, so the experiment shows one current analysis, never a partial one.
+the new one is complete, so the experiment shows one current analysis, never a partial one;
+a partial run a killed record left (RUNNING, SIGKILL allows no clean-up) goes with its files.
 """
 
 from __future__ import annotations
@@ -89,7 +90,10 @@ def log_analysis(
             _discard(client, uri, run_id)
             raise
         for old in previous:
-            client.delete_run(old.info.run_id)
+            if old.info.status == "FINISHED":
+                client.delete_run(old.info.run_id)  # to MLflow's trash, files kept
+            else:  # a killed record's partial run: nothing to restore, its files go too
+                _discard(client, uri, old.info.run_id)
     return run_id
 
 

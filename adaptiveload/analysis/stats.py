@@ -1,53 +1,86 @@
-"""Baseline vs policy: significance tests, effect sizes and bootstrap confidence intervals.
+"""Baseline vs policy at the level of the replicate: one interval and one p-value per
+comparison and metric, with the coverage the design can honestly give.
 
-Within each comparison group (setup, variant, kernel) every policy is compared with the
-baseline (equal-token by default) three ways, each with its n stated:
+The unit of replication is the run: one seed's training run (or simulation) of one policy.
+Within a run the timed steps are one fixed epoch of heterogeneous steps, not random draws,
+so resampling them (or pooling them over seeds into per-step tests) reports step unevenness
+as if it were uncertainty and makes every interval too narrow. Everything here starts from
+the runs table (one row per run; `analysis.aggregate`) and pairs a policy's runs with the
+baseline's by seed (the seed fixes the data, its order and the initial weights):
 
-- per-step values (timed steps pooled over seeds): Mann-Whitney U with Cliff's delta and
-  Welch's t with Cohen's d, on step time, step imbalance and step throughput;
-- per-run throughput paired by seed: paired t (Cohen's d of the differences) and Wilcoxon
-  signed-rank — honest about how few seeds there are (n = 3 cannot reach p < 0.05 by Wilcoxon);
-- bootstrap 95% CIs and two-sided bootstrap p-values (seeded) of the throughput ratios
-  policy / baseline (samples/s and tokens/s by the runs' timer, samples/s by the wall clock)
-  and of the imbalance-rate difference policy - baseline, all of means over runs (each seed
-  weighs the same, as in the table's per-policy means), resampled two ways:
-  `bootstrap 95% CI` resamples steps within each run (the runs are fixed: it answers "how
-  sure are we of THESE runs' means"); `hierarchical bootstrap 95% CI` resamples the seeds
-  (paired: one draw of seeds for both policies when they ran the same seeds), then the steps
-  within each drawn run, so that run-to-run variation counts too. The second is the one that
-  matches an experiment whose replicates are seeds; it needs >= 2 seeds per policy.
+- **measured** comparisons (`source` measured): per seed the effect d_i, the log of the
+  ratio policy / baseline for throughputs, the difference for the imbalance rate. The
+  estimate is the mean of d (a ratio's is exp(mean log ratio), the geometric mean of the
+  per-seed ratios), the 95% CI a t interval on d (n - 1 degrees of freedom: right at any
+  number of seeds when d is roughly normal, which log ratios of throughputs are), the
+  p-value the exact sign-flip permutation p of mean(d) (distribution-free; with n seeds it is
+  never below 2 / 2**n, 0.25 at 3 seeds, so it cannot claim more than the design gives).
+  `agree` counts the seeds on the estimate's side: "3 of 3 seeds agree" says as much as a p
+  at 3 seeds can. Where the runs recorded the host's load, a **load-adjusted** line (the
+  paired effect regressed on the load difference, t interval on its intercept) says how much
+  of the effect could be load (a sensitivity line beside the headline, never instead of it).
+- **model** comparisons (simulations, `source` model): a prediction has no sampling error.
+  What varies between seeds is the data and its order, so the row gives the estimate and the
+  per-seed range (`seed_min`-`seed_max`) and no CI or p-value.
+
+docs/measurement.md derives the choice; tests/analysis/test_analysis_coverage.py checks the
+coverage on synthetic A/A data and the power on a known effect.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass
+from functools import lru_cache
 
 import numpy as np
 import pandas as pd
 from scipy import stats as sps
 
-from adaptiveload.analysis.aggregate import per_step
 from adaptiveload.experiment import schema_default
-from adaptiveload.metrics import throughput
-from adaptiveload.step_table import WHOLE_EPOCH
 
 GROUP = ("setup", "variant", "kernel")
-STEP_METRICS = ("step_time_s", "imbalance", "samples_per_s", "tokens_per_s")
-RUN_METRICS = ("samples_per_s", "tokens_per_s", "imbalance_rate")
-# the two resampling schemes, as named in the `test` column (and in the paper table)
-WITHIN_RUNS = "bootstrap 95% CI"
-HIERARCHICAL = "hierarchical bootstrap 95% CI"
-LEVELS = {WITHIN_RUNS: "bootstrap: steps within runs",
-          HIERARCHICAL: "bootstrap: seeds, then steps within runs"}
-# throughput ratios (metric name -> per-run statistic) and the imbalance difference
-RATIOS = {"samples_per_s ratio": "samples", "tokens_per_s ratio": "tokens",
-          "samples_per_s_wall ratio": "samples_wall"}
+# compared run metrics: runs-table column -> the metric's name in stats.csv; a `ratio` is
+# compared on the log scale, a `difference` as is
+RATIOS = {"samples_per_s": "samples_per_s ratio", "tokens_per_s": "tokens_per_s ratio",
+          "samples_per_s_wall": "samples_per_s_wall ratio"}
+DIFFERENCES = {"imbalance_rate": "imbalance_rate difference"}
+# the host's mean 1-minute load average over a measured run's timed steps (runs table)
+LOAD = "host_load_mean"
+# the `test` column: the headline of a measured comparison, its load sensitivity, a model's
+PAIRED = "paired t interval, sign-flip p"
+LOAD_ADJUSTED = "load-adjusted paired t (sensitivity)"
+SEED_RANGE = "seed range (model: no sampling error)"
+HEADLINE_TESTS = (PAIRED, SEED_RANGE)
+LEVELS = {PAIRED: "replicates: runs paired by seed",
+          LOAD_ADJUSTED: "replicates: runs paired by seed, adjusted for host load",
+          SEED_RANGE: "model: range over seeds"}
+CONFIDENCE = 0.95
+# exact sign-flip enumeration up to this many seeds (2**16 sign vectors), Monte Carlo above
+EXACT_FLIPS_MAX = 16
+MONTE_CARLO_FLIPS = 2**16
+
+
+@dataclass(frozen=True)
+class Effect:
+    """A policy's effect against the baseline over n paired replicates, on the metric's own
+    scale (a ratio for throughputs, a difference for the imbalance rate). Fields without a
+    meaning for the design are NaN: a model's CI and p, any interval of one replicate."""
+
+    n: int
+    estimate: float
+    ci_low: float
+    ci_high: float
+    p_value: float
+    p_floor: float  # the least p-value this number of replicates can give
+    statistic: float  # t of the mean effect (log scale for a ratio)
+    seed_min: float
+    seed_max: float
+    agree: int  # replicates whose effect lies on the estimate's side of "no change"
 
 
 @dataclass(frozen=True)
 class Row:
-    """One test or interval; `estimate` is the effect in the metric's own terms."""
+    """One line of stats.csv: a comparison, a metric and the test that gives its numbers."""
 
     setup: str
     variant: str
@@ -56,7 +89,7 @@ class Row:
     baseline: str
     source: str
     metric: str
-    level: str  # "step", "run (paired by seed)" or "bootstrap"
+    level: str
     test: str
     n_baseline: int
     n_policy: int
@@ -65,278 +98,234 @@ class Row:
     ci_high: float
     statistic: float
     p_value: float
+    p_floor: float
+    seed_min: float
+    seed_max: float
+    agree: int
     effect_size: float
     effect_name: str
 
 
-def cliffs_delta(x: np.ndarray, y: np.ndarray) -> float:
-    """P(x > y) - P(x < y) over all pairs; via ranks, O((n+m) log(n+m))."""
-    x, y = np.asarray(x, float), np.asarray(y, float)
-    n, m = len(x), len(y)
-    if n == 0 or m == 0:
-        return float("nan")
-    ranks = sps.rankdata(np.concatenate([x, y]))
-    u = ranks[:n].sum() - n * (n + 1) / 2  # pairs with x > y, ties counted half
-    return float(2 * u / (n * m) - 1)
-
-
-def cohens_d(x: np.ndarray, y: np.ndarray) -> float:
-    """(mean x - mean y) / pooled standard deviation."""
-    x, y = np.asarray(x, float), np.asarray(y, float)
-    n, m = len(x), len(y)
-    if n < 2 or m < 2:
-        return float("nan")
-    pooled = np.sqrt(((n - 1) * x.var(ddof=1) + (m - 1) * y.var(ddof=1)) / (n + m - 2))
-    return float((x.mean() - y.mean()) / pooled) if pooled > 0 else float("nan")
-
-
-def _groups(steps: pd.DataFrame, runs: pd.DataFrame) -> Iterator[tuple[tuple, pd.DataFrame,
-                                                                       pd.DataFrame]]:
-    for key, run_group in runs.groupby(list(GROUP), sort=True):
-        mask = np.ones(len(steps), dtype=bool)
-        for col, value in zip(GROUP, key, strict=True):
-            mask &= (steps[col] == value).to_numpy()
-        yield key, run_group, steps[mask]
-
-
-def _row(head: tuple, metric: str, level: str, test: str, n_b: int, n_p: int,
-         estimate: float, ci: tuple[float, float] = (np.nan, np.nan),
-         statistic: float = np.nan, p: float = np.nan, effect: float = np.nan,
-         effect_name: str = "") -> Row:
-    return Row(*head, metric, level, test, n_b, n_p, float(estimate), float(ci[0]),
-               float(ci[1]), float(statistic), float(p), float(effect), effect_name)
-
-
-def _run_stats(run: pd.DataFrame, draws: np.ndarray) -> dict[str, np.ndarray]:
-    """One run's throughputs (sum of samples or tokens / sum of step times; by the timer, and
-    samples by the wall clock) and mean step imbalance, for each row of step indices `draws`
-    (the last axis indexes steps).
-
-    A run whose timed window is one whole epoch processed every sample of the data once: its
-    samples and tokens are a census, not a draw, so only the step times are resampled (how
-    long the epoch took is what is uncertain). Resampling the steps' sample counts too would
-    charge the policy for which clips happened to share a step: a balanced step of many
-    short clips and one of a single long clip take the same time."""
-    v = {c: run[c].to_numpy(float)[draws]
-         for c in ("samples", "tokens", "step_time_s", "step_wall_s", "imbalance")}
-    timed = v["step_time_s"].sum(axis=-1)
-    if (run["timed_window"] == WHOLE_EPOCH).all():
-        shape = timed.shape
-        samples = np.full(shape, run["samples"].sum(), dtype=float)
-        tokens = np.full(shape, run["tokens"].sum(), dtype=float)
+def sign_flip_p(d: np.ndarray, seed: int = 0) -> tuple[float, float]:
+    """(p, floor): the two-sided sign-flip permutation p-value of mean(d) = 0 and the least p
+    the design can give. Under "no effect" each paired difference is as likely negative as
+    positive, so every sign vector is equally likely: p is the share of the 2**n sign vectors
+    whose |mean| reaches the observed one (exact up to `EXACT_FLIPS_MAX` replicates, seeded
+    Monte Carlo with the identity counted above). Flipping every sign gives the same |mean|,
+    so p >= 2 / 2**n."""
+    d = np.asarray(d, float)
+    n = len(d)
+    observed = abs(d.mean())
+    if n <= EXACT_FLIPS_MAX:
+        signs = 1 - 2 * ((np.arange(2**n)[:, None] >> np.arange(n)) & 1)
+        floor = 2.0 / 2**n
     else:
-        samples, tokens = v["samples"].sum(axis=-1), v["tokens"].sum(axis=-1)
-    samples_per_s, tokens_per_s = throughput(samples, tokens, timed)
-    samples_per_s_wall, _ = throughput(samples, tokens, v["step_wall_s"].sum(axis=-1))
-    return {"samples": samples_per_s, "tokens": tokens_per_s, "samples_wall": samples_per_s_wall,
-            "imbalance": v["imbalance"].mean(axis=-1)}
+        rng = np.random.default_rng(seed)
+        signs = np.vstack([np.ones(n), rng.choice([-1.0, 1.0], size=(MONTE_CARLO_FLIPS, n))])
+        floor = 1.0 / len(signs)
+    # ties within rounding count as reaching the observed mean
+    reach = np.abs(signs @ d) / n >= observed - 1e-12 * max(observed, 1e-300)
+    return float(reach.mean()), floor
 
 
-def _by_seed(frame: pd.DataFrame) -> tuple[list[int], list[pd.DataFrame]]:
-    seeds, runs = zip(*frame.groupby("seed", sort=True), strict=True)
-    return [int(s) for s in seeds], list(runs)
+@lru_cache(maxsize=256)
+def _t_critical(df: int, confidence: float) -> float:
+    """The two-sided t quantile (cached: the same few degrees of freedom come back often)."""
+    return float(sps.t.ppf(0.5 + confidence / 2, df))
 
 
-def _run_means(
-    frame: pd.DataFrame, n_boot: int, rng: np.random.Generator
-) -> tuple[dict[str, np.ndarray], dict[str, float]]:
-    """Per-run statistics averaged over runs (seeds): the point estimate, and [n_boot]
-    bootstrap replicates with steps resampled with replacement within each run, so every run
-    keeps its weight (a run slowed by a noisy neighbour does not dominate a pooled sum)."""
-    _, runs = _by_seed(frame)
-    boot: dict[str, np.ndarray] = {}
-    point: dict[str, float] = {}
-    for run in runs:
-        draws = rng.integers(0, len(run), size=(n_boot, len(run)))
-        for key, values in _run_stats(run, draws).items():
-            boot[key] = boot.get(key, 0.0) + values / len(runs)
-        for key, value in _run_stats(run, np.arange(len(run))).items():
-            point[key] = point.get(key, 0.0) + float(value) / len(runs)
-    return boot, point
+def t_interval(d: np.ndarray, confidence: float = CONFIDENCE) -> tuple[float, float, float]:
+    """(low, high, t): the t interval of mean(d) and its t statistic; NaN below 2 values. With
+    no spread at all the interval is the point (and t is infinite)."""
+    d = np.asarray(d, float)
+    n = len(d)
+    if n < 2:
+        return np.nan, np.nan, np.nan
+    mean, se = d.mean(), d.std(ddof=1) / np.sqrt(n)
+    if se == 0:
+        return mean, mean, (np.inf if mean else np.nan)
+    half = _t_critical(n - 1, confidence) * se
+    return mean - half, mean + half, mean / se
 
 
-def _seed_draws(
-    pol: pd.DataFrame, base: pd.DataFrame, n_boot: int, rng: np.random.Generator
-) -> tuple[np.ndarray, np.ndarray]:
-    """[n_boot, seeds] indices of resampled runs: one draw for both policies when they ran
-    the same seeds (paired, as the seed fixes the data and the initial weights), else two."""
-    seeds_p, seeds_b = _by_seed(pol)[0], _by_seed(base)[0]
-    idx_p = rng.integers(0, len(seeds_p), size=(n_boot, len(seeds_p)))
-    if seeds_p == seeds_b:
-        return idx_p, idx_p
-    return idx_p, rng.integers(0, len(seeds_b), size=(n_boot, len(seeds_b)))
+def _agree(d: np.ndarray, mean: float) -> int:
+    return int(np.sum(np.sign(d) == np.sign(mean))) if mean != 0 else 0
 
 
-def _hierarchical_means(
-    frame: pd.DataFrame, idx: np.ndarray, rng: np.random.Generator
-) -> dict[str, np.ndarray]:
-    """[n_boot] replicates of the mean over runs: run j of replicate b is run idx[b, j], with
-    its steps resampled afresh for every (b, j) (a run drawn twice gets two step resamples)."""
-    _, runs = _by_seed(frame)
-    n_boot, k = idx.shape
-    out: dict[str, np.ndarray] = {}
-    for r, run in enumerate(runs):
-        draws = rng.integers(0, len(run), size=(n_boot, k, len(run)))
-        chosen = idx == r
-        for key, values in _run_stats(run, draws).items():
-            out[key] = out.get(key, 0.0) + np.where(chosen, values, 0.0).sum(axis=1) / k
+def paired_effect(
+    policy: np.ndarray, baseline: np.ndarray, ratio: bool, measured: bool = True,
+    seed: int = 0,
+) -> Effect:
+    """The effect of replicates `policy[i]` against `baseline[i]` (paired by index). A ratio
+    is analysed on the log scale and reported back on the ratio scale; `measured` False (a
+    model's output) gives the estimate and the range over replicates, no CI and no p."""
+    policy, baseline = np.asarray(policy, float), np.asarray(baseline, float)
+    keep = np.isfinite(policy) & np.isfinite(baseline)
+    if ratio:
+        keep &= (policy > 0) & (baseline > 0)
+    policy, baseline = policy[keep], baseline[keep]
+    n = len(policy)
+    if n == 0:
+        return Effect(0, *(np.nan,) * 8, 0)
+    d = np.log(policy / baseline) if ratio else policy - baseline
+    back = np.exp if ratio else (lambda x: x)
+    mean = float(d.mean())
+    low = high = t = p = floor = np.nan
+    if measured:
+        low, high, t = t_interval(d)
+        if n >= 2:
+            p, floor = sign_flip_p(d, seed)
+    return Effect(n, float(back(mean)), float(back(low)), float(back(high)), p, floor, t,
+                  float(back(d.min())), float(back(d.max())), _agree(d, mean))
+
+
+def load_adjusted(
+    d: np.ndarray, load_difference: np.ndarray, confidence: float = CONFIDENCE
+) -> tuple[float, float, float, float] | None:
+    """(effect, low, high, slope) of the paired effects `d` at equal host load: the intercept
+    of d = b + g * (load_policy - load_baseline) by least squares, its t interval (n - 2
+    degrees of freedom) and g per unit of load. None where the loads did not differ or fewer
+    than 4 pairs: nothing to adjust, or too few degrees of freedom to do it with."""
+    d, x = np.asarray(d, float), np.asarray(load_difference, float)
+    keep = np.isfinite(d) & np.isfinite(x)
+    d, x = d[keep], x[keep]
+    n = len(d)
+    if n < 4 or np.ptp(x) == 0:
+        return None
+    design = np.column_stack([np.ones(n), x])
+    coef, *_ = np.linalg.lstsq(design, d, rcond=None)
+    resid = d - design @ coef
+    sigma2 = resid @ resid / (n - 2)
+    se = np.sqrt(sigma2 * np.linalg.inv(design.T @ design)[0, 0])
+    half = _t_critical(n - 2, confidence) * se
+    return float(coef[0]), float(coef[0] - half), float(coef[0] + half), float(coef[1])
+
+
+def _effects(
+    head: tuple, wide: dict[tuple[str, str], np.ndarray], policy: str, baseline: str,
+    measured: bool, seed: int,
+) -> list[Row]:
+    """The rows of one policy against the baseline; `wide`: (runs-table column, policy) ->
+    its values over the group's seeds. Seeds where either policy has no value drop out."""
+
+    def values(column: str, who: str) -> np.ndarray:
+        return wide[(column, who)]
+
+    out = []
+    metrics = [(c, m, True) for c, m in RATIOS.items()] + [
+        (c, m, False) for c, m in DIFFERENCES.items()]
+    for column, metric, ratio in metrics:
+        if (column, policy) not in wide or (column, baseline) not in wide:
+            continue
+        pol, base = values(column, policy), values(column, baseline)
+        eff = paired_effect(pol, base, ratio, measured, seed)
+        if eff.n == 0:
+            continue  # e.g. no wall clock in a simulation
+        test = PAIRED if measured else SEED_RANGE
+        out.append(Row(*head, metric, LEVELS[test], test, eff.n, eff.n, eff.estimate,
+                       eff.ci_low, eff.ci_high, eff.statistic, eff.p_value, eff.p_floor,
+                       eff.seed_min, eff.seed_max, eff.agree, np.nan, ""))
+        if not measured or (LOAD, policy) not in wide:
+            continue
+        with np.errstate(divide="ignore", invalid="ignore"):
+            d = np.log(pol / base) if ratio else pol - base
+        adj = load_adjusted(d, values(LOAD, policy) - values(LOAD, baseline))
+        if adj is None:
+            continue
+        back = np.exp if ratio else (lambda x: x)
+        est, lo, hi, slope = adj
+        out.append(Row(*head, metric, LEVELS[LOAD_ADJUSTED], LOAD_ADJUSTED, eff.n, eff.n,
+                       float(back(est)), float(back(lo)), float(back(hi)), np.nan, np.nan,
+                       np.nan, np.nan, np.nan, 0, slope,
+                       "slope per unit of load (log ratio)" if ratio else
+                       "slope per unit of load"))
     return out
 
 
 def compare(
     runs: pd.DataFrame,
-    steps: pd.DataFrame,
     baseline: str = schema_default("analysis.baseline"),
-    n_boot: int = schema_default("analysis.bootstrap"),
     seed: int = schema_default("analysis.seed"),
 ) -> pd.DataFrame:
-    """All tests of every policy against `baseline` within each group; one row per test."""
-    step_table = per_step(steps)
+    """Every policy against `baseline` within each (setup, variant, kernel): one headline row
+    per metric (and a load-sensitivity row where measured runs recorded different loads).
+    Runs pair by seed; `runs` has one row per (setup, variant, kernel, policy, seed)."""
+    keys = list(GROUP)
+    columns = [c for c in (*RATIOS, *DIFFERENCES, LOAD) if c in runs.columns]
+    wide = runs.set_index([*keys, "seed", "policy"])[columns].unstack("policy")
+    about = runs.groupby(keys, sort=True).agg(
+        measured=("source", lambda s: bool((s == "measured").all())),
+        label=("label", lambda s: ", ".join(sorted(set(s)))),
+        policies=("policy", lambda s: sorted(set(s))),
+    )
     rows: list[Row] = []
-    for (setup, variant, kernel), run_group, group_steps in _groups(step_table, runs):
-        if baseline not in set(run_group["policy"]):
+    for key, block in wide.groupby(level=keys, sort=True):
+        info = about.loc[key]
+        if baseline not in info["policies"]:
             continue
-        source = ", ".join(sorted(set(run_group["label"])))
-        base_steps = group_steps[group_steps["policy"] == baseline]
-        base_runs = run_group[run_group["policy"] == baseline]
-        for policy in sorted(set(run_group["policy"]) - {baseline}):
-            pol_steps = group_steps[group_steps["policy"] == policy]
-            pol_runs = run_group[run_group["policy"] == policy]
-
-            head = (setup, variant, kernel, policy, baseline, source)
-
-            for metric in STEP_METRICS:
-                x = pol_steps[metric].dropna().to_numpy()
-                y = base_steps[metric].dropna().to_numpy()
-                if len(x) < 2 or len(y) < 2:
-                    continue
-                diff = x.mean() - y.mean()
-                mwu = sps.mannwhitneyu(x, y, alternative="two-sided")
-                rows.append(_row(head, metric, "step", "Mann-Whitney U", len(y), len(x), diff,
-                                statistic=mwu.statistic, p=mwu.pvalue,
-                                effect=cliffs_delta(x, y), effect_name="Cliff's delta"))
-                welch = sps.ttest_ind(x, y, equal_var=False)
-                ci = welch.confidence_interval(0.95)
-                rows.append(_row(head, metric, "step", "Welch's t", len(y), len(x), diff,
-                                ci=(ci.low, ci.high), statistic=welch.statistic,
-                                p=welch.pvalue, effect=cohens_d(x, y),
-                                effect_name="Cohen's d"))
-
-            paired = pol_runs.merge(base_runs, on="seed", suffixes=("", "_base"))
-            for metric in RUN_METRICS:
-                pair = paired[[metric, f"{metric}_base"]].dropna()
-                n = len(pair)
-                if n < 2:
-                    continue
-                d = (pair[metric] - pair[f"{metric}_base"]).to_numpy()
-                sd = d.std(ddof=1)
-                effect = d.mean() / sd if sd > 0 else np.nan
-                if sd > 0:
-                    tt = sps.ttest_rel(pair[metric], pair[f"{metric}_base"])
-                    ci = tt.confidence_interval(0.95)
-                    rows.append(_row(head, metric, "run (paired by seed)", "paired t", n, n,
-                                    d.mean(), ci=(ci.low, ci.high), statistic=tt.statistic,
-                                    p=tt.pvalue, effect=effect, effect_name="Cohen's d (dz)"))
-                if np.any(d != 0):
-                    wil = sps.wilcoxon(d)
-                    rows.append(_row(head, metric, "run (paired by seed)", "Wilcoxon signed-rank",
-                                    n, n, float(np.median(d)), statistic=wil.statistic,
-                                    p=wil.pvalue, effect=effect, effect_name="Cohen's d (dz)"))
-
-            rows.extend(_bootstrap(pol_steps, base_steps, n_boot, seed, head))
-    frame = pd.DataFrame([asdict(r) for r in rows], columns=list(Row.__dataclass_fields__))
-    return frame
-
-
-def _p_two_sided(replicates: np.ndarray, null: float) -> float:
-    """Two-sided bootstrap p-value for "statistic = null": twice the smaller tail share,
-    counted as (1 + k) / (1 + n) so that it is never 0 (its floor is 2 / (1 + n_boot))."""
-    tail = min(np.sum(replicates <= null), np.sum(replicates >= null))
-    return min(1.0, 2 * (1 + tail) / (1 + len(replicates)))
-
-
-def _bootstrap(
-    pol: pd.DataFrame, base: pd.DataFrame, n_boot: int, seed: int, head: tuple
-) -> list[Row]:
-    """Throughput ratios policy / baseline and the imbalance-rate difference, of run means,
-    each with its CI and p-value from the same replicates; both resampling schemes."""
-    if len(pol) < 2 or len(base) < 2:
-        return []
-    rng = np.random.default_rng(seed)
-    pb, pp = _run_means(pol, n_boot, rng)
-    bb, bp = _run_means(base, n_boot, rng)
-    schemes = {WITHIN_RUNS: (pb, bb)}
-    n_p, n_b = pol["seed"].nunique(), base["seed"].nunique()
-    if n_p >= 2 and n_b >= 2:
-        idx_p, idx_b = _seed_draws(pol, base, n_boot, rng)
-        schemes[HIERARCHICAL] = (_hierarchical_means(pol, idx_p, rng),
-                                 _hierarchical_means(base, idx_b, rng))
-    out = []
-    for test, (p_boot, b_boot) in schemes.items():
-        # n = timed steps for the within-run scheme, seeds for the hierarchical one
-        ns = (len(base), len(pol)) if test == WITHIN_RUNS else (n_b, n_p)
-        for metric, key in RATIOS.items():
-            estimate = pp[key] / bp[key]
-            if not np.isfinite(estimate):  # e.g. no wall clock in a simulation
-                continue
-            ratio = p_boot[key] / b_boot[key]
-            lo, hi = np.percentile(ratio, [2.5, 97.5])
-            out.append(_row(head, metric, LEVELS[test], test, *ns, estimate, ci=(lo, hi),
-                            p=_p_two_sided(ratio, 1.0)))
-        diff = p_boot["imbalance"] - b_boot["imbalance"]
-        lo, hi = np.percentile(diff, [2.5, 97.5])
-        out.append(_row(head, "imbalance_rate difference", LEVELS[test], test, *ns,
-                        pp["imbalance"] - bp["imbalance"], ci=(lo, hi),
-                        p=_p_two_sided(diff, 0.0)))
-    return out
+        arrays = dict(zip(block.columns, block.to_numpy(float).T, strict=True))
+        for policy in info["policies"]:
+            if policy != baseline:
+                rows.extend(_effects((*key, policy, baseline, info["label"]), arrays, policy,
+                                     baseline, info["measured"], seed))
+    return pd.DataFrame([asdict(r) for r in rows], columns=list(Row.__dataclass_fields__))
 
 
 def headline(stats: pd.DataFrame) -> pd.DataFrame:
-    """The bootstrap rows the paper table and figures show: per comparison and metric, the
-    hierarchical one (seeds, then steps) where there is one, else steps within runs."""
-    boot = stats[stats["test"].isin([HIERARCHICAL, WITHIN_RUNS])]
-    keys = [*GROUP, "policy", "metric"]
-    has = boot[boot["test"] == HIERARCHICAL][keys].drop_duplicates().assign(_h=True)
-    boot = boot.merge(has, on=keys, how="left")
-    keep = (boot["test"] == HIERARCHICAL) | boot["_h"].isna()
-    return boot[keep].drop(columns="_h").reset_index(drop=True)
+    """The rows the tables and figures show: per comparison and metric, the headline test
+    (replicate-level for measured runs, the seed range for a model)."""
+    return stats[stats["test"].isin(HEADLINE_TESTS)].reset_index(drop=True)
+
+
+def describe(row: pd.Series, scale: float = 100.0, unit: str = "%") -> str:
+    """'+52.1% [+4.2, +122.0], p=0.25, 3/3 seeds' for a measured row, '+52.1% (seeds
+    +50.2 to +53.9)' for a model row: a ratio as a relative change, a difference as is
+    (`scale` and `unit`: percent or percentage points)."""
+    offset = 1.0 if row["metric"].endswith("ratio") else 0.0
+
+    def num(x: float) -> str:
+        return f"{scale * (x - offset):+.1f}"
+
+    text = f"{num(row['estimate'])}{unit}"
+    if row["test"] == SEED_RANGE:
+        return text if row["n_policy"] < 2 else (
+            f"{text} (seeds {num(row['seed_min'])} to {num(row['seed_max'])})")
+    if np.isfinite(row["ci_low"]):
+        text += f" [{num(row['ci_low'])}, {num(row['ci_high'])}]"
+    if np.isfinite(row["p_value"]):
+        text += f", p={row['p_value']:.2g}"
+    if row["test"] == PAIRED:
+        text += f", {row['agree']}/{row['n_policy']} seeds"
+    return text
 
 
 def to_markdown(table: pd.DataFrame) -> str:
-    """A readable stats.md: one section per comparison group, n and test named on every row."""
-    lines = ["# Baseline vs policy: statistical tests", "",
-             "Per-step tests pool the timed steps of all seeds; paired tests pair runs by "
-             "seed. Bootstrap rows (seeded) give a 95% CI and a two-sided p-value from the "
-             "same replicates: `bootstrap 95% CI` resamples steps within each run (n = timed "
-             "steps), `hierarchical bootstrap 95% CI` resamples seeds, then steps within each "
-             "drawn run (n = seeds). `estimate` is policy - baseline (a ratio for "
-             "`... ratio`). Times are by each run's timer (see the source label); "
-             "`samples_per_s_wall` by the wall clock.", ""]
+    """A readable stats.md: per comparison group its headline rows, then the load-sensitivity
+    lines; every row names its test and n."""
+    lines = ["# Baseline vs policy", "",
+             "One row per comparison and metric at the level of the replicate (a seed's run), "
+             "runs paired by seed. Measured: estimate = geometric mean of the per-seed ratios "
+             "(throughputs) or mean difference (imbalance), 95% t interval over seeds, exact "
+             "two-sided sign-flip p (never below `p_floor` = 2 / 2^seeds), `agree` = seeds on "
+             "the estimate's side. Model (simulations): the estimate and the range over "
+             "seeds, no CI or p (a prediction has no sampling error). `load-adjusted` rows "
+             "are a sensitivity line: the paired effect at equal host load (t interval over "
+             "seeds, n - 2 degrees of freedom) and its slope per unit of 1-minute load "
+             "average. docs/measurement.md derives the choice.", ""]
     if table.empty:
         return "\n".join([*lines, "No comparison possible: the baseline policy has no runs.", ""])
+    columns = ["policy", "metric", "test", "n_policy", "estimate", "ci_low", "ci_high",
+               "p_value", "p_floor", "agree", "seed_min", "seed_max"]
     for (setup, variant, kernel), group in table.groupby(list(GROUP), sort=True):
         lines += [f"## {setup} / {variant} / kernel {kernel} ({group['source'].iloc[0]})", ""]
-        shown = group[["policy", "metric", "level", "test", "n_baseline", "n_policy",
-                       "estimate", "ci_low", "ci_high", "p_value", "effect_size",
-                       "effect_name"]]
-        lines += [shown.to_markdown(index=False, floatfmt=".4g"), ""]
+        head = group[group["test"].isin(HEADLINE_TESTS)]
+        lines += [head[columns].rename(columns={"n_policy": "seeds"})
+                  .to_markdown(index=False, floatfmt=".4g"), ""]
+        sens = group[group["test"] == LOAD_ADJUSTED]
+        if len(sens):
+            shown = sens[["policy", "metric", "n_policy", "estimate", "ci_low", "ci_high",
+                          "effect_size"]].rename(columns={"n_policy": "seeds",
+                                                          "effect_size": "slope per load"})
+            lines += ["Sensitivity: the same effects at equal host load.", "",
+                      shown.to_markdown(index=False, floatfmt=".4g"), ""]
     return "\n".join(lines)
-
-
-def seed_bootstrap(
-    pol: pd.DataFrame, base: pd.DataFrame, column: str, ratio: bool, n_boot: int, seed: int
-) -> tuple[float, float, float, float]:
-    """(estimate, ci_low, ci_high, p_value) of the policy's mean of `column` over its runs
-    (one row per seed) against the baseline's: their ratio (`ratio`, null 1) or difference
-    (null 0), the 95% CI and two-sided p from resampling seeds, paired where both ran the
-    same seeds (`_seed_draws`, the hierarchical scheme's seed level)."""
-    pol, base = pol.sort_values("seed"), base.sort_values("seed")
-    p_vals, b_vals = pol[column].to_numpy(float), base[column].to_numpy(float)
-    idx_p, idx_b = _seed_draws(pol, base, n_boot, np.random.default_rng(seed))
-    p_boot, b_boot = p_vals[idx_p].mean(axis=1), b_vals[idx_b].mean(axis=1)
-    if ratio:
-        estimate, reps, null = p_vals.mean() / b_vals.mean(), p_boot / b_boot, 1.0
-    else:
-        estimate, reps, null = p_vals.mean() - b_vals.mean(), p_boot - b_boot, 0.0
-    lo, hi = np.percentile(reps, [2.5, 97.5])
-    return float(estimate), float(lo), float(hi), _p_two_sided(reps, null)

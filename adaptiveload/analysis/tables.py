@@ -1,6 +1,8 @@
-"""The paper's table, reproduced: per (setup, kernel, policy) the balance, memory and throughput
-metrics, the change vs the baseline with its 95% CI and p-value, the measured/model label, and
-the paper's own numbers side by side. Plus the kernel table from the kernel benchmark.
+"""The full table (the appendix beside the headline tables of `analysis.headline`): per
+(setup, kernel, policy) the balance, memory and throughput metrics, the change vs the baseline
+(measured: 95% t interval over seeds and sign-flip p; model: the range over seeds), the
+measured/model label, and the paper's own numbers side by side. Columns that hold one value in
+every row move to the caption. Plus the kernel table from the kernel benchmark.
 """
 
 from __future__ import annotations
@@ -12,16 +14,19 @@ import numpy as np
 import pandas as pd
 
 from adaptiveload.analysis.aggregate import per_step
-from adaptiveload.analysis.stats import LEVELS, headline
+from adaptiveload.analysis.paper_map import PAPER as PAPER_NUMBERS
+from adaptiveload.analysis.stats import LEVELS, describe, headline
 from adaptiveload.experiment import schema_default
 from adaptiveload.step_table import WHOLE_EPOCH
 
-# arXiv 2605.17923 (abstract; 16 GPUs per a secondary source): what the paper reports
+# arXiv 2605.17923 (abstract; 16 GPUs per a secondary source): what the paper reports, per
+# policy, from its one home (`analysis.paper_map.PAPER`)
 PAPER = {
-    "equal-token": {"paper_imbalance_rate": "39%", "paper_vram_change": "",
-                    "paper_throughput_change": ""},
-    "adaptiveload": {"paper_imbalance_rate": "18.9%", "paper_vram_change": "+22.7%",
-                     "paper_throughput_change": "+27.2%"},
+    "equal-token": {"paper_imbalance_rate": f"{PAPER_NUMBERS['baseline_imbalance']:.0%}",
+                    "paper_vram_change": "", "paper_throughput_change": ""},
+    "adaptiveload": {"paper_imbalance_rate": f"{PAPER_NUMBERS['adaptiveload_imbalance']:.1%}",
+                     "paper_vram_change": f"{PAPER_NUMBERS['vram_change']:+.1%}",
+                     "paper_throughput_change": f"{PAPER_NUMBERS['throughput_change']:+.1%}"},
 }
 KEYS = ["setup", "variant", "kernel", "policy"]
 
@@ -34,15 +39,32 @@ class Table:
     shown: pd.DataFrame
 
     def write(self, stem: Path, title: str, note: str) -> list[Path]:
+        """csv (every column), md and a UTF-8 html (columns of one value in every row moved
+        to the note)."""
         from adaptiveload.io import write_text
 
         paths = [stem.with_suffix(s) for s in (".csv", ".md", ".html")]
         write_text(paths[0], self.numbers.to_csv(index=False))
-        md = self.shown.to_markdown(index=False) if not self.shown.empty else "(no rows)"
+        shown, constant = _without_constant_columns(self.shown)
+        if constant:
+            note = f"{note} Every row: {constant}."
+        md = shown.to_markdown(index=False) if not shown.empty else "(no rows)"
         write_text(paths[1], f"# {title}\n\n{note}\n\n{md}\n")
-        html = self.shown.to_html(index=False, border=0, na_rep="")
-        write_text(paths[2], f"<h3>{title}</h3>\n<p>{note}</p>\n{html}\n")
+        html = shown.to_html(index=False, border=0, na_rep="")
+        write_text(paths[2], f'<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>'
+                             f"{title}</title></head><body>\n<h3>{title}</h3>\n<p>{note}</p>"
+                             f"\n{html}\n</body></html>\n")
         return paths
+
+
+def _without_constant_columns(shown: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    """`shown` less the columns that hold one value in every row (of 2 or more rows), and
+    'column: value; ...' of those."""
+    if len(shown) < 2:
+        return shown, ""
+    constant = [c for c in shown.columns if shown[c].astype(str).nunique() == 1]
+    text = "; ".join(f"{c}: {shown[c].iloc[0]}" for c in constant if str(shown[c].iloc[0]))
+    return shown.drop(columns=constant), text
 
 
 def _vram_per_run(runs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
@@ -135,16 +157,14 @@ def paper_table(
         }
         shown = _stat(stats, key, "imbalance_rate difference")
         row["ci_kind"] = LEVELS[shown.test] if shown is not None else ""
-        for prefix, metric, offset in (
-            ("throughput_change", "samples_per_s ratio", 1.0),
-            ("wall_throughput_change", "samples_per_s_wall ratio", 1.0),
-            ("imbalance_change", "imbalance_rate difference", 0.0),
-        ):
+        row["host_load"] = group["host_load_mean"].mean() if "host_load_mean" in group else np.nan
+        for prefix, metric in CHANGES.items():
             found = _stat(stats, key, metric)
-            values = ((found.estimate - offset, found.ci_low - offset, found.ci_high - offset,
-                       found.p_value) if found is not None else (np.nan,) * 4)
-            row.update(zip((prefix, f"{prefix}_ci_low", f"{prefix}_ci_high", f"{prefix}_p"),
-                           values, strict=True))
+            offset = 1.0 if metric.endswith("ratio") else 0.0
+            for field, column in _CHANGE_FIELDS.items():
+                value = found[field] if found is not None else np.nan
+                shift = offset if field in _ON_SCALE and found is not None else 0.0
+                row[column.format(prefix)] = value - shift if shift else value
         rows.append(row)
     numbers = pd.DataFrame(rows)
     if not numbers.empty:
@@ -161,25 +181,42 @@ def paper_table(
     return Table(numbers, _shown(numbers, baseline))
 
 
+# the changes vs the baseline the full table shows: column prefix -> stats.csv metric; a
+# ratio is stored as a relative change (ratio - 1), a difference as is
+CHANGES = {"throughput_change": "samples_per_s ratio",
+           "wall_throughput_change": "samples_per_s_wall ratio",
+           "imbalance_change": "imbalance_rate difference"}
+# stats.csv field -> the full table's column (`{}`: the prefix); the first five on the scale
+_CHANGE_FIELDS = {"estimate": "{}", "ci_low": "{}_ci_low", "ci_high": "{}_ci_high",
+                  "seed_min": "{}_seed_min", "seed_max": "{}_seed_max", "p_value": "{}_p",
+                  "agree": "{}_agree", "n_policy": "{}_seeds", "test": "{}_test"}
+_ON_SCALE = ("estimate", "ci_low", "ci_high", "seed_min", "seed_max")
+
+
 def _pct(x: float, signed: bool = False) -> str:
     if not np.isfinite(x):
         return ""
     return f"{100 * x:+.1f}%" if signed else f"{100 * x:.1f}%"
 
 
-def _ci(est: float, lo: float, hi: float, p: float, pp: bool = False) -> str:
-    if not np.isfinite(est):
-        return ""
-    unit, scale = (" pp", 100) if pp else ("%", 100)
-    if not (np.isfinite(lo) and np.isfinite(hi)):  # a model setting: no spread to show
-        return f"{scale * est:+.1f}{unit}"
-    text = f"{scale * est:+.1f}{unit} [{scale * lo:+.1f}, {scale * hi:+.1f}]"
-    return text + (f", p={p:.2g}" if np.isfinite(p) else "")
-
-
 def _changes(n: pd.DataFrame, prefix: str, is_base: pd.Series, pp: bool = False) -> list[str]:
-    cols = [n[c] for c in (prefix, f"{prefix}_ci_low", f"{prefix}_ci_high", f"{prefix}_p")]
-    return ["baseline" if b else _ci(*v, pp=pp) for b, *v in zip(is_base, *cols, strict=True)]
+    """Each row's change as `stats.describe` words it (relative change of a ratio in %, a
+    difference in pp); empty where there is none (the paper map's rows carry their own)."""
+    out = []
+    for base, (_, row) in zip(is_base, n.iterrows(), strict=True):
+        if base:
+            out.append("baseline")
+            continue
+        est = row.get(prefix, np.nan)
+        if not isinstance(row.get(f"{prefix}_test"), str) or not np.isfinite(est):
+            out.append(f"{100 * est:+.1f}{' pp' if pp else '%'}" if np.isfinite(est) else "")
+            continue
+        offset = 0.0 if pp else 1.0  # describe() takes the ratio itself
+        stat = {field: row[column.format(prefix)] for field, column in _CHANGE_FIELDS.items()}
+        stat.update({f: stat[f] + offset for f in _ON_SCALE})
+        stat["metric"] = "difference" if pp else "ratio"
+        out.append(describe(pd.Series(stat), unit=" pp" if pp else "%"))
+    return out
 
 
 def _steps_range(lo: float, hi: float) -> str:
@@ -229,6 +266,7 @@ def _shown(n: pd.DataFrame, baseline: str) -> pd.DataFrame:
         "tokens/s": n["tokens_per_s"].map(lambda x: f"{x:.4g}"),
         "samples/s (wall clock)": n["samples_per_s_wall"].map(
             lambda x: f"{x:.4g}" if np.isfinite(x) else ""),
+        "host load": n["host_load"].map(lambda x: f"{x:.1f}" if np.isfinite(x) else ""),
         "Δ samples/s [95% CI], p": _changes(n, "throughput_change", is_base),
         "Δ imbalance [95% CI], p": _changes(n, "imbalance_change", is_base, pp=True),
         "Δ samples/s, wall clock [95% CI], p": _changes(n, "wall_throughput_change", is_base),
@@ -242,32 +280,34 @@ def _shown(n: pd.DataFrame, baseline: str) -> pd.DataFrame:
 
 
 PAPER_NOTE = (
-    "Means over seeds of timed steps (after warm-up; `timed steps/seed` says how many, each "
-    "over all ranks; `(1 epoch)`: one whole epoch, the same samples for every policy, so the "
-    "bootstrap resamples only those steps' times). `source` says whether numbers are "
-    "measured, with which clock and on which device, or come from the cost model. Imbalance, "
-    "idle fraction and samples/s use that clock: on a CPU the thread CPU time of the one "
-    "thread that computes each emulated rank (other processes on the machine do not enter "
-    "it), samples/s = real samples (each sample of the data once; `padding` is the share of "
-    "processed samples that were padding repeats, never counted as throughput) / summed step "
-    "critical path (slowest rank's load + compute, plus "
-    "the optimizer step); `samples/s (wall clock)` is the same over wall-clock step times. "
-    "`steps/epoch` (least-most over seeds) and `samples/step`, `tokens/step` (mean ± population "
-    "std over the timed optimizer steps of the real samples and tokens each trained on, all "
-    "ranks together) give each policy's global batch: a policy with fewer steps per epoch "
-    "trains with larger batches, which a Δ samples/s does not show. `micro-batches beyond "
-    "measured memory` (plans through a calibration that measured memory): micro-batches with "
-    "more tokens than its largest measured one, whose memory is the fit's extrapolation. "
-    "Δ = policy vs the equal-token baseline (first row) of the same setup and kernel: "
-    "throughput as relative change of samples/s, imbalance as difference in percentage "
-    "points, each with a 95% CI and a two-sided p-value from the same bootstrap, named in "
-    "`CI and p from` (seeds, then steps within runs when there are >= 2 seeds; else steps "
-    "within runs); stats.md has both kinds and the per-step tests. `vs lower bound` (model, "
-    "simulations): summed step compute over the sum of each step's lower bound, max(c0 + "
-    "max(mean over ranks, costliest sample), t_floor) of its samples: 1.000 = no packing of "
-    "those steps' samples could be faster. VRAM utilization as "
-    "relative change. The paper's numbers (arXiv 2605.17923, Wan 2.1, 16 GPUs) are shown "
-    "beside ours; its exact metric definitions are not published."
+    "The full table, the appendix to the headline tables (headline.md). Means over seeds of "
+    "each run's timed window: measured runs after their warm-up, `(1 epoch)` one whole "
+    "epoch, the same samples for every policy; a simulation always its whole epoch (a model "
+    "has no warm-up). `source` says whether numbers are measured, with which clock and on "
+    "which device, or come from the cost model. Imbalance, idle fraction and samples/s use "
+    "that clock: on a CPU the thread CPU time of the one thread that computes each emulated "
+    "rank, which a busy machine still slows a little (`host load`: the mean 1-minute load "
+    "average over the run's steps; stats.md has the load-adjusted effects). samples/s = real "
+    "samples (each sample of the data once; `padding` is the share of processed samples that "
+    "were padding repeats, never counted as throughput) / summed step critical path (slowest "
+    "rank's load + compute, plus the optimizer step); `samples/s (wall clock)` is the same "
+    "over wall-clock step times. `steps/epoch` (least-most over seeds) and `samples/step`, "
+    "`tokens/step` (mean ± population std over the optimizer steps) give each policy's "
+    "global batch: a policy with fewer steps per epoch trains with larger batches, which a "
+    "Δ samples/s does not show. `micro-batches beyond measured memory`: micro-batches with "
+    "more tokens than the calibration's largest measured one, whose memory is the fit's "
+    "extrapolation. Δ = policy vs the equal-token baseline (first row) of the same setup and "
+    "kernel, throughput as relative change of samples/s, imbalance in percentage points: "
+    "measured, the geometric mean of the per-seed ratios (mean of the differences) with a "
+    "95% t interval over seeds, the exact sign-flip p and the seeds that agree; model, the "
+    "estimate and its range over seeds (a prediction has no sampling error, so no CI or p). "
+    "`vs lower bound` (model): summed step compute over the sum of each step's own lower "
+    "bound. It can read 1.000 for a badly imbalanced plan: it only says no regrouping of the "
+    "samples each step already holds could be faster, not that the steps were formed well; "
+    "`vs epoch bound` (the epoch's time over the least any plan of the same samples could "
+    "take) is the one that compares plans. VRAM utilization as relative change. The paper's "
+    "numbers (arXiv 2605.17923, Wan 2.1, 16 GPUs) are shown beside ours; its exact metric "
+    "definitions are not published."
 )
 
 

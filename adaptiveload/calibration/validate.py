@@ -34,8 +34,9 @@ def draw_micro_batches(
     budgets = Budgets.resolve(calibration=cal)
     rng = np.random.default_rng(seed)
     drawn, too_slow, population = [], 0, 0
-    # the grid times micro-batches of one shape; packs (several shapes) are left out
-    names = [name for name, cls in POLICIES.items() if not cls.packed]
+    # the grid times micro-batches of one shape; packs (several shapes) are left out, and so
+    # are the field's methods (`peer`): what the project's policies plan is what is checked
+    names = [name for name, cls in POLICIES.items() if not (cls.packed or cls.peer)]
     for i, name in enumerate(names):
         table = build_plan(mix.samples, name, budgets, world_size, seed, cost_model=cal).table
         real = table[~table["is_padding"]]

@@ -22,12 +22,10 @@ Steps = Annotated[Path, Opt(help="steps.parquet from `analyze aggregate`")]
 Stats = Annotated[Path, Opt(help="stats.csv from `analyze stats`")]
 KernelBench = Annotated[Path | None, Opt(help="`adaptiveload kernel bench` CSV")]
 Baseline = Annotated[str, Opt(help="the policy every other is compared with")]
-NBoot = Annotated[int, Opt(min=100, help="bootstrap resamples")]
-BootSeed = Annotated[int, Opt(help="bootstrap seed")]
+FlipSeed = Annotated[int, Opt(help="seed of the Monte Carlo sign flips (above 16 seeds)")]
 # defaults as an experiment's `analysis:` section has them
 BASELINE = schema_default("analysis.baseline")
-BOOTSTRAP = schema_default("analysis.bootstrap")
-BOOTSTRAP_SEED = schema_default("analysis.seed")
+FLIP_SEED = schema_default("analysis.seed")
 
 
 def _read(path: Path):
@@ -59,23 +57,20 @@ def aggregate_cmd(
 
 
 @analyze.command("stats", epilog=examples(
-    "adaptiveload analyze stats --runs runs.parquet --steps steps.parquet --csv stats.csv "
-    "--md stats.md",
+    "adaptiveload analyze stats --runs runs.parquet --csv stats.csv --md stats.md",
 ))
 def stats_cmd(
     runs: Runs,
-    steps: Steps,
     csv: Annotated[Path, Opt(help="all tests, one row each")],
     md: Annotated[Path, Opt(help="the same, readable")],
     baseline: Baseline = BASELINE,
-    n_boot: NBoot = BOOTSTRAP,
-    seed: BootSeed = BOOTSTRAP_SEED,
+    seed: FlipSeed = FLIP_SEED,
 ) -> None:
-    """Baseline vs each policy: Mann-Whitney U, Welch's t, paired tests, bootstrap CIs."""
+    """Baseline vs each policy at the replicate level: paired t intervals, sign-flip p."""
     from adaptiveload.analysis.stats import compare, to_markdown
     from adaptiveload.io import write_text
 
-    table = compare(_read(runs), _read(steps), baseline=baseline, n_boot=n_boot, seed=seed)
+    table = compare(_read(runs), baseline=baseline, seed=seed)
     write_text(csv, table.to_csv(index=False))
     write_text(md, to_markdown(table))
     typer.echo(f"{len(table)} tests -> {csv}, {md}")
@@ -89,14 +84,15 @@ def tables_cmd(
     runs: Runs,
     steps: Steps,
     stats: Stats,
-    out_dir: Annotated[Path, Opt(help="writes paper_table.* and kernel_table.* here")],
+    out_dir: Annotated[Path, Opt(help="writes headline.*, paper_table.*, kernel_table.* here")],
     kernel_bench: KernelBench = None,
     baseline: Baseline = BASELINE,
     paper_map: Annotated[
         Path | None, Opt(help="`analyze paper-map` summary: adds its paper-consistent rows")
     ] = None,
 ) -> None:
-    """The paper table (md, csv, html) and the kernel table."""
+    """The headline tables (md, html), the full paper table (md, csv, html), the kernel table."""
+    from adaptiveload.analysis import headline
     from adaptiveload.analysis.tables import KERNEL_NOTE, PAPER_NOTE, kernel_table, paper_table
     from adaptiveload.io import read_json
 
@@ -105,7 +101,10 @@ def tables_cmd(
         from adaptiveload.analysis.paper_map import paper_table_rows
 
         extra = paper_table_rows(read_json(paper_map, "paper-map summary"))
-    table = paper_table(_read(runs), _read(steps), _read(stats), baseline=baseline,
+    run_table, stat_table = _read(runs), _read(stats)
+    headline.write(headline.headline_tables(run_table, stat_table, baseline),
+                   out_dir / "headline")
+    table = paper_table(run_table, _read(steps), stat_table, baseline=baseline,
                         extra_rows=extra)
     table.write(out_dir / "paper_table", "AdaptiveLoad vs equal-token", PAPER_NOTE)
     kernel_table(kernel_bench).write(
@@ -158,14 +157,13 @@ def convergence_cmd(
     csv: Annotated[Path, Opt(help="one row per policy and number, CSV")],
     md: Annotated[Path, Opt(help="the same with a verdict per policy")],
     baseline: Baseline = BASELINE,
-    n_boot: NBoot = BOOTSTRAP,
-    seed: BootSeed = BOOTSTRAP_SEED,
+    seed: FlipSeed = FLIP_SEED,
 ) -> None:
     """Time to a target validation loss and the loss at equal samples seen, vs the baseline."""
     from adaptiveload.analysis.convergence import Settings, compare, curves, to_markdown
     from adaptiveload.io import write_text
 
-    table = compare(curves(_read(steps)), Settings(baseline, n_boot, seed))
+    table = compare(curves(_read(steps), str(steps)), Settings(baseline, seed))
     write_text(csv, table.to_csv(index=False))
     write_text(md, to_markdown(table))
     typer.echo(f"convergence: {len(table)} rows -> {csv}, {md}")
@@ -252,3 +250,59 @@ def record_cmd(
     run_id = log_analysis(experiment, paper_table, stats, artifact or [], config=exp)
     write_json(out, {"experiment": experiment, "run_id": run_id, "tracking_uri": tracking_uri()})
     typer.echo(f"analysis run {run_id} in {tracking_uri()}")
+
+
+@analyze.command("publish", epilog=examples(
+    "adaptiveload analyze publish --runs results/default/analysis/runs.parquet",
+    "adaptiveload analyze publish --check",
+))
+def publish_cmd(
+    runs: Annotated[
+        Path | None, Opt(help="runs.parquet of a finished run: recorded first (copied as "
+                              "RECORDS/<date>-<commit>/runs.csv with its provenance)")
+    ] = None,
+    records: Annotated[Path, Opt(help="the experiment's recorded runs")] = Path(
+        "results/reference/default"),
+    doc: Annotated[
+        list[Path] | None, Opt(help="a file whose generated blocks are rewritten (repeatable)",
+                               show_default="README.md and docs/results.md")
+    ] = None,
+    check: Annotated[bool, Opt(help="write nothing; exit 2 if a file is out of date")] = False,
+    baseline: Baseline = BASELINE,
+) -> None:
+    """The README's and docs' generated numbers, from the recorded runs (never typed)."""
+    import datetime as dt
+    import json
+
+    from adaptiveload.analysis import headline
+    from adaptiveload.io import write_text
+    from adaptiveload.provenance import cpu_model, git_commit
+
+    if runs is not None:
+        if check:
+            raise UserError("--check writes nothing: give it without --runs")
+        table = _read(runs)
+        now = dt.datetime.now(dt.timezone.utc)
+        commit = git_commit()
+        folder = records / f"{now:%Y-%m-%d}-{commit[:7]}"
+        write_text(folder / headline.RUNS_FILE, table.to_csv(index=False))
+        write_text(folder / "provenance.json", json.dumps({
+            "recorded": now.isoformat(timespec="seconds"), "commit": commit,
+            "cpu": cpu_model(), "source": str(runs),
+            "devices": sorted(set(table["label"])),
+        }, indent=2) + "\n")
+        typer.echo(f"recorded {len(table)} runs -> {folder}")
+    generated = headline.generated_blocks(records, baseline=baseline)
+    stale = []
+    for path in doc or [Path("README.md"), Path("docs/results.md")]:
+        text = path.read_text(encoding="utf-8")
+        new = headline.fill(text, generated, str(path))
+        if new != text:
+            stale.append(path)
+            if not check:
+                write_text(path, new)
+    if check and stale:
+        raise UserError(f"{', '.join(map(str, stale))}: generated numbers out of date; run "
+                        "`adaptiveload analyze publish`")
+    typer.echo(f"{'out of date' if check else 'rewritten'}: "
+               f"{', '.join(map(str, stale)) or 'nothing'}")

@@ -14,9 +14,9 @@ from adaptiveload.data.bucketing import (
     DEFAULT_MAX_FRAMES,
     DEFAULT_MODE,
     cut_note,
-    stills_warning,
 )
 from adaptiveload.errors import UserError
+from adaptiveload.planning.plan import FREE
 
 Opt = typer.Option
 
@@ -27,6 +27,9 @@ Opt = typer.Option
     "--model wan2.1-t2v-1.3b --capacity-gb 80 -o compare.json",
     "adaptiveload compare --mixture paper-mixed --world-size 16 "
     "--calibration h200-wan2.1-t2v-1.3b-measured",
+    "adaptiveload compare --mixture paper-mixed --world-size 16 "
+    "--calibration h200-wan2.1-t2v-1.3b-measured --steps-per-epoch match "
+    "--policies adaptiveload-packed,flop-greedy,token-kk",
 ))
 def compare_cmd(
     world_size: Annotated[int, Opt(help="data-parallel ranks N (the data-parallel group's size)")],
@@ -50,6 +53,7 @@ def compare_cmd(
         str | None, Opt(help="comma-separated policies", show_default="every registered one")
     ] = None,
     seed: Annotated[int, Opt(help="plan seed")] = 0,
+    steps_per_epoch: o.StepsPerEpoch = FREE,
     bucketing: o.Bucketing = DEFAULT_MODE,
     grid: o.Grid = DEFAULT_GRID,
     max_frames: o.MaxFrames = DEFAULT_MAX_FRAMES,
@@ -73,11 +77,11 @@ def compare_cmd(
     cal = _cost_model(calibration, prior, model, tokens, origin)
     cal, source = _budgets(cal, budgets_file, prior, capacity_gb, headroom, tokens)
     names = [p.strip() for p in policies.split(",") if p.strip()] if policies else None
-    config = CompareConfig(cal, world_size, seed, names)
+    config = CompareConfig(cal, world_size, seed, names,
+                           steps_per_epoch=o.step_mode(steps_per_epoch))
     # the header counts what every plan leaves out (one of fewer ranks per sample, more)
     bucketed = without_over_capacity(bucketed, cal, config.max_degree)
     summaries = compare_policies(bucketed, config)
-    report_warnings("bucketing", [w for w in (stills_warning(bucketed.samples),) if w], strict)
     for s in summaries:
         found = plan_warnings(s, bucketed.excluded_ids.tolist())
         report_warnings(f"plan ({s['policy']})", found, strict)
@@ -107,6 +111,7 @@ def _report(
         "data": {"origin": data["origin"], **counts, **{k: data[k] for k in ("bucketing", "grid")}},
         "world_size": config.world_size,
         "seed": config.seed,
+        "steps_per_epoch": config.steps_per_epoch,
         "calibration": {"file": str(calibration) if calibration else None, "prior": prior,
                         "model": cal.model, "label": cal.label,
                         "capacity_gb": cal.capacity_bytes / 1e9,
@@ -191,7 +196,8 @@ def _text(report: dict[str, Any], rows: list[list[str]]) -> str:
              for row in rows]
     lines = [
         f"{data['origin']}: {data['num_samples']} samples ({data['num_excluded']} excluded), "
-        f"{report['world_size']} ranks, seed {report['seed']}",
+        f"{report['world_size']} ranks, seed {report['seed']}, steps per epoch "
+        f"{report['steps_per_epoch']}",
         f"cost model: {cal['model']}, {cal['label']}, capacity {cal['capacity_gb']:.4g} GB, "
         f"headroom {cal['headroom']:.0%}",
         f"budgets: p={b['p']:.3f}  M_tok={b['m_tok']:,.0f}  M_mem={b['m_mem']:,.0f}"

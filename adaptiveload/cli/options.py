@@ -10,6 +10,8 @@ from typing import Annotated
 import typer
 
 from adaptiveload.data.bucketing import GRIDS, MODES
+from adaptiveload.errors import UserError
+from adaptiveload.planning.plan import STEP_MODES
 from adaptiveload.planning.policies import POLICIES
 
 Opt = typer.Option
@@ -81,5 +83,16 @@ Model = Annotated[str | None, Opt(help="refuse a calibration made for another mo
 AllreduceGbps = Annotated[
     float, Opt(help="ring all-reduce bandwidth, Gbit/s (predicted metrics)")
 ]
-WarmupSteps = Annotated[int, Opt(help="steps left out of the simulation summary's metrics")]
 Experiment = Annotated[str | None, Opt(help="experiment name for the simulation summary")]
+
+
+def step_mode(value: str) -> str | int:
+    """--steps-per-epoch as `PlanConfig` takes it: free, match or a step count."""
+    if value in STEP_MODES:
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise UserError(
+            f"--steps-per-epoch {value!r}: expected {' | '.join(STEP_MODES)} or an integer >= 1"
+        ) from None

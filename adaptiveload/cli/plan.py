@@ -29,7 +29,6 @@ from adaptiveload.planning.budgets import AUTO
 from adaptiveload.planning.dealing import DEFAULT_WINDOW_STEPS
 from adaptiveload.planning.plan import (
     FREE,
-    STEP_MODES,
     Plan,
     PlanConfig,
     check_table,
@@ -87,7 +86,6 @@ def plan_cmd(
     allreduce_gbps: o.AllreduceGbps = DEFAULT_ALLREDUCE_GBPS,
     simulation_steps: o.SimulationSteps = None,
     simulation_summary: o.SimulationSummary = None,
-    warmup_steps: o.WarmupSteps = 0,
     experiment: o.Experiment = None,
 ) -> None:
     """Plan one epoch: which samples form each micro-batch, and which rank runs it when.
@@ -103,7 +101,7 @@ def plan_cmd(
     budgets = Budgets.resolve(**flags, calibration=cal, m_comp_scale=m_comp_scale)
     config = plan_config(policy, budgets, world_size, seed, epoch, cal, window_steps,
                          steps_per_epoch, allreduce_gbps)
-    writes = _Outputs(summary, output, simulation_steps, simulation_summary, warmup_steps,
+    writes = _Outputs(summary, output, simulation_steps, simulation_summary,
                       experiment).checked(cal)
     bucketed = bucketize(load_manifest(manifest), mode=bucketing, grid=grid,
                          max_frames=max_frames, short_clips=short_clips)
@@ -130,7 +128,7 @@ def plan_config(
     try:
         return PlanConfig(
             policy, budgets, world_size, seed, epoch, cost_model=cal,
-            window_steps=window_steps or None, steps_per_epoch=_step_mode(steps_per_epoch),
+            window_steps=window_steps or None, steps_per_epoch=o.step_mode(steps_per_epoch),
             allreduce_gbps=allreduce_gbps,
         )
     except MissingBudgetError as exc:  # the library's message names Budgets; here: the flags
@@ -153,7 +151,6 @@ class _Outputs:
     table: Path | None
     simulation_steps: Path | None
     simulation_summary: Path | None
-    warmup_steps: int
     experiment: str | None
 
     @property
@@ -169,7 +166,6 @@ class _Outputs:
         if self.simulated and cal is None:
             raise UserError("--simulation-steps/--simulation-summary: give --calibration (the "
                             "cost model the plan is simulated through)")
-        _check_warmup(self.warmup_steps)
         return self
 
     def write(self, plan: Plan, info: dict) -> None:
@@ -178,8 +174,7 @@ class _Outputs:
         if self.summary is not None:
             write_json(self.summary, {**plan.summary, **info})
         if self.simulated:
-            sim = plan.simulation.timed(self.warmup_steps)
-            _write_simulation(sim, {**plan.summary, **info}, self.experiment,
+            _write_simulation(plan.simulation, {**plan.summary, **info}, self.experiment,
                               self.simulation_steps, self.simulation_summary)
 
 
@@ -208,18 +203,6 @@ def _plan_line(s: dict, policy: Policy) -> str:
     return line
 
 
-def _step_mode(value: str) -> str | int:
-    """--steps-per-epoch as build_plan takes it: free, match or a step count."""
-    if value in STEP_MODES:
-        return value
-    try:
-        return int(value)
-    except ValueError:
-        raise UserError(
-            f"--steps-per-epoch {value!r}: expected {' | '.join(STEP_MODES)} or an integer >= 1"
-        ) from None
-
-
 @app.command("simulate", epilog=examples(
     "adaptiveload simulate --plan plan.parquet "
     "--calibration experiments/calibration/h200-wan2.1-t2v-1.3b.json --json",
@@ -231,7 +214,6 @@ def simulate_cmd(
     grad_bytes: Annotated[
         float | None, Opt(help="gradient bytes", show_default="the calibration's, else 0")
     ] = None,
-    warmup_steps: Annotated[int, Opt(help="steps left out of the summary metrics")] = 0,
     model: o.Model = None,
     experiment: Annotated[str | None, Opt(help="experiment name for the run summary")] = None,
     as_json: Annotated[bool, Opt("--json", help="print the summary as JSON")] = False,
@@ -245,12 +227,8 @@ def simulate_cmd(
     _positive(allreduce_gbps=allreduce_gbps)
     if grad_bytes is not None and grad_bytes < 0:
         raise UserError(f"--grad-bytes {grad_bytes}: must be >= 0")
-    _check_warmup(warmup_steps)
     table = _read_plan(plan)
-    sim = simulate(
-        table, cal, allreduce_gbps=allreduce_gbps, grad_bytes=grad_bytes,
-        warmup_steps=warmup_steps,
-    )
+    sim = simulate(table, cal, allreduce_gbps=allreduce_gbps, grad_bytes=grad_bytes)
     run = _write_simulation(sim, table.attrs.get("plan", {}), experiment, output, summary)
     if as_json:
         typer.echo(json.dumps(run, indent=2, default=float))
@@ -276,11 +254,6 @@ def _write_simulation(
     if summary is not None:
         write_json(summary, run)
     return run
-
-
-def _check_warmup(warmup_steps: int) -> None:
-    if warmup_steps < 0:
-        raise UserError(f"--warmup-steps {warmup_steps}: must be >= 0")
 
 
 def _positive(**values: float) -> None:

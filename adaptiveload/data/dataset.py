@@ -6,8 +6,9 @@ behaviour, and noise of the right shape costs the model exactly what real latent
 shows (`data.learnable`): same shapes and cost, but a model can learn it. The seed of a sample
 is a hash of (sample_id, seed) (blake2b, not Python's per-process salted `hash`), so any rank,
 worker or resumed run regenerates the same tensors. A manifest row with ``latent_path`` is
-served from that ``.safetensors`` file instead (key ``latent``, optional ``context``), with its
-shape checked against the bucket. Nothing is ever downloaded.
+served from that ``.safetensors`` file instead (keys ``latent`` and ``context``, the text
+embedding, which is never replaced by noise), with its shape checked against the bucket; the
+file must lie inside the dataset's `root` and be a regular file. Nothing is ever downloaded.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from torch.utils.data import Dataset
 
 from adaptiveload.data import learnable
 from adaptiveload.errors import UserError
+from adaptiveload.io import regular_file
 from adaptiveload.tokens import LATENT_CHANNELS, latent_shape
 
 _NEEDED = ("sample_id", "bucket_frames", "bucket_height", "bucket_width")
@@ -45,7 +47,10 @@ class LatentDataset(Dataset):
         text_dim: int = 4096,
         seed: int = 0,
         content: str = CONTENTS[0],
+        root: str | Path | None = None,
     ) -> None:
+        """`root`: the folder every `latent_path` must lie in once links and `..` are resolved
+        (a manifest someone shares must not reach other files); None checks none."""
         if content not in CONTENTS:
             raise UserError(f"data.content {content!r}: expected one of {', '.join(CONTENTS)}")
         missing = [c for c in _NEEDED if c not in samples_df.columns]
@@ -68,6 +73,9 @@ class LatentDataset(Dataset):
             self.latent_paths = [None if pd.isna(p) else str(p) for p in paths.tolist()]
         else:
             self.latent_paths = [None] * len(self.sample_ids)
+        if root is not None:
+            for path in dict.fromkeys(p for p in self.latent_paths if p is not None):
+                regular_file(path, "latent_path", root=root)
         self.latent_channels = latent_channels
         self.text_len = text_len
         self.text_dim = text_dim
@@ -105,6 +113,10 @@ class LatentDataset(Dataset):
         from safetensors import SafetensorError
         from safetensors.torch import load_file
 
+        if path.suffix != ".safetensors":  # a .pth read as safetensors: "header too large"
+            raise UserError(f"{path} (latent of sample {sample_id!r}): not a .safetensors file; "
+                            "cache latents as .safetensors (keys 'latent' and 'context')")
+        regular_file(path, f"latent of sample {sample_id!r}")
         try:
             tensors = load_file(path)
         except (OSError, SafetensorError) as exc:
@@ -115,7 +127,7 @@ class LatentDataset(Dataset):
             raise UserError(
                 f"{path} (latent of sample {sample_id!r}): no tensor named 'latent' "
                 f"(found {', '.join(sorted(tensors)) or 'none'}); expected key 'latent' "
-                f"of shape {list(shape)}, optionally 'context'"
+                f"of shape {list(shape)} and 'context'"
             )
         latent = tensors["latent"]
         if tuple(latent.shape) != shape:
@@ -125,9 +137,17 @@ class LatentDataset(Dataset):
                 "at the bucket shape or bucket the manifest with the settings it was cached at"
             )
         context = tensors.get("context")
-        if context is None:
-            context = self._noise(sample_id, "context", (self.text_len, self.text_dim))
-        elif (
+        for name, tensor in (("latent", latent), ("context", context)):
+            if tensor is not None and not torch.isfinite(tensor).all():
+                raise UserError(f"{path} (latent of sample {sample_id!r}): tensor {name!r} "
+                                "holds NaN or infinite values; encode the sample again")
+        if context is None:  # noise as the text would train a model to ignore its prompt
+            raise UserError(
+                f"{path} (latent of sample {sample_id!r}): no tensor named 'context' (found "
+                f"{', '.join(sorted(tensors))}); cache the text embedding [L <= {self.text_len}, "
+                f"{self.text_dim}] in the same file under 'context'"
+            )
+        if (
             context.ndim != 2
             or context.shape[0] > self.text_len
             or context.shape[1] != self.text_dim
@@ -136,8 +156,8 @@ class LatentDataset(Dataset):
                 f"{path} (context of sample {sample_id!r}): shape {list(context.shape)}; "
                 f"expected [L <= {self.text_len}, {self.text_dim}]"
             )
-        else:  # Wan pads the text context to text_len with zeros
-            context = torch.nn.functional.pad(
-                context.float(), (0, 0, 0, self.text_len - context.shape[0])
-            )
+        # Wan pads the text context to text_len with zeros
+        context = torch.nn.functional.pad(
+            context.float(), (0, 0, 0, self.text_len - context.shape[0])
+        )
         return latent.float(), context

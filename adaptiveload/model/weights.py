@@ -21,10 +21,13 @@ FLF2V or VACE checkpoint (this model is T2V only).
 
 from __future__ import annotations
 
+import glob
 import json
 import os
+import pickle
 import re
 import shutil
+import socket
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -33,7 +36,7 @@ from typing import Any
 import torch
 
 from adaptiveload.errors import UserError, notice
-from adaptiveload.io import read_json
+from adaptiveload.io import read_json, regular_file, write_failure
 from adaptiveload.model.architectures import CONFIGS, WanConfig, get_config
 from adaptiveload.model.wan import WanModel, build_on_meta
 
@@ -127,12 +130,18 @@ class Checkpoint:
 def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
     """The checkpoint at `path` (a weights file, an index, a transformer folder or a diffusers
     pipeline folder), its layout read from its keys; UserError if it is none of them."""
-    path = Path(path)
+    path = regular_file(path, "checkpoint")
     if not path.exists():
         raise UserError(f"{path}: checkpoint not found; give a weights file or its folder")
     if path.is_dir() and (path / "transformer").is_dir():
         path = path / "transformer"
-    files = _weight_files(path)
+    if path.is_dir() and (path / "adapter_config.json").exists():
+        raise UserError(f"{path}: a LoRA adapter folder (adapter_config.json), not a model; "
+                        "merge it into its base model first (peft: model.merge_and_unload(), "
+                        "docs/models.md)")
+    files = tuple(regular_file(file, "weights file") for file in _weight_files(path))
+    if path.name.endswith(".index.json"):  # the checkpoint is its folder: config.json too
+        path = path.parent
     config_json = read_json(path / "config.json", "config.json") if path.is_dir() and (
         path / "config.json").exists() else None
     keys = [k for file in files for k in _shapes(file)]
@@ -175,14 +184,29 @@ def _index_shards(index: Path) -> tuple[Path, ...]:
     weight_map = read_json(index, "checkpoint index").get("weight_map")
     if not isinstance(weight_map, dict) or not weight_map:
         raise UserError(f"{index}: field weight_map missing or empty; expected key -> shard file")
-    shards = tuple(index.parent / name for name in dict.fromkeys(weight_map.values()))
+    shards = tuple(index.parent / str(name) for name in dict.fromkeys(weight_map.values()))
     for shard in shards:
+        regular_file(shard, f"shard named in {index.name}", root=index.parent)
         if not shard.is_file():
             raise UserError(f"{index}: shard {shard.name} named in weight_map is missing")
     return shards
 
 
+# key fragments of unmerged LoRA layers (peft's and diffusers' names)
+LORA_MARKS = ("lora_A", "lora_B", "lora_down", "lora_up", ".base_layer.")
+
+
+def refuse_lora(where: str, keys: list[str]) -> None:
+    """UserError naming LoRA if `keys` hold unmerged LoRA layers: they have no place in a
+    Wan checkpoint until merged (otherwise reported as some unexpected key)."""
+    key = next((k for k in keys if any(mark in k for mark in LORA_MARKS)), None)
+    if key is not None:
+        raise UserError(f"{where}: unmerged LoRA weights (key {key!r}); merge them into the "
+                        "model first (peft: model.merge_and_unload(), docs/models.md)")
+
+
 def _refuse_other_kinds(path: Path, keys: list[str], config_json: Mapping | None) -> None:
+    refuse_lora(str(path), keys)
     kind = (config_json or {}).get("model_type", "t2v")
     if str(kind).lower() != "t2v":
         raise UserError(f"{path}/config.json: model_type {kind!r}; this model loads Wan 2.1 T2V "
@@ -199,7 +223,17 @@ def _read_file(file: Path) -> dict[str, torch.Tensor]:
         from safetensors.torch import load_file
 
         return load_file(file)
-    state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+    try:
+        state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+    except pickle.UnpicklingError:
+        # torch's message advises weights_only=False, which would run the file's code
+        raise UserError(f"{file}: holds Python objects besides tensors, which are never "
+                        "unpickled (that could run code); save model.state_dict() with "
+                        "torch.save, or as .safetensors") from None
+    except (RuntimeError, EOFError, OSError) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise UserError(f"{file}: not a readable torch.save zip file ({reason}); save it "
+                        "again with a current torch.save, or as .safetensors") from None
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise UserError(f"{file}: expected a flat dict of tensors (a state dict), got "
                         f"{type(state).__name__}; save model.state_dict()")
@@ -243,6 +277,10 @@ DIFFUSERS_CONFIG = {
 }
 QK_NORM = "rms_norm_across_heads"  # diffusers' name for Wan's q/k RMSNorm across all heads
 ROPE_MAX_SEQ_LEN = 1024  # diffusers' default: RoPE table rows per axis (patches)
+# config.json fields of diffusers' without a WanConfig counterpart: a conversion keeps the
+# source's value (in an original-layout config.json too, whose reader ignores it), so a
+# round trip through either layout gives them back
+DIFFUSERS_ONLY = ("rope_max_seq_len",)
 
 
 def from_weights(ckpt: Checkpoint, s: Mapping[str, tuple[int, ...]]) -> dict[str, Any]:
@@ -403,7 +441,9 @@ def convert(
         raise UserError(f"--to {to!r}: expected one of {', '.join(LAYOUTS)}")
     ckpt, cfg = inspect(src, config)
     parts = (stored_names(part, to) for part in ckpt.tensors())
-    write_checkpoint(dst, parts, len(ckpt.files), layout_config(cfg, to))
+    source = ckpt.config_json or {}
+    kept = {k: source[k] for k in DIFFUSERS_ONLY if k in source}
+    write_checkpoint(dst, parts, len(ckpt.files), {**layout_config(cfg, to), **kept})
     return cfg
 
 
@@ -420,6 +460,7 @@ def save_wan(
     if layout not in LAYOUTS:
         raise UserError(f"layout {layout!r}: expected one of {', '.join(LAYOUTS)}")
     state = {k: v.detach().to("cpu", dtype or v.dtype) for k, v in model.state_dict().items()}
+    refuse_lora(f"{type(model).__name__} state dict", list(state))
     _check_names(f"{type(model).__name__} state dict", {k: tuple(v.shape) for k, v in
                  state.items()}, model.cfg)
     shards: list[dict[str, torch.Tensor]] = [{}]
@@ -450,15 +491,24 @@ def write_checkpoint(
 ) -> Path:
     """`num_parts` safetensors files (the Hub's `diffusion_pytorch_model[-0000i-of-0000n]`
     names, an index when several) and config.json, into the new folder `dst`, whole or not
-    at all: written beside it, renamed into place at the end."""
+    at all: written into a temporary folder beside it (`.<dst>.<host>-<pid>.tmp`, on the
+    same disk), renamed into place at the end. What a killed writer left there is removed,
+    and reported, by the next write of `dst` once that writer's process is gone."""
+    from safetensors import SafetensorError
     from safetensors.torch import save_file
 
     dst = Path(dst)
     if dst.exists() and (not dst.is_dir() or any(dst.iterdir())):
         raise UserError(f"{dst}: exists and is not an empty folder; choose a new output folder")
-    tmp = dst.parent / f".{dst.name}.{os.getpid()}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    if dst.is_dir() and os.path.ismount(dst):  # its temporary beside it is on another disk
+        raise UserError(f"{dst}: a mount point; write into a new folder inside it "
+                        f"({dst / 'checkpoint'})")
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    for stale in _stale_writes(dst):
+        shutil.rmtree(stale, ignore_errors=True)
+        notice(f"removed {stale}: the unfinished output of a killed write of {dst.name}")
+    tmp = dst.parent / f".{dst.name}.{socket.gethostname()}-{os.getpid()}.tmp"
+    tmp.mkdir()
     try:
         weight_map, total = {}, 0
         for i, part in enumerate(parts):
@@ -475,7 +525,43 @@ def write_checkpoint(
         if dst.exists():
             dst.rmdir()
         os.replace(tmp, dst)
+    except (OSError, SafetensorError) as exc:
+        message = write_failure(dst, _as_os_error(exc))
+        if message is None:
+            raise
+        raise UserError(message) from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return dst
+
+
+def _as_os_error(exc: Exception) -> OSError:
+    """`exc` as an OSError with its errno: safetensors reports a disk's refusal as text only
+    ("I/O error: File too large (os error 27)")."""
+    if isinstance(exc, OSError):
+        return exc
+    found = re.search(r"os error (\d+)", str(exc))
+    return OSError(int(found.group(1)) if found else 0, str(exc))
+
+
+def _stale_writes(dst: Path) -> list[Path]:
+    """The temporary folders of writes of `dst` whose process (on this host) is gone."""
+    host = socket.gethostname()
+    stale = []
+    for tmp in dst.parent.glob(f".{glob.escape(dst.name)}.*.tmp"):
+        owner = tmp.name[len(dst.name) + 2 : -len(".tmp")]
+        name, _, pid = owner.rpartition("-")
+        if name == host and pid.isdigit() and not _alive(int(pid)):
+            stale.append(tmp)
+    return sorted(stale)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 

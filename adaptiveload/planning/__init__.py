@@ -5,6 +5,8 @@
   ``adaptiveload-packed``), each forming and dealing its own micro-batches
   (``Policy.micro_batches``), and the ``POLICIES`` registry;
 - ``batches``: what a policy forms micro-batches from and hands back; the bucket cuts;
+- ``baselines``: the field's own ways of forming micro-batches (token-count packing, verl's
+  Karmarkar-Karp, KnapFormer's greedy bags), the ``peer`` policies' (docs/baselines.md);
 - ``plan``: ``PlanConfig`` (what a plan is made from) and ``build_plan`` ->
   ``Plan(table, summary)``, one epoch, identical on every rank;
 - ``dealing``: how batches are dealt to (step, rank) slots (balanced: sort-and-chunk);

@@ -106,7 +106,7 @@ def bucket_cuts(
     and padded to whole steps. The batches, the slot list and its padding flags."""
     counts = _batch_counts(epoch, b_size, policy)
     batches = _cut(epoch.buckets, b_size, epoch.rng, counts)
-    slots, slot_pad = _shuffle_and_pad(batches.size.size, epoch.world_size, epoch.rng)
+    slots, slot_pad = shuffle_and_pad(batches.size.size, epoch.world_size, epoch.rng)
     return batches, slots, slot_pad
 
 
@@ -169,7 +169,7 @@ def _cut(
     return Batches(order=order, start=starts(size), size=size, tokens=bucket_tokens[batch_bucket])
 
 
-def _shuffle_and_pad(
+def shuffle_and_pad(
     n_batches: int, world_size: int, rng: np.random.Generator
 ) -> tuple[np.ndarray, np.ndarray]:
     """Steps 3-4: the shuffled batch list, padded to whole steps with flagged repeats."""

@@ -24,7 +24,7 @@ from typing import Any
 from adaptiveload.costmodel import Calibration
 from adaptiveload.data.bucketing import Bucketed
 from adaptiveload.planning.dealing import DEFAULT_WINDOW_STEPS
-from adaptiveload.planning.plan import PlanConfig
+from adaptiveload.planning.plan import FREE, PlanConfig
 from adaptiveload.planning.policies import POLICIES, Budgets
 
 # (summary key, column title, format) of the printed table; a key no summary has (a metric
@@ -57,14 +57,17 @@ COLUMNS = (
 class CompareConfig:
     """What a comparison is made from, the samples aside: one calibration (the cost model and
     the budgets every policy plans with), the ranks and seed, the policies (None: every
-    registered one, in registry order) and the cost-aware deal's window. Each policy's plan is
-    made from the ``PlanConfig`` `adaptiveload plan` would build from the same inputs."""
+    registered one, in registry order, the field's methods included), the cost-aware deal's
+    window and the step count (free, match or K: `PlanConfig.steps_per_epoch`). Each policy's
+    plan is made from the ``PlanConfig`` `adaptiveload plan` would build from the same
+    inputs."""
 
     calibration: Calibration
     world_size: int
     seed: int = 0
     policies: Sequence[str] | None = None
     window_steps: int | None = DEFAULT_WINDOW_STEPS
+    steps_per_epoch: str | int = FREE
 
     @property
     def max_degree(self) -> int:
@@ -77,7 +80,8 @@ class CompareConfig:
         budgets = Budgets.resolve(calibration=self.calibration)
         cal, n, seed, window = self.calibration, self.world_size, self.seed, self.window_steps
         return [
-            PlanConfig(name, budgets, n, seed, cost_model=cal, window_steps=window)
+            PlanConfig(name, budgets, n, seed, cost_model=cal, window_steps=window,
+                       steps_per_epoch=self.steps_per_epoch)
             for name in self.policies or list(POLICIES)
         ]
 

@@ -258,7 +258,25 @@ def _plan(
         summary.update({f"predicted_{k}": sim.summary[k] for k in PREDICTED if k in sim.summary})
         summary["predicted_source"] = "model"
         summary.update({k: sim.summary[k] for k in MEMORY_FIELDS})
+        if pol.baseline is not None:
+            summary.update(_versus_baseline(config, samples, num_excluded, num_over_capacity,
+                                            summary))
     return Plan(table=table, summary=summary, simulation=sim)
+
+
+def _versus_baseline(
+    config: PlanConfig, samples: Any, num_excluded: int | None, num_over_capacity: int | None,
+    summary: dict[str, Any],
+) -> dict[str, Any]:
+    """The predicted samples/s of the policy's baseline (`Policy.baseline`) planning the same
+    samples, for `plan_warnings` to flag a plan slower than it; none where the baseline trains
+    fewer of them (it excludes what this plan trains: no like-for-like rate)."""
+    base = replace(config, policy=config.policy.baseline).plan(
+        samples, num_excluded, num_over_capacity).summary
+    if base["num_planned"] < summary["num_planned"]:
+        return {}
+    return {"baseline_policy": base["policy"],
+            "baseline_predicted_samples_per_s": base["predicted_samples_per_s"]}
 
 
 def _buckets(frame: pd.DataFrame, tokens: np.ndarray) -> Buckets:
@@ -582,6 +600,13 @@ def plan_warnings(summary: dict[str, Any], excluded_ids: Sequence[str] = ()) -> 
         found.append(
             f"{pad} padding batches for {batches} real ones ({summary['world_size']} ranks): "
             "each repeats a batch of the epoch; fewer ranks or more data pad less"
+        )
+    base = summary.get("baseline_predicted_samples_per_s")
+    if base is not None and summary["predicted_samples_per_s"] < base:
+        found.append(
+            f"{summary['policy']} predicts {summary['predicted_samples_per_s']:.4g} samples/s, "
+            f"below the {base:.4g} of its baseline {summary['baseline_policy']} on the same "
+            f"samples (model): plan with {summary['baseline_policy']}"
         )
     beyond = summary.get("micro_batches_beyond_measured_memory")
     if beyond:

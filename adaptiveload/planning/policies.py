@@ -18,6 +18,16 @@ micro-batches are formed and how they are dealt to ranks (``Policy.micro_batches
   every micro-batch on a group of ``groups.FIXED_DEGREE`` ranks (capped to what the model's
   heads and N allow).
 
+The field's own methods, written here as baselines (``peer``; docs/baselines.md): what a user
+would pick instead. Each holds its micro-batches to the memory limit the project's policies
+hold theirs to, none to the compute budget M_comp (the paper's, not theirs):
+
+- ``token-ffd``: token-count packing (NeMo DFM / Megatron-Energon), packs dealt blind to cost;
+- ``token-kk``: verl's Karmarkar-Karp balancing of token counts over the ranks of each step;
+- ``flop-greedy``: KnapFormer's greedy bags, balanced on estimated FLOPs per step;
+- ``time-buckets``: Open-Sora's ``search_bs`` / musubi-tuner's bucket tables, one batch size
+  per bucket equalising the predicted step time to a reference step.
+
 Budgets (``budgets.Budgets``, imported from here too) are in tokens (``M_tok``, ``M_mem``,
 ``pack_tokens``) and tokens^p (``M_comp``). A calibration derives all but ``pack_tokens`` (a
 user's cap on a pack's tokens) from one reference batch (``costmodel.BUDGET_RULES``):
@@ -40,6 +50,7 @@ from adaptiveload.costmodel import (
     within_cap,
 )
 from adaptiveload.errors import UserError
+from adaptiveload.planning import baselines
 from adaptiveload.planning.batches import Batches, EpochInputs, MicroBatches, bucket_cuts
 from adaptiveload.planning.budgets import MAX_BUDGET, Budgets
 from adaptiveload.planning.dealing import deal_balanced
@@ -68,6 +79,12 @@ class Policy:
     # its micro-batches may run on sequence-parallel groups of several ranks (``groups``):
     # what the pipeline reads to draw its figure of groups (`analysis.figures.sp_groups`)
     groups: ClassVar[bool] = False
+    # a method of the field written here as a baseline (docs/baselines.md): `compare` runs it,
+    # an experiment only where it names it (the schema's default list leaves it out)
+    peer: ClassVar[bool] = False
+    # the policy whose predicted plan this one must not fall short of without a warning
+    # (`plan.plan_warnings`): a generalisation measured against what it generalises
+    baseline: ClassVar[str | None] = None
 
     def micro_batches(self, epoch: EpochInputs) -> MicroBatches:
         """Steps 1-5 of ``plan``: each bucket cut into B(S) batches (``batches.bucket_cuts``),
@@ -248,6 +265,7 @@ class AdaptiveLoadSP(AdaptiveLoadPacked):
 
     name = "adaptiveload-sp"
     groups = True
+    baseline = "adaptiveload-sp-fixed"
 
     def max_degree(self, cost_model: CostModel | Calibration | None, world_size: int) -> int:
         sp = _sequence_parallel(cost_model)
@@ -280,11 +298,147 @@ class AdaptiveLoadSPFixed(AdaptiveLoadPacked):
         return widen(self._packs(epoch, degree, sp), degree)
 
 
+class TimeBuckets(Policy):
+    """Per-bucket batch sizes equalised to a reference step time: Open-Sora's ``search_bs``
+    (a batch size per bucket searched so that its step takes the reference's time) and the
+    hand-written bucket-to-batch-size tables of Open-Sora and musubi-tuner. B(S) is the
+    largest batch whose predicted step time (the cost model's; B S^p without one) is within
+    the reference time and whose tokens are within M_mem, at least 1; batches of one bucket
+    shape, dealt as shuffled. Simplified: the reference is equal-token's slowest batch of the
+    epoch (its longest bucket within M_tok, at B = M_tok / S: the reference batch the
+    budgets are derived from), raised where a step count is asked for until the batches fit
+    it (a user's choice of reference sets the global batch), and the times are predicted,
+    not measured per bucket."""
+
+    name = "time-buckets"
+    requires = ("m_tok", "m_mem", "p")
+    peer = True
+
+    def micro_batches(self, epoch: EpochInputs) -> MicroBatches:
+        """The homogeneous steps of this epoch's time-equalised B(S) (``bucket_cuts``)."""
+        budgets, s = epoch.budgets, epoch.buckets.tokens.astype(np.float64)
+        step_time = _StepTime(s, budgets, epoch.cost)
+        reference = step_time.of(EqualToken().batch_size(s, budgets))[s <= budgets.m_tok]
+        reference = float(reference.max()) if reference.size else float(step_time.of(1).min())
+        if epoch.steps is not None:
+            reference = step_time.stretch(reference, epoch)
+        b_size = step_time.batch_size(reference)
+        batches, slots, slot_pad = bucket_cuts(epoch, b_size, self.name)
+        over = (batches.size * batches.tokens > budgets.m_mem) | (
+            _StepTime(batches.tokens.astype(np.float64), budgets, epoch.cost).of(batches.size)
+            > reference * (1 + REFERENCE_SLACK)
+        )
+        alone = (s > budgets.m_mem) | (step_time.of(1) > reference * (1 + REFERENCE_SLACK))
+        return MicroBatches(
+            batches=batches, slots=slots, slot_pad=slot_pad,
+            oversize=alone[epoch.buckets.of],
+            violations=int(((batches.size > 1) & over).sum()),
+            summary={"reference_step": reference},
+        )
+
+
+# a relative slack on the reference time: the reference batch itself (its time computed from
+# its B) is never rounded down one sample, nor found over it
+REFERENCE_SLACK = 1e-9
+
+
+class _StepTime:
+    """The predicted step time of batches of B samples of each of `tokens` (the cost model's
+    ``step_time``, else the proxy B S^p), and the batch sizes it allows (``TimeBuckets``)."""
+
+    def __init__(self, tokens: np.ndarray, budgets: Budgets, cost: CostModel | None) -> None:
+        self.tokens, self.budgets, self.cost = tokens, budgets, cost
+        self.per_sample = cost.per_sample_time(tokens) if cost else tokens**budgets.p
+        self.fixed = cost.c0 if cost else 0.0
+
+    def of(self, batch: Any) -> np.ndarray:
+        """The predicted time of a batch of `batch` samples of each token count."""
+        if self.cost is None:
+            return np.asarray(batch) * self.per_sample
+        return np.asarray(self.cost.step_time(batch, self.tokens))
+
+    def batch_size(self, reference: float) -> np.ndarray:
+        """B(S): the largest batch within `reference` seconds and M_mem tokens, at least 1."""
+        within = max(reference * (1 + REFERENCE_SLACK) - self.fixed, 0.0)
+        by_time = _floor_within(within, self.per_sample)
+        return np.maximum(1, np.minimum(_floor_within(self.budgets.m_mem, self.tokens), by_time))
+
+    def stretch(self, reference: float, epoch: EpochInputs) -> float:
+        """The least reference time (from `reference` up) whose batches fill at most the
+        epoch's steps asked for; the memory-bound batches' time where none does (the cuts
+        then refuse the step count)."""
+        count = np.bincount(epoch.buckets.of, minlength=self.tokens.size)
+
+        def steps(ref: float) -> int:
+            return -(-int((-(-count // self.batch_size(ref))).sum()) // epoch.world_size)
+
+        low = reference
+        high = max(low, float(self.of(_floor_within(self.budgets.m_mem, self.tokens)).max()))
+        if steps(low) <= epoch.steps or steps(high) > epoch.steps:
+            return low if steps(low) <= epoch.steps else high
+        for _ in range(60):  # bisection: steps(ref) falls as ref grows
+            mid = 0.5 * (low + high)
+            low, high = (low, mid) if steps(mid) <= epoch.steps else (mid, high)
+        return high
+
+
+class PeerPacks(Policy):
+    """The field's packing methods (``planning.baselines``): packs held to the memory limit of
+    ``adaptiveload-packed`` (bytes where the calibration knows the device, else M_mem tokens;
+    pack_tokens when set), not to M_comp."""
+
+    requires = ("m_mem",)
+    packed = True
+    peer = True
+
+
+class TokenFFD(PeerPacks):
+    """Token-count packing as NVIDIA NeMo DFM trains Wan 2.1 on Megatron-Energon:
+    first-fit-decreasing of samples into packs up to a sequence length, the packs shuffled
+    and dealt to ranks without regard to cost (``baselines.ffd_packs``). Simplified: the
+    sequence length is the memory limit, not a user's fixed number."""
+
+    name = "token-ffd"
+
+    def micro_batches(self, epoch: EpochInputs) -> MicroBatches:
+        return baselines.ffd_packs(epoch)
+
+
+class StepBalanced(PeerPacks):
+    """Each step's global batch split over the ranks by `partition`
+    (``baselines.step_partitions``). Simplified as both methods it serves: one micro-batch
+    per rank per step (a step over the memory limit runs as two), global batches of equal
+    sample counts, as many as the memory volume needs."""
+
+    partition: ClassVar[baselines.Partition]
+
+    def micro_batches(self, epoch: EpochInputs) -> MicroBatches:
+        return baselines.step_partitions(epoch, self.partition, self.name)
+
+
+class TokenKK(StepBalanced):
+    """verl's sequence-length balancing (``get_seqlen_balanced_partitions``): Karmarkar-Karp
+    on token counts over the data-parallel ranks, a rank's load being its tokens. Simplified:
+    parts need not hold equal sample counts (verl's ``equal_size``)."""
+
+    name = "token-kk"
+    partition = staticmethod(baselines.kk_partition)
+
+
+class FlopGreedy(StepBalanced):
+    """KnapFormer's workload balancing: samples sorted by an estimated FLOP workload, each to
+    the least-loaded bag of the fixed ranks that has room. Simplified: one bag per rank (no
+    sequence-parallel bags), FLOPs from the model's shape (``baselines.flop_workload``)."""
+
+    name = "flop-greedy"
+    partition = staticmethod(baselines.greedy_partition)
+
+
 POLICIES: dict[str, type[Policy]] = {
     cls.name: cls
     for cls in (
         EqualToken, AdaptiveLoad, AdaptiveLoadBalanced, AdaptiveLoadPacked, AdaptiveLoadSP,
-        AdaptiveLoadSPFixed,
+        AdaptiveLoadSPFixed, TokenFFD, TokenKK, FlopGreedy, TimeBuckets,
     )
 }
 

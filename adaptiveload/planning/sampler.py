@@ -290,17 +290,18 @@ class PlanBatchSampler(Sampler[list[int]]):
                 "a fixed plan table covers one epoch; pass a PlanBuilder to plan each epoch"
             )
         pending = self._resume
-        if step is None and pending is not None:
-            if epoch == self.epoch:
-                return  # the epoch set before, with its start
-            if pending < self._total:
-                at = pending // self.batches_per_step
-                raise ValueError(
-                    f"set_epoch({epoch}): epoch {self.epoch} was set to start at step {at} and "
-                    "has not run yet; a second set_epoch would drop it silently (under HF "
-                    "Accelerate, prepare the loader with adaptiveload.integrations.accelerate."
-                    f"prepare); call set_epoch({epoch}, step=0) to start epoch {epoch} afresh"
-                )
+        if step is None and epoch == self.epoch and (pending is not None or self._active):
+            # the epoch set before, with its start, or the one whose pass is running: Lightning
+            # sets the epoch again once a loader with workers has begun drawing its batches
+            return
+        if step is None and pending is not None and pending < self._total:
+            at = pending // self.batches_per_step
+            raise ValueError(
+                f"set_epoch({epoch}): epoch {self.epoch} was set to start at step {at} and "
+                "has not run yet; a second set_epoch would drop it silently. Iterate epoch "
+                f"{self.epoch} first, or call set_epoch({epoch}, step=0) to start epoch {epoch} "
+                "afresh (a framework that sets epochs itself: docs/sampler.md)"
+            )
         self._load(epoch)
         self._start_at(0 if step is None else step)
 

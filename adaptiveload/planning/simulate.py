@@ -64,7 +64,13 @@ from adaptiveload.costmodel import (
 from adaptiveload.experiment import schema_default
 from adaptiveload.planning.batches import table_degrees
 from adaptiveload.planning.packing import PackLimits, epoch_limits
-from adaptiveload.step_table import SP_DEGREE, STEP_COLUMNS, VAL_COLUMNS, real_counts, timed
+from adaptiveload.step_table import (
+    SP_DEGREE,
+    STEP_COLUMNS,
+    VAL_COLUMNS,
+    WHOLE_EPOCH,
+    real_counts,
+)
 
 DEFAULT_ALLREDUCE_GBPS = schema_default("train.allreduce_gbps")  # an experiment's default
 FP32_BYTES = 4
@@ -81,27 +87,13 @@ MEMORY_FIELDS = (
 @dataclass
 class Simulation:
     """`steps`: one row per (step, rank) in the shared per-step schema (`step_table`);
-    `summary`: the run summary (metrics over steps >= warmup_steps, labelled source "model")."""
+    `summary`: the run summary (metrics over every step of the plan, labelled source
+    "model"). A prediction has no warm-up (nothing compiles, no cache is cold): its window is
+    the whole epoch, so every policy's window holds the same samples."""
 
     steps: pd.DataFrame
     summary: dict[str, Any]
     capacity_bytes: float | None = None
-
-    def timed(self, warmup_steps: int) -> Simulation:
-        """The same simulation summarized over another timed window (nothing is simulated
-        again: a plan's per-step predictions do not depend on the window)."""
-        summary = {k: v for k, v in self.summary.items() if k in _HEADER}
-        summary["warmup_steps"] = warmup_steps
-        summary.update(_metrics(self.steps, summary["world_size"], self.capacity_bytes,
-                                warmup_steps))
-        return Simulation(self.steps, summary, self.capacity_bytes)
-
-
-# the summary fields that describe the simulation itself (the rest are its window's metrics)
-_HEADER = ("launch_mode", "source", "device", "calibration", "world_size", "warmup_steps",
-           "allreduce_gbps", "grad_bytes", "allreduce_s", "min_steps_per_epoch",
-           "epoch_lower_bound_s", "epoch_s", "vs_epoch_lower_bound", "epoch_steps",
-           *MEMORY_FIELDS)
 
 
 def allreduce_seconds(grad_bytes: float, world_size: int, gbps: float) -> float:
@@ -130,7 +122,6 @@ def simulate(
     world_size: int | None = None,
     grad_bytes: float | None = None,
     capacity_bytes: float | None = None,
-    warmup_steps: int = 0,
 ) -> Simulation:
     """Predicted per-(step, rank) times of `plan_table` and their summary metrics.
 
@@ -151,7 +142,9 @@ def simulate(
         "device": calibration.device if calibration else None,
         "calibration": calibration.label if calibration else None,
         "world_size": n,
-        "warmup_steps": warmup_steps,
+        # the analysis's window fields: no warm-up, one whole epoch (`Simulation`)
+        "warmup_steps": 0,
+        "timed_window": WHOLE_EPOCH,
         "allreduce_gbps": allreduce_gbps,
         "grad_bytes": grad_bytes,
         "allreduce_s": ar_s,
@@ -162,7 +155,7 @@ def simulate(
     planned_steps = plan_table.attrs.get("plan", {}).get("steps")
     summary["epoch_steps"] = int(planned_steps or frame["step"].max() + 1)
     summary.update(_memory(frame, calibration))
-    summary.update(_metrics(frame, n, capacity_bytes, warmup_steps))
+    summary.update(_metrics(frame, n, capacity_bytes))
     return Simulation(steps=frame, summary=summary, capacity_bytes=capacity_bytes)
 
 
@@ -262,7 +255,7 @@ def _step_table(
             "padding_samples": cell.padding_samples,
             "padding_tokens": cell.padding_tokens,
             # learning: a measured run's columns, empty in a simulation
-            **{col: empty.copy() for col in ("samples_seen", *VAL_COLUMNS)},
+            **{col: empty.copy() for col in ("samples_seen", "host_load_1m", *VAL_COLUMNS)},
         },
         columns=list(STEP_COLUMNS),
     )
@@ -385,33 +378,29 @@ def _split(cost_model: CostModel | Calibration) -> tuple[CostModel, Calibration 
     return cost_model, None
 
 
-def _metrics(
-    frame: pd.DataFrame, n: int, capacity_bytes: float | None, warmup_steps: int
-) -> dict[str, Any]:
-    """The run-summary metrics of the predicted per-step table over its timed window, with
-    the window's lower bound and the plan's distance from it."""
+def _metrics(frame: pd.DataFrame, n: int, capacity_bytes: float | None) -> dict[str, Any]:
+    """The run-summary metrics of the predicted per-step table over all its steps, with the
+    steps' lower bound and the plan's distance from it."""
     compute = frame["compute_s"].to_numpy(np.float64).reshape(-1, n)
     steps = compute.shape[0]
-    keep = timed(np.arange(steps), warmup_steps)
-    window = compute[keep]
-    if window.shape[0] == 0:
+    if steps == 0:
         return {"steps": 0}
-    wall_s = float(frame["step_time_s"].to_numpy(np.float64)[::n][keep].sum())
-    peak = frame["peak_bytes_model"].to_numpy(np.float64).reshape(steps, n)[keep]
+    wall_s = float(frame["step_time_s"].to_numpy(np.float64)[::n].sum())
+    peak = frame["peak_bytes_model"].to_numpy(np.float64).reshape(steps, n)
     samples, tokens = real_counts(frame)
 
     def per_step(values: pd.Series) -> np.ndarray:
-        return values.to_numpy(np.float64).reshape(steps, n)[keep].sum(axis=1)
+        return values.to_numpy(np.float64).reshape(steps, n).sum(axis=1)
 
     out: dict[str, Any] = metrics.window_metrics(
-        window,
+        compute,
         metrics.StepCounts(per_step(samples), per_step(tokens), per_step(frame["padding_samples"])),
         seconds=wall_s,
         peak_bytes=np.where(np.isnan(peak), 0.0, peak),  # a rank without a batch: no memory
         capacity_bytes=capacity_bytes,
     )
     out["wall_s"] = wall_s
-    lower = float(frame["lower_bound_s"].to_numpy(np.float64)[::n][keep].sum())
+    lower = float(frame["lower_bound_s"].to_numpy(np.float64)[::n].sum())
     out["lower_bound_s"] = lower
-    out["vs_lower_bound"] = float(window.max(axis=1).sum()) / lower if lower > 0 else None
+    out["vs_lower_bound"] = float(compute.max(axis=1).sum()) / lower if lower > 0 else None
     return out

@@ -29,6 +29,7 @@ from adaptiveload.tracking.store import (
     experiment_id,
     log_artifact,
     log_params,
+    require_existing,
     store_errors,
     store_failure,
     store_folder,
@@ -357,6 +358,7 @@ def check_runs(experiment: str, run_dirs: list[Path], uri: str | None = None) ->
     store refuses, or a run that is missing or not FINISHED, is a UserError naming the
     folder and the fix, so a pipeline never ends with runs RUNNING or records only on disk."""
     uri = uri or tracking_uri()
+    require_existing(uri)
     report = []
     for run_dir in map(Path, run_dirs):
         spool = run_dir / RUN_SPOOL

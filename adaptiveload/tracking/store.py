@@ -192,6 +192,16 @@ def init_store(uri: str | None = None) -> str:
     return uri
 
 
+def require_existing(uri: str) -> None:
+    """UserError unless a sqlite store's file exists: reading one that vanished (deleted,
+    another working directory, a moved results folder) would create an empty store and
+    report every run missing from it, or worse, nothing at all."""
+    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
+        raise UserError(f"{uri}: no tracking store there (the runs were logged to another "
+                        "one, or it was deleted or moved); point MLFLOW_TRACKING_URI at the "
+                        "store the runs were logged to, or run the pipeline again to log them")
+
+
 def check_reachable(uri: str | None = None) -> str:
     """Raise UserError if the store cannot be reached; called before any training starts."""
     uri = uri or tracking_uri()

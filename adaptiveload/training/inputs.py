@@ -58,6 +58,13 @@ def prepare_data(
     if plan is not None:
         check_plan(plan, epoch0.summary)
     mcfg = get_config(cfg.model)
+    root = data["root"] or (Path(manifest).parent if manifest else None)
+    if cfg.val_every > 0 and builder.samples["latent_path"].notna().any():
+        raise UserError(
+            f"train.val_every: {cfg.val_every} on {manifest}, a manifest of cached latents: its "
+            f"held-out samples would be synthetic ({data['content']}), not of your data; set "
+            "train.val_every: 0 (a held-out split of a manifest is not supported yet)"
+        )
 
     def dataset_of(frame: pd.DataFrame) -> LatentDataset:
         return LatentDataset(
@@ -67,6 +74,7 @@ def prepare_data(
             text_dim=mcfg.text_dim,
             seed=DATA_SEED,
             content=data["content"],
+            root=root,
         )
 
     validation = (

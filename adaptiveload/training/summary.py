@@ -69,6 +69,8 @@ def measured_metrics(
     out["samples_per_s_wall"], out["tokens_per_s_wall"] = metrics.throughput(
         float(counts["samples"].sum()), float(counts["tokens"].sum()), wall
     )
+    # the load the window ran under: the analysis's sensitivity line (analysis.stats.LOAD)
+    out["host_load_mean"] = float(win.groupby("step")["host_load_1m"].first().mean())
     return out
 
 

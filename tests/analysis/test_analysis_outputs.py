@@ -100,7 +100,7 @@ def test_figure_layouts_name_things_and_do_not_collide(tmp_path):
                                    kernel="none", source="model", device="NVIDIA H200 (prior)",
                                    steps=12))
     agg = aggregate(parse_index(index))
-    stats = compare(agg.runs, agg.steps, n_boot=200, seed=0)
+    stats = compare(agg.runs)
     describe = {"manifest": "x/manifest.parquet", "num_samples": 3, "num_excluded": 0,
                 "buckets": [{"tokens": t, "count": 1} for t in (100, 400, 1600)]}
     inputs = figures.FigureInputs(agg.runs, agg.steps, stats, describe=describe,

@@ -1,4 +1,6 @@
-"""Stats on synthetic runs with a planted effect (must be found) and without (must not be)."""
+"""Stats on synthetic runs written as the trainer writes them (aggregated from their files):
+a planted effect is found, none is not, a seed that disagrees widens the interval, and the
+inference rests on runs, never on steps."""
 
 from pathlib import Path
 
@@ -8,128 +10,120 @@ from analysis_synth import planted_runs, write_run
 
 from adaptiveload.analysis.aggregate import aggregate, parse_index
 from adaptiveload.analysis.stats import (
-    HIERARCHICAL,
-    WITHIN_RUNS,
-    cliffs_delta,
-    cohens_d,
+    LOAD_ADJUSTED,
+    PAIRED,
     compare,
+    describe,
     headline,
+    load_adjusted,
+    paired_effect,
+    sign_flip_p,
     to_markdown,
 )
 from adaptiveload.errors import UserError
 
 
-def _stats(tmp_path, planted):
-
-    index = planted_runs(tmp_path, planted=planted)
-    agg = aggregate(parse_index(index))
-    return compare(agg.runs, agg.steps, n_boot=500, seed=0)
+def _stats(tmp_path, planted, seeds=(0, 1, 2)):
+    index = planted_runs(tmp_path, planted=planted, seeds=seeds)
+    return compare(aggregate(parse_index(index)).runs)
 
 
-def _get(table, metric, test):
+def _get(table, metric, test=PAIRED):
     sel = table[(table.metric == metric) & (table.test == test)]
     assert len(sel) == 1, (metric, test, table[["metric", "test"]])
     return sel.iloc[0]
 
 
-def test_planted_difference_is_detected(tmp_path):
-    table = _stats(tmp_path, planted=True)
-    for test in ("Mann-Whitney U", "Welch's t"):
-        assert _get(table, "imbalance", test).p_value < 1e-6
-        assert _get(table, "step_time_s", test).p_value < 1e-3
-    ratio = _get(table, "samples_per_s ratio", "bootstrap 95% CI")
+def test_planted_difference_is_detected_at_what_the_seeds_allow(tmp_path):
+    """A planted speedup and imbalance cut in all 5 seeds: both intervals exclude no change,
+    every seed agrees, and the p-value is the sign-flip floor of 5 pairs (2/32), not less."""
+    table = _stats(tmp_path, planted=True, seeds=range(5))
+    ratio = _get(table, "samples_per_s ratio")
+    assert ratio.n_policy == ratio.n_baseline == 5
     assert 1.05 < ratio.ci_low < ratio.estimate < ratio.ci_high
-    diff = _get(table, "imbalance_rate difference", "bootstrap 95% CI")
-    assert diff.ci_high < 0
-    assert _get(table, "imbalance", "Mann-Whitney U").effect_size < -0.8  # Cliff's delta
-    paired = _get(table, "samples_per_s", "paired t")
-    assert paired.n_policy == 3 and paired.estimate > 0
-    # resampling seeds too: n counts seeds, and the consistent effect still excludes no change
-    ratio_h = _get(table, "samples_per_s ratio", HIERARCHICAL)
-    assert ratio_h.n_policy == ratio_h.n_baseline == 3
-    assert ratio_h.estimate == ratio.estimate and ratio_h.ci_low > 1.05
-    assert _get(table, "imbalance_rate difference", HIERARCHICAL).ci_high < 0
-    wall = _get(table, "samples_per_s_wall ratio", HIERARCHICAL)
-    assert wall.ci_low > 1.05 and wall.p_value < 0.01
+    assert ratio.agree == 5 and ratio.p_value == pytest.approx(2 / 32)
+    assert ratio.p_floor == pytest.approx(2 / 32)
+    assert _get(table, "imbalance_rate difference").ci_high < 0
+    assert _get(table, "samples_per_s_wall ratio").ci_low > 1.05
 
 
 def test_no_difference_is_not_detected(tmp_path):
     table = _stats(tmp_path, planted=False)
-    for test in ("Mann-Whitney U", "Welch's t"):
-        assert _get(table, "imbalance", test).p_value > 0.01
-    ratio = _get(table, "samples_per_s ratio", "bootstrap 95% CI")
-    assert ratio.ci_low < 1.0 < ratio.ci_high
-    diff = _get(table, "imbalance_rate difference", "bootstrap 95% CI")
+    ratio = _get(table, "samples_per_s ratio")
+    assert ratio.ci_low < 1.0 < ratio.ci_high and ratio.p_value > 0.2
+    diff = _get(table, "imbalance_rate difference")
     assert diff.ci_low < 0 < diff.ci_high
 
 
-def test_hierarchical_ci_counts_the_seeds_that_disagree(tmp_path):
-    """Faster by 1.3x in two seeds, slower by 1.3x in the third: each run's steps pin its own
-    mean (the within-run CI excludes 1), but a third of the seeds say the opposite, so the
-    CI over seeds, then steps, spans 1. Every bootstrap row's CI and p-value agree."""
-
+def test_a_seed_that_disagrees_is_counted(tmp_path):
+    """Faster by 1.3x in two seeds, slower by 1.3x in the third: each run's own steps pin its
+    mean, but the replicate is the run, so the interval spans 1, 2 of 3 seeds agree and the
+    sign-flip p is 0.75."""
     index = []
     for seed, speedup in ((0, 1.3), (1, 1.3), (2, 1 / 1.3)):
         index.append(write_run(tmp_path, "equal-token", seed))
         index.append(write_run(tmp_path, "adaptiveload", seed, speedup=speedup))
-    agg = aggregate(parse_index(index))
-    table = compare(agg.runs, agg.steps, n_boot=1000, seed=0)
-    within = _get(table, "samples_per_s ratio", WITHIN_RUNS)
-    hier = _get(table, "samples_per_s ratio", HIERARCHICAL)
-    assert within.estimate == pytest.approx(hier.estimate)
-    assert within.n_policy == 3 * (40 - 2) and hier.n_policy == 3
-    assert within.ci_low > 1.0 and within.p_value < 0.01
-    assert hier.ci_low < 1.0 < hier.ci_high and hier.p_value > 0.2
-    assert hier.ci_high - hier.ci_low > 2 * (within.ci_high - within.ci_low)
-    boot = table[table.test.isin([WITHIN_RUNS, HIERARCHICAL])]
-    for row in boot.itertuples():
-        null = 0.0 if row.metric == "imbalance_rate difference" else 1.0
-        excludes = row.ci_low > null or row.ci_high < null
-        if not 0.04 < row.p_value < 0.06:  # percentile ends and tail shares meet at 0.05
-            assert excludes == (row.p_value < 0.05), row
-    # the table and figures show the hierarchical rows, one per metric
-    shown = headline(table)
-    assert set(shown.test) == {HIERARCHICAL}
-    assert not shown.duplicated(["policy", "metric"]).any()
+    ratio = _get(compare(aggregate(parse_index(index)).runs), "samples_per_s ratio")
+    assert ratio.ci_low < 1.0 < ratio.ci_high
+    assert ratio.agree == 2 and ratio.p_value == pytest.approx(0.75)
+    assert ratio.estimate == pytest.approx(1.3 ** (1 / 3), rel=0.05)  # geometric mean
 
 
-def test_whole_epoch_runs_resample_only_the_clock(tmp_path):
-    """Steps whose sample counts swing (many short clips in one step, one long clip in the
-    next) at the same step time, as balanced dealing makes them. A timed window of a fixed
-    number of steps draws which steps it holds, so the samples are resampled with the times;
-    a whole epoch holds every sample once, so only the times are. Same files otherwise: the
-    estimate is the same, the epoch's CI narrower and clear of 1 (a 1.3x planted speedup)."""
-
-    tables = {}
-    for window in ("steps", "epoch"):
-        index = []
-        for seed in (0, 1, 2):
-            for policy, speedup in (("equal-token", 1.0), ("adaptiveload", 1.3)):
-                index.append(write_run(tmp_path / window, policy, seed, speedup=speedup,
-                                       samples_range=(1, 40), timed_window=window))
-        agg = aggregate(parse_index(index))
-        assert set(agg.runs["timed_window"]) == {window}
-        tables[window] = _get(compare(agg.runs, agg.steps, n_boot=1000, seed=0),
-                              "samples_per_s ratio", HIERARCHICAL)
-    steps, epoch = tables["steps"], tables["epoch"]
-    assert epoch.estimate == pytest.approx(steps.estimate)
-    assert epoch.ci_low > 1.0 and epoch.p_value < 0.01
-    # here 0.14 wide against 0.24: what is left is the step times' own spread
-    assert epoch.ci_high - epoch.ci_low < 0.7 * (steps.ci_high - steps.ci_low)
+def test_the_estimate_is_the_geometric_mean_of_paired_ratios():
+    eff = paired_effect(np.array([2.0, 8.0]), np.array([1.0, 2.0]), ratio=True)
+    assert eff.estimate == pytest.approx(np.sqrt(2 * 4))
+    assert (eff.seed_min, eff.seed_max, eff.agree, eff.n) == (2.0, 4.0, 2, 2)
+    d = np.log([2.0, 4.0])
+    half = 12.706204736 * d.std(ddof=1) / np.sqrt(2)  # t(0.975, 1)
+    assert eff.ci_low == pytest.approx(np.exp(d.mean() - half))
+    diff = paired_effect(np.array([0.2, 0.3]), np.array([0.5, 0.5]), ratio=False)
+    assert diff.estimate == pytest.approx(-0.25)
 
 
-def test_bootstrap_is_seeded(tmp_path):
+def test_sign_flip_p_enumerates_every_sign_vector():
+    """[1, 2, 3]: of the 8 sign vectors, |mean| >= 2 only for all + and all -: p = 2/8. A
+    zero effect has p = 1; 20 pairs go to the seeded Monte Carlo, still >= its floor."""
+    assert sign_flip_p(np.array([1.0, 2.0, 3.0])) == (0.25, 0.25)
+    assert sign_flip_p(np.array([1.0, -1.0]))[0] == 1.0
+    # [3, -1, 1]: |mean| >= 1 for (+,+,+) (-,-,-) (+,+,-) (-,-,+) (+,-,+) (-,+,-): 6/8
+    assert sign_flip_p(np.array([3.0, -1.0, 1.0]))[0] == pytest.approx(0.75)
+    p, floor = sign_flip_p(np.full(20, 0.5), seed=1)
+    assert floor == pytest.approx(1 / (2**16 + 1)) and floor <= p < 1e-3
+    assert sign_flip_p(np.full(20, 0.5), seed=1) == (p, floor)
+
+
+def test_load_adjustment_removes_a_planted_load_effect():
+    """Paired effects that are all load (0.05 per unit of load difference) plus a true 0.1:
+    the adjusted effect is 0.1, the slope 0.05; equal loads adjust nothing."""
+    x = np.array([-3.0, -1.0, 0.0, 2.0, 4.0])
+    est, lo, hi, slope = load_adjusted(0.1 + 0.05 * x, x)
+    assert est == pytest.approx(0.1) and slope == pytest.approx(0.05)
+    assert lo == pytest.approx(0.1) and hi == pytest.approx(0.1)
+    assert load_adjusted(np.ones(5), np.zeros(5)) is None
+    assert load_adjusted(np.ones(3), x[:3]) is None  # 1 degree of freedom: not enough
+
+
+def test_load_sensitivity_rows_follow_the_runs_loads(tmp_path):
+    """Runs written with their host load: a load-adjusted row per metric beside the
+    headline; the tables show only the headline."""
+    index = []
+    for seed in range(5):
+        index.append(write_run(tmp_path, "equal-token", seed, load=1.0 + seed))
+        index.append(write_run(tmp_path, "adaptiveload", seed, speedup=1.3, load=5.0 - seed))
+    table = compare(aggregate(parse_index(index)).runs)
+    assert _get(table, "samples_per_s ratio", LOAD_ADJUSTED).n_policy == 5
+    assert set(headline(table)["test"]) == {PAIRED}
+    assert "Sensitivity" in to_markdown(table)
+
+
+def test_the_same_runs_give_the_same_table(tmp_path):
     a = _stats(tmp_path, planted=True)
     b = _stats(tmp_path, planted=True)
     assert a.equals(b)
-    assert "## train / base / kernel eager" in to_markdown(a)
-
-
-def test_effect_sizes_on_hand_cases():
-    assert cliffs_delta(np.array([3, 4]), np.array([1, 2])) == 1.0
-    assert cliffs_delta(np.array([1, 2]), np.array([1, 2])) == 0.0
-    x, y = np.array([2.0, 4.0]), np.array([0.0, 2.0])
-    assert cohens_d(x, y) == pytest.approx(2 / np.sqrt(2))
+    md = to_markdown(a)
+    assert "## train / base / kernel eager" in md
+    row = _get(a, "samples_per_s ratio")
+    assert describe(row).endswith(f"p={row.p_value:.2g}, 3/3 seeds")
 
 
 def test_bad_summary_names_the_field(tmp_path):

@@ -52,6 +52,14 @@ def test_shipped_experiments_validate():
         ("name: x\nplan: {steps_per_epoch: 0}\n", "plan.steps_per_epoch"),
         ("name: x\ntrain: {step_modes: [free, free]}\n", "train.step_modes"),
         ("name: x\ntrain: {step_modes: [matched]}\n", "train.step_modes"),
+        # names become folders and values reach a job's shell: hostile ones are refused
+        ("name: '..'\n", "name"),
+        ("name: '.'\n", "name"),
+        ("name: a/b\n", "name"),
+        ("name: .hidden\n", "name"),
+        ("name: x\ndata: {mixture: '$(touch PWNED)tiny-cpu'}\n", "data.mixture"),
+        ("name: x\nanalysis: {baseline: 'equal-token; touch PWNED'}\n", "analysis.baseline"),
+        ("name: x\nsweeps: {mixtures: ['../x']}\n", "sweeps.mixtures.0"),
     ],
 )
 def test_bad_field_is_named(tmp_path, text, field):
@@ -116,7 +124,9 @@ def test_schema_copies_of_code_constants():
     props = experiment.schema()["properties"]
     data, sim = props["data"]["properties"], props["simulate"]["items"]["properties"]
     assert props["policies"]["items"]["enum"] == list(POLICIES)
-    assert experiment.schema_default("policies") == list(POLICIES)
+    assert experiment.schema_default("policies") == [
+        name for name, policy in POLICIES.items() if not policy.peer
+    ]
     assert experiment.schema_default("analysis.baseline") in POLICIES
     for section in (data, sim):
         assert section["bucketing"]["enum"] == list(MODES)

@@ -53,6 +53,26 @@ def test_compare_prints_and_writes_every_policy(data, tmp_path, monkeypatch, cap
     )
 
 
+def test_compare_runs_the_fields_methods_at_equal_tokens_steps(data, tmp_path, monkeypatch,
+                                                                 capsys):
+    """--policies picks the field's methods beside packed; --steps-per-epoch match plans each
+    at equal-token's step count, and their micro-batches stay within the memory limit."""
+    out = tmp_path / "peers.json"
+    peers = [name for name, policy in POLICIES.items() if policy.peer]
+    code, stdout, err = run(
+        monkeypatch, capsys, "compare", "--manifest", str(data / "mine.csv"), "--world-size",
+        "8", "--calibration", "h200-wan2.1-t2v-1.3b-measured", "--steps-per-epoch", "match",
+        "--policies", ",".join(["equal-token", "adaptiveload-packed", *peers]), "-o", str(out),
+    )
+    assert code == 0, err
+    report = json.loads(out.read_text())
+    assert report["steps_per_epoch"] == "match" and "steps per epoch match" in stdout
+    rows = report["policies"]
+    assert [s["policy"] for s in rows] == ["equal-token", "adaptiveload-packed", *peers]
+    assert len({s["steps"] for s in rows}) == 1
+    assert all(s["constraint_violations"] == 0 for s in rows)
+
+
 def test_compare_with_a_prior_honours_capacity(data, monkeypatch, capsys, tmp_path):
     reports = {}
     for gb in ("141", "80"):

@@ -132,6 +132,22 @@ def test_the_job_shell_exits_with_the_status_of_its_command(tmp_path):
     assert subprocess.run([shell, "-c", "kill -TERM $$"]).returncode == 128 + signal.SIGTERM
 
 
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_every_job_gets_the_grace_to_clean_up_when_stopped(tmp_path, signum):
+    """A job bash does not `exec` (two commands: the rules' `set -euo pipefail; ...`): bash
+    dies at once on the signal, and its command still finishes its clean-up (as `analyze
+    record` deletes its unfinished run) before the job shell ends; before, the job shell
+    SIGKILLed it as soon as bash was gone."""
+    shell = str(Path(sys.executable).parent / "adaptiveload-job")
+    marker = tmp_path / "marker"
+    command = f"set -euo pipefail; {sys.executable} -c '{_CLEANUP}' {marker}; true"
+    job = subprocess.Popen([shell, "-c", command], env=cli_env())
+    wait_for(lambda: marker.exists(), job, timeout=60)
+    job.send_signal(signum)
+    assert job.wait(timeout=60) == 128 + signum
+    assert marker.read_text() == "cleaned up"
+
+
 # -- stage views: a stage depends on the fields it reads --------------------------------------
 def test_a_stage_view_holds_exactly_what_its_stage_reads(tmp_path):
     """Each stage configured from its view gets the settings it gets from the whole

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -321,3 +323,42 @@ def test_cost_of_a_set_is_additive_and_equals_the_batch_form_for_one_shape():
     assert floored.pack_time(n, s1, s2)[0] == 0.0
     assert floored.pack_time(n, s1, s2)[1] == pytest.approx(floored.set_time(mixed))
     assert floored.set_time([1560]) == pytest.approx(0.05)  # the floor holds a small pack too
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "says"),
+    [
+        ("cost.m_static", -1e9, "field 'cost.m_static' is -1000000000.0; must be >= 0"),
+        ("cost.c0", -100, "field 'cost.c0' is -100; must be >= 0"),
+        ("cost.a", -1, "field 'cost.a' is -1; must be >= 0"),
+        ("p", 0.5, "field 'p' is 0.5; must be >= 1"),
+        ("m_comp", -5.0, "field 'm_comp' is -5.0; must be a positive number"),
+        ("capacity_bytes", 0, "field 'capacity_bytes' is 0; must be a positive number"),
+        ("comm.links", [{"degree": 2, "latency_s": 1e-5, "bytes_per_s": -1.0}],
+         "field 'comm.links[0].bytes_per_s' must be a positive number"),
+    ],
+)
+def test_a_calibration_file_is_validated_on_load(tmp_path, field, value, says):
+    """Signs and finiteness of a calibration file, checked when it is read: a negative
+    memory or time term planned with exit 0 before (a predicted VRAM utilization of -195)."""
+    data = {"model": "wan2.1-micro", "device": "cpu", "source": "measured", "p": 1.5,
+            "m_mem": 1e9, "m_comp": 1e6, "capacity_bytes": 2e9,
+            "cost": {"c0": 0.01, "a": 1e-5, "b": 1e-9, "m_static": 1e8, "m_tok": 1e4},
+            "comm": {"source": "model", "backend": "nccl", "device": "x", "dtype_bytes": 2,
+                     "links": [{"degree": 2, "latency_s": 1e-5, "bytes_per_s": 1e11}]}}
+    Calibration.load(_write(tmp_path / "ok.json", data))
+    *sections, last = field.split(".")
+    target = data
+    for name in sections:
+        target = target[name]
+    target[last] = value
+    path = _write(tmp_path / "bad.json", data)
+    with pytest.raises(UserError) as exc:
+        Calibration.load(path)
+    assert str(exc.value).startswith(f"{path}: ") and says in str(exc.value)
+    assert "\n" not in str(exc.value)
+
+
+def _write(path, data) -> str:
+    path.write_text(json.dumps(data))
+    return str(path)

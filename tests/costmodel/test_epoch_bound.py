@@ -58,8 +58,11 @@ def plans():
 
 def test_no_plan_beats_the_epoch_bound_and_packed_stays_near_it(plans):
     for (mode, policy), s in plans.items():
-        assert s["steps"] >= s["min_steps_per_epoch"], (mode, policy)
-        assert s["predicted_vs_epoch_lower_bound"] >= 1 - 1e-12, (mode, policy)
+        # the field's methods keep the memory limit but not M_comp, under which the bound is
+        # taken: their larger micro-batches may plan fewer steps (docs/baselines.md)
+        if not POLICIES[policy].peer:
+            assert s["steps"] >= s["min_steps_per_epoch"], (mode, policy)
+            assert s["predicted_vs_epoch_lower_bound"] >= 1 - 1e-12, (mode, policy)
         assert s["constraint_violations"] == 0 and s["duplicates"] == 0
         assert s["num_planned"] == s["num_samples"]
     free = plans["free", "adaptiveload-packed"]

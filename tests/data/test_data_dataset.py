@@ -1,5 +1,8 @@
 """LatentDataset: bucket-shaped latents, per-id deterministic noise, cached .safetensors."""
 
+import os
+import re
+
 import pandas as pd
 import pytest
 import torch
@@ -50,11 +53,11 @@ def test_seed_is_stable_across_processes():
 
 
 def test_cached_latents(tmp_path):
-    good, wrong, nokey = tmp_path / "a.st", tmp_path / "b.st", tmp_path / "c.st"
+    good, wrong, nokey = (tmp_path / f"{n}.safetensors" for n in "abc")
     latent = torch.randn(16, 9, 14, 26)
     context = torch.randn(3, 12)
     save_file({"latent": latent, "context": context}, good)
-    save_file({"latent": torch.zeros(16, 1, 4, 4)}, wrong)
+    save_file({"latent": torch.zeros(16, 1, 4, 4), "context": context}, wrong)
     save_file({"other": torch.zeros(1)}, nokey)
     df = bucketed(
         [("a", 40, 130, 230), ("b", 1, 64, 64), ("c", 1, 64, 64), ("d", 1, 64, 64)],
@@ -69,6 +72,48 @@ def test_cached_latents(tmp_path):
     with pytest.raises(UserError, match="no tensor named 'latent'"):
         ds[2]
     assert ds[3]["latent"].shape == (16, 1, 8, 8)  # no path: noise
+
+
+def test_a_latent_without_its_text_embedding_is_refused_never_noise(tmp_path):
+    """The text embedding missing, under another key (diffusers' `prompt_embeds`) or in a
+    separate file: one line naming the file and the keys found, never seeded noise (which
+    would train the model to ignore its prompt)."""
+    latent = torch.randn(16, 1, 8, 8)
+    save_file({"latent": latent}, tmp_path / "alone.safetensors")
+    save_file({"latent": latent, "prompt_embeds": torch.randn(3, 12)},
+              tmp_path / "other.safetensors")
+    paths = [str(tmp_path / "alone.safetensors"), str(tmp_path / "other.safetensors")]
+    ds = LatentDataset(bucketed([("a", 1, 64, 64), ("b", 1, 64, 64)], latent_paths=paths),
+                       text_len=5, text_dim=12)
+    for i, found in enumerate(["found latent)", "found latent, prompt_embeds)"]):
+        with pytest.raises(UserError) as exc:
+            ds[i]
+        assert paths[i] in str(exc.value) and "no tensor named 'context'" in str(exc.value)
+        assert found in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_latent_paths_stay_in_their_root_and_only_safetensors_files_are_opened(tmp_path):
+    """A shared manifest's latent_path outside the dataset's root (`..`, absolute, a link) is
+    refused when the dataset is made; a FIFO (whose open would block past every signal) or a
+    .pth file is refused before it is opened."""
+    root, elsewhere = tmp_path / "data", tmp_path / "elsewhere"
+    root.mkdir()
+    elsewhere.mkdir()
+    save_file({"latent": torch.zeros(16, 1, 8, 8), "context": torch.zeros(2, 12)},
+              elsewhere / "x.safetensors")
+    (root / "link.safetensors").symlink_to(elsewhere / "x.safetensors")
+    for path in (root / ".." / "elsewhere" / "x.safetensors", elsewhere / "x.safetensors",
+                 root / "link.safetensors"):
+        with pytest.raises(UserError, match="outside"):
+            LatentDataset(bucketed([("a", 1, 64, 64)], latent_paths=[str(path)]), root=root)
+    os.mkfifo(root / "fifo.safetensors")
+    torch.save({"latent": torch.zeros(16, 1, 8, 8)}, root / "x.pth")
+    for name, says in (("fifo.safetensors", "not a regular file (a FIFO"),
+                       ("x.pth", "not a .safetensors file")):
+        ds = LatentDataset(bucketed([("a", 1, 64, 64)], latent_paths=[str(root / name)]),
+                           text_len=5, text_dim=12)
+        with pytest.raises(UserError, match=re.escape(says)):
+            ds[0]
 
 
 def test_needs_bucketed_samples():

@@ -9,6 +9,11 @@ bit for bit (`torch.equal`, dtypes included); each refusal is one line naming wh
 from __future__ import annotations
 
 import json
+import os
+import resource
+import signal
+import socket
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -86,6 +91,9 @@ def test_original_shards_with_index_load_bit_exact_and_bf16_widens_exactly(tmp_p
     loaded = model.state_dict()
     assert all(v.dtype == torch.float32 for v in loaded.values())
     assert same({k: v.to(torch.bfloat16) for k, v in loaded.items()}, state)
+    # the index itself as the path reads the config.json beside it (num_heads is only there)
+    by_index = weights.load_wan(folder / "model.safetensors.index.json")
+    assert by_index.cfg == model.cfg and same(by_index.state_dict(), loaded)
 
 
 def test_diffusers_folder_loads_and_matches_diffusers(tmp_path):
@@ -120,6 +128,13 @@ def test_convert_round_trip_is_bit_exact_and_diffusers_reads_it(tmp_path):
     for file in sorted((tmp_path / "back").glob("*.safetensors")):
         back.update(load_file(file))
     assert same(back, state)
+    # a diffusers field without a Wan counterpart survives a round trip through the original
+    # layout (it was reset to diffusers' default)
+    config = tmp_path / "diff" / "config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "rope_max_seq_len": 64}))
+    weights.convert(tmp_path / "diff", tmp_path / "o2", "original")
+    weights.convert(tmp_path / "o2", tmp_path / "d2", "diffusers")
+    assert json.loads((tmp_path / "d2" / "config.json").read_text())["rope_max_seq_len"] == 64
     diffusers = pytest.importorskip("diffusers")
     ref = diffusers.WanTransformer3DModel.from_pretrained(tmp_path / "diff")  # fp32: exact
     theirs = {weights.rename(k, "original"): v.bfloat16() for k, v in ref.state_dict().items()}
@@ -163,12 +178,96 @@ def test_refusals_name_the_key_shape_and_kind(tmp_path):
     def i2v(s):
         s["blocks.0.cross_attn.k_img.weight"] = torch.zeros(32, 32)
 
+    def lora(s):
+        s["blocks.0.self_attn.q.lora_A.default.weight"] = torch.zeros(8, 32)
+
     cases = [(drop, "missing key 'blocks.0.ffn.2.bias'"),
              (extra, "unexpected key 'blocks.0.extra.weight'"),
              (reshape, "blocks.0.self_attn.o.bias has shape [31]"),
-             (i2v, "a Wan 2.1 I2V checkpoint (key 'blocks.0.cross_attn.k_img.weight')")]
+             (i2v, "a Wan 2.1 I2V checkpoint (key 'blocks.0.cross_attn.k_img.weight')"),
+             (lora, "unmerged LoRA weights (key 'blocks.0.self_attn.q.lora_A.default.weight')")]
     for i, (edit, says) in enumerate(cases):
         assert says in _refusal(tmp_path / str(i), edit), says
+
+
+def test_an_index_reaches_no_file_outside_its_folder_and_no_fifo_is_opened(tmp_path):
+    """A shared checkpoint's index names its shards: a name that climbs out (`..`), an
+    absolute path or a link to elsewhere is refused before anything is opened; so is a FIFO
+    given as the weights file (its `open` would block forever)."""
+    state = perturbed(MICRO).state_dict()
+    folder = write_sharded(state, tmp_path / "ckpt", None)
+    (tmp_path / "other").mkdir()
+    (folder / "a.safetensors").rename(tmp_path / "other" / "a.safetensors")
+    (folder / "link.safetensors").symlink_to(tmp_path / "other" / "a.safetensors")
+    index = folder / "model.safetensors.index.json"
+    weight_map = json.loads(index.read_text())["weight_map"]
+    for name in ("../other/a.safetensors", "/etc/passwd", "link.safetensors"):
+        edited = {k: name if v == "a.safetensors" else v for k, v in weight_map.items()}
+        index.write_text(json.dumps({"weight_map": edited}))
+        with pytest.raises(UserError) as exc:
+            weights.load_wan(folder)
+        assert "outside" in one_line(exc) and "model.safetensors.index.json" in str(exc.value)
+    fifo = tmp_path / "wan.safetensors"
+    os.mkfifo(fifo)
+    with pytest.raises(UserError) as exc:
+        weights.load_wan(fifo)
+    assert "not a regular file (a FIFO" in one_line(exc)
+
+
+def test_pickles_legacy_files_and_lora_folders_are_refused_in_one_line(tmp_path):
+    state = perturbed(MICRO).state_dict()
+    torch.save({**state, "payload": Path("x")}, tmp_path / "pickle.pth")  # a Python object
+    torch.save(state, tmp_path / "legacy.pth", _use_new_zipfile_serialization=False)
+    says = {"pickle.pth": "holds Python objects besides tensors, which are never unpickled",
+            "legacy.pth": "not a readable torch.save zip file"}
+    for name, message in says.items():
+        with pytest.raises(UserError) as exc:
+            weights.load_wan(tmp_path / name)
+        assert message in one_line(exc) and "weights_only=False" not in str(exc.value)
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text("{}")
+    save_file({"base_model.model.blocks.0.self_attn.q.lora_A.weight": torch.zeros(8, 32)},
+              adapter / "adapter_model.safetensors")
+    with pytest.raises(UserError) as exc:
+        weights.load_wan(adapter)
+    assert "a LoRA adapter folder" in one_line(exc)
+
+
+def test_convert_removes_what_a_killed_convert_left_and_refuses_a_full_disk(tmp_path, capsys):
+    """The temporary folder beside the target of a writer that is gone is removed, and said
+    so, by the next write; one of a live writer stays. A disk that refuses the write (here
+    a file size limit: EFBIG) is one line naming the target and the fix, nothing left."""
+    src = tmp_path / "wan.safetensors"
+    save_file(perturbed(MICRO).state_dict(), src)
+    host = socket.gethostname()
+    gone = tmp_path / f".out.{host}-{_ended_pid()}.tmp"
+    live = tmp_path / f".out.{host}-{os.getppid()}.tmp"  # a live process
+    for folder in (gone, live):
+        folder.mkdir()
+        (folder / "diffusion_pytorch_model.safetensors").write_bytes(b"partial")
+    weights.convert(src, tmp_path / "out", "diffusers")
+    assert not gone.exists() and live.exists()
+    assert f"removed {gone}" in capsys.readouterr().err
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (10_000, limit[1]))
+    try:
+        with pytest.raises(UserError) as exc:
+            weights.convert(src, tmp_path / "full", "diffusers")
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limit)
+        signal.signal(signal.SIGXFSZ, handler)
+    assert f"{tmp_path / 'full'}: cannot write it" in one_line(exc) and "free space" in str(
+        exc.value)
+    assert not (tmp_path / "full").exists() and not list(tmp_path.glob(".full.*"))
+
+
+def _ended_pid() -> int:
+    """The pid of a process that has ended (and been reaped)."""
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
 
 
 def test_config_inferred_and_checked(tmp_path):

@@ -14,8 +14,9 @@ from adaptiveload.planning.policies import POLICIES, Budgets, batch_size
 from adaptiveload.tokens import token_count
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-# one bucket shape per micro-batch (the packed policy's invariants: tests/planning/test_packing.py)
-HOMOGENEOUS = sorted(name for name, cls in POLICIES.items() if not cls.packed)
+# one bucket shape per micro-batch (the packed policy's invariants: tests/planning/test_packing.py;
+# time-buckets', a field's method with a B(S) of the epoch's: tests/planning/test_baselines.py)
+HOMOGENEOUS = sorted(name for name, cls in POLICIES.items() if not (cls.packed or cls.peer))
 
 
 @st.composite

@@ -311,10 +311,27 @@ def test_set_epoch_never_drops_a_pending_epoch(manifest):
     resumed.set_epoch(2)  # once run, any epoch may follow
     fresh = make(manifest)
     fresh.set_epoch(3)
-    with pytest.raises(ValueError, match="has not run yet"):
+    with pytest.raises(ValueError, match="has not run yet") as exc:
         fresh.set_epoch(0)  # a framework's own count would replace the epoch set
+    assert "Accelerate" not in str(exc.value)  # a plain loop's mistake: no framework's fix
     fresh.set_epoch(0, step=0)  # explicit: start epoch 0 afresh
     assert fresh.epoch == 0 and len(fresh) == fresh.num_steps
+
+
+def test_an_epoch_set_again_while_a_loader_with_workers_draws_it_runs_on(manifest):
+    """Lightning's order with a plain DataLoader of workers: the loader's iterator starts
+    drawing batches (its workers prefetch), then Lightning sets the same epoch again, then
+    the next epoch. Setting the running epoch again left it pending, so epoch 1 was refused
+    as if epoch 0 had never run."""
+    sampler = make(manifest, rank=0)
+    loader = DataLoader(Rows(sampler.samples), batch_sampler=sampler, num_workers=1,
+                        collate_fn=lambda items: items)
+    ids = _ids(sampler)
+    for epoch in (0, 1):
+        sampler.set_epoch(epoch)
+        batches = iter(loader)
+        sampler.set_epoch(epoch)  # again, once the workers have begun
+        assert [ids(b) for b in batches] == [list(b) for b in _epoch(make(manifest), epoch)]
 
 
 def test_accelerate_prepare_counts_passes_from_the_samplers_epoch(manifest):

@@ -51,11 +51,12 @@ def test_hand_computed_times_and_metrics():
     assert s["vram_utilization_max"] == pytest.approx(0.31)
 
 
-def test_warmup_and_row_order():
-    shuffled = hand_table().sample(frac=1.0, random_state=1)
-    s = simulate(shuffled, COST, warmup_steps=1).summary
-    assert s["steps"] == 1 and s["imbalance_rate"] == pytest.approx(9.75 / 13)
-    assert s["samples_per_s"] == pytest.approx(4 / 13)  # no gradient bytes: no all-reduce
+def test_row_order_and_whole_epoch():
+    """A prediction covers every step (no warm-up, whatever order the rows come in): the
+    window is the whole epoch."""
+    s = simulate(hand_table().sample(frac=1.0, random_state=1), COST).summary
+    assert s == simulate(hand_table(), COST).summary
+    assert s["warmup_steps"] == 0 and s["timed_window"] == "epoch" and s["steps"] == 2
 
 
 def test_allreduce_and_grad_bytes():
@@ -120,19 +121,6 @@ def test_homogeneous_cells_price_as_before():
     np.testing.assert_array_equal(st["tokens_sq"], cells["size"] * cells["first"] ** 2)
 
 
-def test_another_timed_window_needs_no_second_simulation():
-    """`Simulation.timed(w)` summarizes the same per-step predictions over steps >= w: what
-    simulating again with warmup_steps=w gives."""
-    plan = build_plan(bucketed(400), "adaptiveload", Budgets(m_mem=4000, m_comp=4000**1.5, p=1.5),
-                      4, 0)
-    cal = Calibration(model="wan2.1-micro", device="cpu", source="model", cost=COST, p=1.5,
-                      m_mem=4000, m_comp=4000**1.5, m_tok=4000, capacity_bytes=5e4)
-    whole = simulate(plan.table, cal)
-    again = simulate(plan.table, cal, warmup_steps=3)
-    assert whole.timed(3).summary == again.summary
-    assert whole.timed(3).summary["steps"] == whole.summary["steps"] - 3
-    assert whole.timed(0).summary == whole.summary
-    pd.testing.assert_frame_equal(whole.timed(3).steps, again.steps)
 
 
 def test_padding_repeats_cost_time_but_are_not_throughput():

@@ -17,7 +17,7 @@ from adaptiveload.data.bucketing import bucketize
 from adaptiveload.data.mixtures import synthesize
 from adaptiveload.errors import UserError
 from adaptiveload.planning.batches import table_degrees
-from adaptiveload.planning.plan import build_plan, check_table, over_capacity
+from adaptiveload.planning.plan import build_plan, check_table, over_capacity, plan_warnings
 from adaptiveload.planning.policies import Budgets
 from adaptiveload.planning.sampler import PlanBatchSampler, PlanBuilder
 
@@ -213,3 +213,23 @@ def test_zero_excluded_and_the_bound_targets_on_long_clips():
         assert s["micro_batches_beyond_measured_memory"] == 0
         assert s["max_micro_batch_tokens"] <= s["memory_measured_tokens"]
         assert s["max_micro_batch_group_tokens"] > s["memory_measured_tokens"]
+
+
+def test_a_plan_slower_than_the_fixed_degree_baseline_says_so():
+    """adaptiveload-sp on clips one H200 holds (Wan 2.1 1.3B, 161 frames): no sample needs a
+    group, so it plans as the packed policy, which the fixed degree beats at N = 128 (model).
+    Its summary carries the baseline's rate and the plan warns; it stays silent where it is
+    the faster one, at any N."""
+    cal = Calibration.load("h200-wan2.1-t2v-1.3b")
+    clips = bucketize(synthesize("long-clips-161", 1000, 0), grid="wan-long",
+                      max_frames=161).samples
+    flagged = {}
+    for n in (16, 128):
+        sp, fixed = (build_plan(clips, policy, budgets(cal), n, 0, cost_model=cal).summary
+                     for policy in (SP, FIXED))
+        assert sp["baseline_predicted_samples_per_s"] == fixed["predicted_samples_per_s"]
+        slower = sp["predicted_samples_per_s"] < fixed["predicted_samples_per_s"]
+        flagged[n] = any(f"below the {fixed['predicted_samples_per_s']:.4g} of its baseline "
+                         f"{FIXED}" in w for w in plan_warnings(sp))
+        assert flagged[n] == slower
+    assert flagged[128]

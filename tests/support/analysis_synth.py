@@ -42,9 +42,11 @@ def write_run(
     calibration: str | None = None,
     samples_range: tuple[int, int] = (2, 6),
     timed_window: str = "steps",
+    load: float | None = None,
 ) -> dict:
     """One run: per-rank compute ~ base * U(1 - spread, 1); step time = max over ranks;
-    samples per rank-step drawn from [samples_range) whatever the compute."""
+    samples per rank-step drawn from [samples_range) whatever the compute; `load`: the host
+    load it recorded (none: a run from before loads were recorded)."""
     rng = np.random.default_rng(zlib.crc32(f"{policy}|{seed}|{setup}|{variant}".encode()))
     base = rng.uniform(0.8, 1.2, size=(steps, 1)) / speedup
     compute = base * rng.uniform(1 - spread, 1.0, size=(steps, ranks))
@@ -57,7 +59,8 @@ def write_run(
              wait_s=step_time[s] - compute[s, r], samples=int(samples[s, r]),
              tokens=int(tokens[s, r]), frames=5, height=64, width=64, peak_bytes=None,
              peak_bytes_model=1e8 * samples[s, r], loss=0.5, step_time_s=step_time[s],
-             step_wall_s=step_time[s] * wall[s], padding_samples=0, padding_tokens=0)
+             step_wall_s=step_time[s] * wall[s], padding_samples=0, padding_tokens=0,
+             host_load_1m=load)
         for s in range(steps) for r in range(ranks)
     ]
     out = root / setup.replace("/", "_") / variant / policy / f"seed{seed}"
@@ -70,6 +73,8 @@ def write_run(
                    launch_mode="emulated", world_size=ranks, device=device, source=source,
                    warmup_steps=warmup, capacity_bytes=4e9, calibration=calibration,
                    timed_window=timed_window,
+                   samples_per_s_wall=samples[timed].sum() / (step_time * wall)[timed].sum(),
+                   **({"host_load_mean": load} if load is not None else {}),
                    **metrics.as_dict())
     assert set(SUMMARY_KEYS) <= set(summary)  # what the analysis requires of every summary
     (out / "summary.json").write_text(json.dumps(summary))

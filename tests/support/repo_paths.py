@@ -19,3 +19,7 @@ H200_MEASURED = CALIBRATIONS / "h200-wan2.1-t2v-1.3b-measured.json"  # the 1.3B 
 # copies of the first H200 run's calibrations: its grid5 run and the grid7 runs 2 and 3
 H200_RUNS = FIXTURES / "h200-2026-11-30"
 H200_GRID7 = {f"run{i}": H200_RUNS / f"calibration-grid7-run{i}.json" for i in (2, 3)}
+# the default experiment's recorded runs and the texts whose numbers are generated from them
+DEFAULT_RECORDS = ROOT / "results" / "reference" / "default"
+GENERATED_DOCS = (ROOT / "README.md", ROOT / "docs" / "results.md")
+CONVERGENCE_BENCHMARK = ROOT / "results" / "benchmarks" / "convergence.json"

@@ -34,14 +34,13 @@ rule aggregate:
     conda:
         CONDA_ENV
     shell:
-        "adaptiveload analyze aggregate --index {input.index} --runs-out {output.runs} "
-        "--steps-out {output.steps} > {log} 2>&1"
+        "adaptiveload analyze aggregate --index {input.index:q} --runs-out {output.runs:q} "
+        "--steps-out {output.steps:q} > {log:q} 2>&1"
 
 
 rule stats:
     input:
         runs=rules.aggregate.output.runs,
-        steps=rules.aggregate.output.steps,
     output:
         csv=f"{TABLES}/stats.csv",
         md=f"{TABLES}/stats.md",
@@ -54,9 +53,8 @@ rule stats:
     conda:
         CONDA_ENV
     shell:
-        "adaptiveload analyze stats --runs {input.runs} --steps {input.steps} --csv {output.csv} "
-        "--md {output.md} --baseline {params.a[baseline]} --n-boot {params.a[bootstrap]} "
-        "--seed {params.a[seed]} > {log} 2>&1"
+        "adaptiveload analyze stats --runs {input.runs:q} --csv {output.csv:q} "
+        "--md {output.md:q} --baseline {params.a[baseline]:q} --seed {params.a[seed]:q} > {log:q} 2>&1"
 
 
 rule convergence:
@@ -76,9 +74,9 @@ rule convergence:
     conda:
         CONDA_ENV
     shell:
-        "adaptiveload analyze convergence --steps {input.steps} --csv {output.csv} "
-        "--md {output.md} --baseline {params.a[baseline]} --n-boot {params.a[bootstrap]} "
-        "--seed {params.a[seed]} > {log} 2>&1"
+        "adaptiveload analyze convergence --steps {input.steps:q} --csv {output.csv:q} "
+        "--md {output.md:q} --baseline {params.a[baseline]:q} --seed {params.a[seed]:q} "
+        "> {log:q} 2>&1"
 
 
 rule tables:
@@ -89,6 +87,8 @@ rule tables:
         kernel=KERNEL_BENCH,
         paper_map=[MAP_SUMMARY] if PAPER_MAP else [],
     output:
+        f"{TABLES}/headline.md",
+        report(f"{TABLES}/headline.html", caption="../report/headline.rst", category="Tables"),
         f"{TABLES}/paper_table.csv",
         f"{TABLES}/paper_table.md",
         report(f"{TABLES}/paper_table.html", caption="../report/paper_table.rst",
@@ -98,8 +98,8 @@ rule tables:
         report(f"{TABLES}/kernel_table.html", caption="../report/kernel_table.rst",
                category="Tables"),
     params:
-        kernel=lambda w, input: f"--kernel-bench {input.kernel}" if input.kernel else "",
-        paper_map=lambda w, input: f"--paper-map {input.paper_map}" if input.paper_map else "",
+        kernel=lambda w, input: ["--kernel-bench", *input.kernel] if input.kernel else [],
+        paper_map=lambda w, input: ["--paper-map", *input.paper_map] if input.paper_map else [],
         baseline=config["analysis"]["baseline"],
         out=lambda w, output: os.path.dirname(output[0]),
     log:
@@ -109,9 +109,9 @@ rule tables:
     conda:
         CONDA_ENV
     shell:
-        "adaptiveload analyze tables --runs {input.runs} --steps {input.steps} --stats {input.stats} "
-        "--out-dir {params.out} {params.kernel} {params.paper_map} "
-        "--baseline {params.baseline} > {log} 2>&1"
+        "adaptiveload analyze tables --runs {input.runs:q} --steps {input.steps:q} --stats {input.stats:q} "
+        "--out-dir {params.out:q} {params.kernel:q} {params.paper_map:q} "
+        "--baseline {params.baseline:q} > {log:q} 2>&1"
 
 
 rule figures:
@@ -126,8 +126,8 @@ rule figures:
         [report(f"{FIGS}/{name}.png", caption=f"../report/{name}.rst", category="Figures")
          for name in figure_names()],
     params:
-        figures=" ".join(f"--figure {name}" for name in figure_names()),
-        kernel=lambda w, input: f"--kernel-bench {input.kernel}" if input.kernel else "",
+        figures=[item for name in figure_names() for item in ("--figure", name)],
+        kernel=lambda w, input: ["--kernel-bench", *input.kernel] if input.kernel else [],
         out=lambda w, output: os.path.dirname(output[0]),
         mixture=config["data"]["manifest"] or config["data"]["mixture"],
     log:
@@ -137,10 +137,10 @@ rule figures:
     conda:
         CONDA_ENV
     shell:
-        "MPLBACKEND=Agg adaptiveload analyze figures --runs {input.runs} --steps {input.steps} "
-        "--stats {input.stats} --describe {input.describe} --calibration {input.calibration} "
-        "{params.kernel} --mixture {params.mixture:q} --out-dir {params.out} "
-        "{params.figures} > {log} 2>&1"
+        "MPLBACKEND=Agg adaptiveload analyze figures --runs {input.runs:q} --steps {input.steps:q} "
+        "--stats {input.stats:q} --describe {input.describe:q} --calibration {input.calibration:q} "
+        "{params.kernel:q} --mixture {params.mixture:q} --out-dir {params.out:q} "
+        "{params.figures:q} > {log:q} 2>&1"
 
 
 rule record:
@@ -156,7 +156,7 @@ rule record:
     output:
         f"{OUT.analysis}/mlflow_analysis.json",
     params:
-        artifacts=lambda w, input: " ".join(f"--artifact {f}" for f in input.files),
+        artifacts=lambda w, input: [item for f in input.files for item in ("--artifact", f)],
         experiment=EXP,
     log:
         f"{LOGS}/record.log",
@@ -165,5 +165,5 @@ rule record:
     conda:
         CONDA_ENV
     shell:
-        "adaptiveload analyze record --experiment {params.experiment} --paper-table {input.paper} "
-        "--stats {input.stats} --config {input.config} {params.artifacts} -o {output} > {log} 2>&1"
+        "adaptiveload analyze record --experiment {params.experiment:q} --paper-table {input.paper:q} "
+        "--stats {input.stats:q} --config {input.config:q} {params.artifacts:q} -o {output:q} > {log:q} 2>&1"

@@ -16,7 +16,7 @@ if config["calibration"]["file"]:
         conda:
             CONDA_ENV
         shell:
-            "cp {input} {output} && echo 'copied {input}' > {log}"
+            "cp {input:q} {output:q} && echo copied {input:q} > {log:q}"
 
 else:
 
@@ -39,5 +39,5 @@ else:
         conda:
             CONDA_ENV
         shell:
-            "OMP_NUM_THREADS={threads} adaptiveload calibrate measure --config {input.config} "
-            "--threads {threads} --manifest {input.manifest} -o {output} > {log} 2>&1"
+            "OMP_NUM_THREADS={threads} adaptiveload calibrate measure --config {input.config:q} "
+            "--threads {threads} --manifest {input.manifest:q} -o {output:q} > {log:q} 2>&1"

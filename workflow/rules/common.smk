@@ -86,19 +86,20 @@ wildcard_constraints:
 
 def bucket_flags(section):
     """--bucketing/--grid/--max-frames of a config section (data or a simulate entry, whose
-    null max_frames is the data's)."""
-    flags = f"--bucketing {section['bucketing']} --grid {section['grid']}"
-    return flags + f" --max-frames {section.get('max_frames') or config['data']['max_frames']}"
+    null max_frames is the data's), as arguments: every value from a config reaches a job's
+    shell as one quoted word (`{params.flags:q}` quotes each item of a list)."""
+    frames = section.get("max_frames") or config["data"]["max_frames"]
+    return ["--bucketing", section["bucketing"], "--grid", section["grid"], "--max-frames", frames]
 
 
 def budget_flags():
     """Numeric budgets of the config override the calibration's ('auto' = take the
     calibration's; a null pack_tokens = none)."""
-    return " ".join(
-        f"--{name.replace('_', '-')} {value}"
-        for name, value in config["budgets"].items()
-        if value not in ("auto", None)
-    )
+    flags = []
+    for name, value in config["budgets"].items():
+        if value not in ("auto", None):
+            flags += [f"--{name.replace('_', '-')}", value]
+    return flags
 
 
 # ---------------------------------------------------------------- simulations and sweeps
@@ -121,14 +122,14 @@ def sim_flags(wildcards):
     reads those derived at the entry's own capacity_gb (`sim_budgets`)."""
     sim = SIMS[wildcards.sim]
     point = pipeline.sweep_point(sim, wildcards.variant)
-    flags = "".join(f"--budgets {path} " for path in sim_budgets(wildcards))
-    flags += f"--world-size {point.world_size} {bucket_flags(sim)} "
-    flags += f"--allreduce-gbps {sim['allreduce_gbps']} "
-    flags += f"--steps-per-epoch {pipeline.steps_per_epoch(config, sim)}"
+    flags = [item for path in sim_budgets(wildcards) for item in ("--budgets", path)]
+    flags += ["--world-size", point.world_size, *bucket_flags(sim)]
+    flags += ["--allreduce-gbps", sim["allreduce_gbps"]]
+    flags += ["--steps-per-epoch", pipeline.steps_per_epoch(config, sim)]
     if point.p is not None:
-        flags += f" --p {point.p}"
+        flags += ["--p", point.p]
     if point.m_comp_scale is not None:
-        flags += f" --m-comp-scale {point.m_comp_scale}"
+        flags += ["--m-comp-scale", point.m_comp_scale]
     return flags
 
 
@@ -172,7 +173,8 @@ def describe_flags():
 
 
 TABLE_FILES = [f"{TABLES}/{t}.{ext}" for t in ("paper_table", "kernel_table")
-               for ext in ("csv", "md", "html")]
+               for ext in ("csv", "md", "html")] + [f"{TABLES}/headline.{ext}"
+                                                     for ext in ("md", "html")]
 CONVERGENCE_FILES = [f"{TABLES}/convergence.{ext}" for ext in ("csv", "md")] if VALIDATION else []
 
 

@@ -82,8 +82,8 @@ if not config["data"]["manifest"]:
         conda:
             CONDA_ENV
         shell:
-            "adaptiveload manifest synth --mixture {params.mixture} -n {params.n} --seed 0 "
-            "-o {output} > {log} 2>&1"
+            "adaptiveload manifest synth --mixture {params.mixture:q} -n {params.n:q} --seed 0 "
+            "-o {output:q} > {log:q} 2>&1"
 
 
 rule describe:
@@ -101,7 +101,7 @@ rule describe:
     conda:
         CONDA_ENV
     shell:
-        "adaptiveload manifest describe {input} {params.flags} --json -o {output} > {log} 2>&1"
+        "adaptiveload manifest describe {input:q} {params.flags:q} --json -o {output:q} > {log:q} 2>&1"
 
 
 rule sim_manifest:
@@ -117,5 +117,5 @@ rule sim_manifest:
     conda:
         CONDA_ENV
     shell:
-        "adaptiveload manifest synth --mixture {wildcards.mixture} -n {params.n} --seed 0 "
-        "-o {output} > {log} 2>&1"
+        "adaptiveload manifest synth --mixture {wildcards.mixture:q} -n {params.n:q} --seed 0 "
+        "-o {output:q} > {log:q} 2>&1"

@@ -33,7 +33,7 @@ rule kernel_build:
     conda:
         CONDA_ENV
     shell:
-        "adaptiveload kernel build --build-dir {params.build_dir} > {log} 2>&1"
+        "adaptiveload kernel build --build-dir {params.build_dir:q} > {log:q} 2>&1"
 
 
 rule kernel_bench:
@@ -50,4 +50,4 @@ rule kernel_bench:
     conda:
         CONDA_ENV
     shell:
-        "adaptiveload kernel bench --skip-ok -o {output} > {log} 2>&1"
+        "adaptiveload kernel bench --skip-ok -o {output:q} > {log:q} 2>&1"

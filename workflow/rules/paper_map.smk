@@ -18,8 +18,8 @@ rule paper_map:
     conda:
         CONDA_ENV
     shell:
-        "adaptiveload analyze paper-map --config {input.config} --points {output.points} "
-        "--summary {output.summary} > {log} 2>&1"
+        "adaptiveload analyze paper-map --config {input.config:q} --points {output.points:q} "
+        "--summary {output.summary:q} > {log:q} 2>&1"
 
 
 rule paper_map_figure:
@@ -35,5 +35,5 @@ rule paper_map_figure:
     conda:
         CONDA_ENV
     shell:
-        "MPLBACKEND=Agg adaptiveload analyze paper-map-figure --points {input.points} "
-        "--summary {input.summary} -o {output} > {log} 2>&1"
+        "MPLBACKEND=Agg adaptiveload analyze paper-map-figure --points {input.points:q} "
+        "--summary {input.summary:q} -o {output:q} > {log:q} 2>&1"

@@ -14,8 +14,8 @@ rule plan:
     output:
         summary=OUT.plan("{policy}", "{seed}", "{level}"),
     params:
-        flags=f"--world-size {config['train']['world_size']} {bucket_flags(config['data'])} "
-        f"{budget_flags()} --allreduce-gbps {config['train']['allreduce_gbps']}",
+        flags=["--world-size", config["train"]["world_size"], *bucket_flags(config["data"]),
+               *budget_flags(), "--allreduce-gbps", config["train"]["allreduce_gbps"]],
         steps=step_mode,
     log:
         f"{LOGS}/plan/{{level}}{{policy}}/seed{{seed}}.log",
@@ -24,9 +24,9 @@ rule plan:
     conda:
         CONDA_ENV
     shell:
-        "adaptiveload plan --manifest {input.manifest} --policy {wildcards.policy} "
-        "--seed {wildcards.seed} --calibration {input.calibration} {params.flags} "
-        "--steps-per-epoch {params.steps} --summary {output.summary} > {log} 2>&1"
+        "adaptiveload plan --manifest {input.manifest:q} --policy {wildcards.policy:q} "
+        "--seed {wildcards.seed:q} --calibration {input.calibration:q} {params.flags:q} "
+        "--steps-per-epoch {params.steps:q} --summary {output.summary:q} > {log:q} 2>&1"
 
 
 rule sim_budgets:
@@ -38,19 +38,20 @@ rule sim_budgets:
     output:
         OUT.sim_budgets("{sim}", "{mixture}"),
     params:
-        flags=lambda w: f"{bucket_flags(SIMS[w.sim])} --capacity-gb {SIMS[w.sim]['capacity_gb']}",
+        flags=lambda w: [*bucket_flags(SIMS[w.sim]), "--capacity-gb", SIMS[w.sim]["capacity_gb"]],
     log:
         f"{LOGS}/sim_budgets/{{sim}}/{{mixture}}.log",
     conda:
         CONDA_ENV
     shell:
-        "adaptiveload budgets --calibration {input.calibration} --manifest {input.manifest} "
-        "{params.flags} > {output} 2> {log}"
+        "adaptiveload budgets --calibration {input.calibration:q} --manifest {input.manifest:q} "
+        "{params.flags:q} > {output:q} 2> {log:q}"
 
 
 rule simulate:
     """Plan one sweep point of a simulate entry and predict it through its calibration: the
-    per-step table and the run summary (the plan's own summary inside it) the analysis reads."""
+    per-step table and the run summary (the plan's own summary inside it) the analysis reads.
+    A prediction has no warm-up: its summary covers every step of the epoch."""
     input:
         manifest=sim_manifest,
         calibration=lambda w: SIMS[w.sim]["calibration"],
@@ -60,7 +61,6 @@ rule simulate:
         summary=f"{OUT.sim_dir('{sim}', '{variant}', '{policy}', '{seed}')}/summary.json",
     params:
         flags=sim_flags,
-        warmup=config["train"]["warmup_steps"],
         experiment=EXP,
     log:
         f"{LOGS}/simulate/{{sim}}/{{variant}}/{{policy}}/seed{{seed}}.log",
@@ -69,8 +69,7 @@ rule simulate:
     conda:
         CONDA_ENV
     shell:
-        "adaptiveload plan --manifest {input.manifest} --policy {wildcards.policy} "
-        "--seed {wildcards.seed} --calibration {input.calibration} {params.flags} "
-        "--simulation-steps {output.steps} "
-        "--simulation-summary {output.summary} --warmup-steps {params.warmup} "
-        "--experiment {params.experiment} > {log} 2>&1"
+        "adaptiveload plan --manifest {input.manifest:q} --policy {wildcards.policy:q} "
+        "--seed {wildcards.seed:q} --calibration {input.calibration:q} {params.flags:q} "
+        "--simulation-steps {output.steps:q} "
+        "--simulation-summary {output.summary:q} --experiment {params.experiment:q} > {log:q} 2>&1"

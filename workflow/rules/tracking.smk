@@ -13,7 +13,7 @@ rule tracking_init:
     conda:
         CONDA_ENV
     shell:
-        "adaptiveload tracking init > {log} 2>&1"
+        "adaptiveload tracking init > {log:q} 2>&1"
 
 
 rule tracking_check:
@@ -26,7 +26,7 @@ rule tracking_check:
     output:
         OUT.tracking_check,
     params:
-        runs=" ".join(run_dirs()),
+        runs=run_dirs(),
         experiment=EXP,
     log:
         f"{LOGS}/tracking_check.log",
@@ -35,5 +35,5 @@ rule tracking_check:
     conda:
         CONDA_ENV
     shell:
-        "adaptiveload tracking check --experiment {params.experiment} {params.runs} "
-        "-o {output} > {log} 2>&1"
+        "adaptiveload tracking check --experiment {params.experiment:q} {params.runs:q} "
+        "-o {output:q} > {log:q} 2>&1"

@@ -30,7 +30,7 @@ rule train:
         CONDA_ENV
     shell:
         "OMP_NUM_THREADS={threads} ADAPTIVELOAD_DIE_WITH_PARENT=1 exec adaptiveload train "
-        "--config {input.config} "
-        "--policy {wildcards.policy} --seed {wildcards.seed} --kernel {wildcards.kernel} "
-        "--calibration {input.calibration} --manifest {input.manifest} --plan {input.plan} "
-        "--out {params.out} > {log} 2>&1"
+        "--config {input.config:q} "
+        "--policy {wildcards.policy:q} --seed {wildcards.seed:q} --kernel {wildcards.kernel:q} "
+        "--calibration {input.calibration:q} --manifest {input.manifest:q} --plan {input.plan:q} "
+        "--out {params.out:q} > {log:q} 2>&1"

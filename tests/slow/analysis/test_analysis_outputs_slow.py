@@ -19,7 +19,7 @@ def _cli(*args):
 
 
 def test_tables_and_figures_from_synthetic_runs(tmp_path):
-    index = planted_runs(tmp_path / "runs", planted=True, seeds=(0, 1))
+    index = planted_runs(tmp_path / "runs", planted=True, seeds=(0, 1, 2, 3))
     for p in (1.0, 1.5, 2.0):  # a simulated p sweep, labelled `model`
         for policy, speed in (("equal-token", 1.0), ("adaptiveload", 1.0 + p / 10)):
             index.append(write_run(tmp_path / "runs", policy, 0, setup="sim/h200",
@@ -33,8 +33,7 @@ def test_tables_and_figures_from_synthetic_runs(tmp_path):
     _cli("aggregate", "--index", tmp_path / "run_index.json", "--runs-out", runs,
          "--steps-out", steps)
     stats_csv, stats_md = tmp_path / "stats.csv", tmp_path / "stats.md"
-    _cli("stats", "--runs", runs, "--steps", steps, "--csv", stats_csv, "--md", stats_md,
-         "--n-boot", 200)
+    _cli("stats", "--runs", runs, "--csv", stats_csv, "--md", stats_md)
     tables = tmp_path / "tables"
     _cli("tables", "--runs", runs, "--steps", steps, "--stats", stats_csv, "--out-dir", tables)
     paper = pd.read_csv(tables / "paper_table.csv")
@@ -48,14 +47,19 @@ def test_tables_and_figures_from_synthetic_runs(tmp_path):
     timed = paper.set_index("setup")[["timed_steps_min", "timed_steps_max"]]
     assert (timed.loc["train"] == 38).all().all() and (timed.loc["sim/h200"] == 10).all().all()
     assert "timed steps/seed" in md
-    # the baseline leads every setup; each Δ names the resampling its CI and p come from:
-    # seeds, then steps for the 2-seed measured runs; steps within the run for 1-seed sims
+    # the baseline leads every setup; each Δ names where its numbers come from: runs paired
+    # by seed (measured), the range over seeds (a model: no CI, no p)
     assert paper.groupby("setup").policy.first().eq("equal-token").all()
     kinds = paper[paper.policy == "adaptiveload"].set_index("setup").ci_kind
-    assert kinds["train"] == "bootstrap: seeds, then steps within runs"
-    assert kinds["sim/h200"] == "bootstrap: steps within runs"
-    assert row.wall_throughput_change_ci_low > 0 and row.throughput_change_p < 0.05
-    assert "CI and p from" in md and "samples/s (wall clock)" in md
+    assert kinds["train"] == "replicates: runs paired by seed"
+    assert kinds["sim/h200"] == "model: range over seeds"
+    assert row.wall_throughput_change_ci_low > 0 and row.throughput_change_p == 2 / 2**4
+    assert "CI and p from" in md and "samples/s (wall clock)" in md and "4/4 seeds" in md
+    sim = paper[(paper.policy == "adaptiveload") & (paper.setup == "sim/h200")].iloc[0]
+    assert pd.isna(sim.throughput_change_ci_low) and pd.isna(sim.throughput_change_p)
+    headline = (tables / "headline.md").read_text()
+    assert headline.index("**train**") < headline.index("**sim/h200**")
+    assert "4/4 seeds" in headline and "(model, H200)" in headline
     assert "not measured" in (tables / "kernel_table.md").read_text()
     figs = tmp_path / "figs"
     names = list(FIGURES)

@@ -61,8 +61,7 @@ def test_tiny_sweep_through_the_cli_into_figure_and_paper_table(tmp_path):
     _cli("aggregate", "--index", tmp_path / "run_index.json", "--runs-out", runs,
          "--steps-out", steps)
     stats = tmp_path / "stats.csv"
-    _cli("stats", "--runs", runs, "--steps", steps, "--csv", stats, "--md",
-         tmp_path / "stats.md", "--n-boot", 100)
+    _cli("stats", "--runs", runs, "--csv", stats, "--md", tmp_path / "stats.md")
     out = tmp_path / "tables"
     _cli("tables", "--runs", runs, "--steps", steps, "--stats", stats, "--out-dir", out,
          "--paper-map", summary)

@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import sqlite3
@@ -33,7 +34,7 @@ from training_setup import adaptiveload, cli_env, write_experiment
 
 from adaptiveload.analysis.record import KIND_TAG, log_analysis
 from adaptiveload.tracking.run import SUPERSEDED_TAG, RunTracker
-from adaptiveload.tracking.store import init_store, run_artifact_dir
+from adaptiveload.tracking.store import experiment_id, init_store, log_artifact, run_artifact_dir
 
 
 def _train_cmd(exp: Path, out: Path, *extra: str) -> list[str]:
@@ -280,9 +281,11 @@ def test_analysis_run_is_replaced_only_once_the_new_one_is_complete(tmp_path):
 
 
 def test_a_stopped_record_deletes_its_new_run_and_keeps_the_previous_analysis(tmp_path):
-    """SIGTERM to `analyze record` while it attaches files (a Ctrl-C, a stopped pipeline):
-    the new analysis run is deleted with its files, exit 143; none is left RUNNING beside
-    the previous one, which stays the experiment's analysis."""
+    """SIGTERM to the pipeline's job running `analyze record` while it attaches files (a
+    stopped pipeline; SIGHUP alike, tests/cli/test_faults.py): the job shell gives it the
+    grace to delete the new analysis run with its files, exit 143; none is left RUNNING
+    beside the previous one, which stays the experiment's analysis."""
+    signum = signal.SIGTERM
     uri = init_store(f"sqlite:///{tmp_path / 'mlflow.db'}")
     paper, stats = _analysis_inputs(tmp_path)
     first = log_analysis("e", paper, stats, [], uri=uri)
@@ -290,15 +293,16 @@ def test_a_stopped_record_deletes_its_new_run_and_keeps_the_previous_analysis(tm
     for i in range(400):  # seconds of copying: time to stop it half-way
         files += ["--artifact", str(tmp_path / f"t{i}.csv")]
         (tmp_path / f"t{i}.csv").write_text("a\n1\n")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "adaptiveload", "analyze", "record", "--experiment", "e",
-         "--paper-table", str(paper), "--stats", str(stats), "-o", str(tmp_path / "b.json"),
-         *files], env=cli_env(uri), cwd=tmp_path, stderr=subprocess.PIPE, text=True,
-    )
+    record = shlex.join([sys.executable, "-m", "adaptiveload", "analyze", "record",
+                         "--experiment", "e", "--paper-table", str(paper), "--stats", str(stats),
+                         "-o", str(tmp_path / "b.json"), *files])
+    shell = str(Path(sys.executable).parent / "adaptiveload-job")
+    proc = subprocess.Popen([shell, "-c", f"set -euo pipefail; {record}"], env=cli_env(uri),
+                            cwd=tmp_path, stderr=subprocess.PIPE, text=True)
     root = tmp_path / "mlartifacts" / "e"
     wait_for(lambda: len(list(root.glob("*/artifacts/tables/t*.csv"))) > 10, proc)
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=120) == 128 + signal.SIGTERM
+    proc.send_signal(signum)
+    assert proc.wait(timeout=120) == 128 + signum
     assert "Traceback" not in proc.stderr.read()
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name("e")
@@ -308,6 +312,25 @@ def test_a_stopped_record_deletes_its_new_run_and_keeps_the_previous_analysis(tm
     assert sorted(r.info.status for r in everything) == ["FAILED", "FINISHED"]
     assert [p.name for p in root.iterdir()] == [first]  # the new run's files are gone
     assert not (tmp_path / "b.json").exists()
+
+
+def test_the_next_record_removes_a_killed_records_run_with_its_folder(tmp_path):
+    """`analyze record` killed by SIGKILL (no clean-up possible) leaves its run RUNNING with
+    part of its files: the next record deletes that run and its folder too (it deleted the
+    run only before, leaving the folder), and keeps nothing but its own complete run."""
+    uri = init_store(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    paper, stats = _analysis_inputs(tmp_path)
+    client = MlflowClient(uri)
+    exp_id = experiment_id(client, uri, "e")
+    killed = client.create_run(exp_id, run_name="analysis", tags={KIND_TAG: "analysis"})
+    log_artifact(client, uri, killed.info.run_id, paper, "tables")
+    folder = run_artifact_dir(uri, killed.info.artifact_uri).parent
+    assert folder.is_dir()
+    new = log_analysis("e", paper, stats, [], uri=uri)
+    assert not folder.exists()
+    (kept,) = client.search_runs([exp_id])
+    assert kept.info.run_id == new and kept.info.status == "FINISHED"
+    assert [p.name for p in folder.parent.iterdir()] == [new]
 
 
 def test_record_on_a_full_disk_is_one_line_and_keeps_the_previous_analysis(tmp_path):

@@ -24,13 +24,13 @@ def test_plan_writes_its_one_simulation_as_simulate_would(plan_inputs, policy):
     common = ["--manifest", str(plan_inputs["manifest"]), "--policy", policy, "--seed", "1",
               "--world-size", "8", "--calibration", str(plan_inputs["calibration"])]
     once = cli("plan", *common, "--simulation-steps", str(root / "once.parquet"),
-               "--simulation-summary", str(root / "once.json"), "--warmup-steps", "2",
+               "--simulation-summary", str(root / "once.json"),
                "--experiment", "x")
     assert once.returncode == 0, once.stderr
     assert sorted(p.name for p in root.iterdir()) == ["once.json", "once.parquet"]
     twice = [cli("plan", *common, "-o", str(root / "p.parquet"), "--summary", str(root / "p.json")),
              cli("simulate", "--plan", str(root / "p.parquet"), "--calibration",
-                 str(plan_inputs["calibration"]), "--warmup-steps", "2", "--experiment", "x",
+                 str(plan_inputs["calibration"]), "--experiment", "x",
                  "-o", str(root / "twice.parquet"), "--summary", str(root / "twice.json"))]
     assert all(done.returncode == 0 for done in twice), [d.stderr for d in twice]
     pd.testing.assert_frame_equal(pd.read_parquet(root / "once.parquet"),
@@ -39,7 +39,7 @@ def test_plan_writes_its_one_simulation_as_simulate_would(plan_inputs, policy):
         (root / "twice.json").read_text()
     )
     assert got.pop("plan")["plan_digest"] == want.pop("plan")["plan_digest"]
-    assert got == want and got["warmup_steps"] == 2 and got["steps"] > 0
+    assert got == want and got["warmup_steps"] == 0 and got["steps"] > 0
 
 
 def test_plan_without_an_output_or_a_cost_model_to_simulate_is_refused(plan_inputs):

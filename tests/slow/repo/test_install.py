@@ -332,8 +332,7 @@ def test_installed_package_runs_the_pipelines_commands(full_venv, tmp_path):
               "--calibration", sim_cal, "--world-size", str(sim["world_size"]), *sim_bucket,
               "--allreduce-gbps", str(sim["allreduce_gbps"]),
               "--simulation-steps", f"{simd[p]}/steps.parquet",
-              "--simulation-summary", f"{simd[p]}/summary.json",
-              "--warmup-steps", str(cfg["train"]["warmup_steps"]), "--experiment", cfg["name"]]
+              "--simulation-summary", f"{simd[p]}/summary.json", "--experiment", cfg["name"]]
              for p in policies])
     _stage(env, work,
            *[["plan", "--manifest", manifest, "--policy", p, "--seed", "0", "--calibration",
@@ -356,8 +355,8 @@ def test_installed_package_runs_the_pipelines_commands(full_venv, tmp_path):
          "--runs-out", "runs.parquet", "--steps-out", "steps.parquet")
     tables = ["--runs", "runs.parquet", "--steps", "steps.parquet"]
     baseline = ["--baseline", cfg["analysis"]["baseline"]]
-    _cli(env, work, "analyze", "stats", *tables, "--csv", "stats.csv", "--md", "stats.md",
-         *baseline, "--n-boot", "200", "--seed", "0")
+    _cli(env, work, "analyze", "stats", "--runs", "runs.parquet", "--csv", "stats.csv",
+         "--md", "stats.md", *baseline, "--seed", "0")
     tables += ["--stats", "stats.csv"]
     figures = ["throughput", "calibration_fit", "imbalance_distribution"]
     _stage(env, work,

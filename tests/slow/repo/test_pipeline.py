@@ -35,7 +35,9 @@ def test_pipeline_produces_tables_figures_and_mlflow_runs(tiny_run):
     assert "equal-token" in table and "adaptiveload" in table
     assert "measured (" in table and "model (" in table  # both sources labelled
     assert "18.9%" in table  # the paper's numbers side by side
-    assert "Mann-Whitney U" in (res / "tables" / "stats.md").read_text()
+    stats = (res / "tables" / "stats.md").read_text()  # replicate-level: 2 seeds, p >= 0.5
+    assert "paired t interval, sign-flip p" in stats and "seed range (model" in stats
+    assert "**train**" in (res / "tables" / "headline.md").read_text()
     for name in ("mixture_tokens", "compute_heatmap", "imbalance_distribution", "throughput",
                  "vram_utilization", "calibration_fit", "kernel_bandwidth", "p_sweep",
                  "load_vs_lower_bound"):
@@ -130,6 +132,36 @@ def test_dry_run_refuses_what_the_commands_refuse(tmp_path, text, expect):
     assert expect in out.stdout + out.stderr
 
 
+def test_a_hostile_experiment_file_runs_no_code_and_writes_only_in_its_folder(tmp_path):
+    """An experiment file someone shares: a `$(...)` in a value the schema refuses, a name
+    that would put its results in the checkout root is refused, and a path the schema cannot
+    restrict (a manifest of the user's own, named with `$(...)` and a space) reaches the
+    job's shell as one quoted word: the describe job runs on that file and nothing else."""
+    work = copy_workflow(tmp_path)
+    experiments = work / "experiments"
+    for name, text in (("mixture", "name: hostile\ndata: {mixture: '$(touch PWNED)tiny-cpu'}\n"),
+                       ("baseline", "name: hostile\nanalysis: {baseline: '$(touch PWNED)'}\n"),
+                       ("dots", "name: '..'\n")):
+        (experiments / f"{name}.yaml").write_text(text)
+        out = snakemake(work, "-n", "--configfile", f"experiments/{name}.yaml", timeout=300)
+        text = out.stdout + out.stderr
+        assert out.returncode != 0, text[-2000:]
+        assert "does not match" in text or "is not one of" in text, text[-2000:]
+    made = subprocess.run([sys.executable, "-m", "adaptiveload", "manifest", "synth", "--mixture",
+                           "tiny-cpu", "-n", "8", "-o", str(experiments / "m $(touch PWNED).csv")],
+                          capture_output=True, text=True)
+    assert made.returncode == 0, made.stderr
+    (experiments / "hostile.yaml").write_text(
+        "name: hostile\ndata: {manifest: 'experiments/m $(touch PWNED).csv'}\n")
+    target = "results/hostile/data/describe.json"
+    out = snakemake(work, "--cores", "1", target, "--configfile", "experiments/tiny.yaml",
+                    "experiments/hostile.yaml", timeout=300)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    assert json.loads((work / target).read_text())
+    assert not list(work.rglob("PWNED")) and not (ROOT / "PWNED").exists()
+    assert not (work / "config.yaml").exists() and not (work / "data").exists()
+
+
 def test_a_second_experiment_file_of_the_same_name_is_refused(tmp_path):
     """Two experiment files with one `name` would share results/<name> and its MLflow
     experiment: once the first has written there, the second is refused when the Snakefile
@@ -170,7 +202,7 @@ _TRAINING = {"train": 4, "tracking_check": 1, **_ANALYSIS}
 # one edit per section of the experiment -> the jobs it reruns (2 policies x 2 seeds)
 SECTION_EDITS = [
     ({"description": "edited"}, {"record": 1}),
-    ({"analysis": {"bootstrap": 300}}, {k: 1 for k in ("stats", "tables", "figures", "record")}),
+    ({"analysis": {"seed": 3}}, {k: 1 for k in ("stats", "tables", "figures", "record")}),
     ({"calibration": {"repeats": 3}}, {"config_view": 1, "calibrate": 1, "plan": 4, **_TRAINING}),
     ({"train": {"lr": 2.0e-4}}, {"config_view": 1, **_TRAINING}),
     # the experiment's step mode: training plans, training (its view) and the simulation

@@ -85,7 +85,7 @@ def test_the_convergence_path_end_to_end_at_a_tiny_size(tmp_path, monkeypatch, c
     csv, md = tmp_path / "convergence.csv", tmp_path / "convergence.md"
     monkeypatch.setattr(sys, "argv", ["adaptiveload", "analyze", "convergence", "--steps",
                                       str(tmp_path / "steps.parquet"), "--csv", str(csv),
-                                      "--md", str(md), "--n-boot", "200"])
+                                      "--md", str(md)])
     with pytest.raises(SystemExit) as done:  # the real entry point, in this process
         main()
     assert done.value.code in (0, None)
