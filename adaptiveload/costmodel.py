@@ -82,6 +82,17 @@ from adaptiveload.model.analytic import compute_bytes
 # the fraction of a device's memory the budgets leave free (an experiment's
 # calibration.headroom; files that do not record theirs were made with it)
 DEFAULT_HEADROOM = schema_default("calibration.headroom")
+# A micro-batch may fill a limit's cap exactly: a sum counts as within its cap up to this
+# relative tolerance above it. M_comp is B_ref S_ref^p, so B_ref reference samples fill it
+# exactly, and one sum taken in another order (by the epoch bound, the packer, a check of the
+# plan) differs in its last bits; the bound, the planners and the checks all read the cap
+# through `within_cap` / `EpochLimits.ceiling`, so they agree on what fits.
+CAP_TOLERANCE = 1e-9
+
+
+def within_cap(used: Any, cap: Any) -> np.ndarray:
+    """True where a sum `used` is within `cap` (up to CAP_TOLERANCE above it)."""
+    return np.asarray(used) <= np.asarray(cap, dtype=np.float64) * (1 + CAP_TOLERANCE)
 
 
 @dataclass(frozen=True)
@@ -237,6 +248,11 @@ class EpochLimits:
             self.per_sample
         )
 
+    @property
+    def ceiling(self) -> np.ndarray:
+        """The largest sum each limit holds: its cap, up to CAP_TOLERANCE above it."""
+        return np.asarray(self.caps, dtype=np.float64) * (1 + CAP_TOLERANCE)
+
     def at_degree(self, degree: int) -> EpochLimits:
         """These limits as one rank of a sequence-parallel group of `degree` ranks counts them:
         a sample's per-token part over `degree` (each rank holds a d-th of its tokens), its
@@ -251,11 +267,9 @@ class EpochLimits:
         over the cap, rounded up. No plan within the limits has fewer micro-batches."""
         n = np.asarray(count, dtype=np.float64).ravel()
         use = self.use(np.asarray(tokens, dtype=np.float64).ravel())
-        caps = np.asarray(self.caps, dtype=np.float64)
-        alone = (use > caps).any(axis=1)
-        volume = (use * n[:, None])[~alone].sum(axis=0) / caps
-        # a relative 1e-12 keeps sums that fill caps exactly from rounding up one more
-        return int(n[alone].sum()) + math.ceil(float(volume.max(initial=0.0)) * (1 - 1e-12))
+        alone = (use > self.ceiling).any(axis=1)
+        volume = (use * n[:, None])[~alone].sum(axis=0) / self.ceiling
+        return int(n[alone].sum()) + math.ceil(float(volume.max(initial=0.0)))
 
 
 @dataclass(frozen=True)
@@ -513,7 +527,7 @@ class GroupBound:
         (it may run alone at d_min) and d_fit * use / cap at the first such d_fit; one within
         none counts NaN (it runs alone: d_min rank units, `terms`)."""
         tok = np.asarray(tokens, dtype=np.float64).ravel()
-        caps = np.asarray(limits.caps, dtype=np.float64)
+        caps = limits.ceiling
         hard = np.asarray(limits.hard or (False,) * caps.size, dtype=bool)
         uses = {d: limits.at_degree(d).use(tok) for d in self.degrees}
         d_min = np.zeros(tok.size, dtype=np.int64)
@@ -540,10 +554,7 @@ class GroupBound:
         n = np.asarray(count, dtype=np.float64)
         alone = np.isnan(units[:, 0])
         volume = (units[~alone] * n[~alone, None]).sum(axis=0)
-        # a relative 1e-12 keeps sums that fill caps exactly from rounding up one more
-        packs = int((d_min[alone] * n[alone]).sum()) + math.ceil(
-            float(volume.max(initial=0.0)) * (1 - 1e-12)
-        )
+        packs = int((d_min[alone] * n[alone]).sum()) + math.ceil(float(volume.max(initial=0.0)))
         return packs, work, least
 
 

@@ -14,13 +14,18 @@ cover the world size (a plan of 2 ranks and one of 4 that deal the same slots ar
 Then the plans of the matched-steps simulations (`-matched` entries of default, paper and
 paper_1gpu), long-clips in the mixture sweep and experiments/matched.yaml were added.
 Since then (717 plans): the sequence-parallel plans (experiments/sp.yaml and paper_14b's SP
-entry) and both step modes of experiments/convergence.yaml were added; the other 627 plans
-were identical before and after the sequence-parallel planner, and the 12 convergence plans
-changed on purpose (144 samples instead of 160). Then (905 plans) the field's methods as
-baselines were added: their plans in default.yaml's four measured 1.3B simulations (and in
-matched's and paper_1gpu's, which take those entries, with the policies the entries now name,
-packed among them) and experiments/baselines.yaml's training plans; the other 717 were
-identical.
+entry) and both step modes of experiments/convergence.yaml were added; the other 627 plans were
+identical before and after the sequence-parallel planner, and the 12 convergence plans changed
+on purpose (144 samples instead of 160). Then (905 plans) the field's methods as baselines were
+added: their plans in default.yaml's four measured 1.3B simulations (and in matched's and
+paper_1gpu's, which take those entries, with the policies the entries now name, packed among
+them) and experiments/baselines.yaml's training plans; the other 717 were identical. Then (964
+plans, the file written again from every experiment file as it is: the seeds added to default,
+matched and paper_1gpu since, baselines.yaml at 5 seeds) the plans of the packed and
+sequence-parallel policies changed on purpose (caps that may be filled exactly, seeds that vary
+which token counts share a pack, step levelling): of the 888 plans in both files, the 236 of
+adaptiveload-packed, adaptiveload-sp and adaptiveload-sp-fixed changed and the 652 of every
+other policy were identical.
 
 A refactor that must not change any plan is checked by running this before and after it: the
 plan commands come from the pipeline itself (`snakemake -n -p -F` per experiment file, so the

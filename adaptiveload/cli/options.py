@@ -68,6 +68,11 @@ PackTokens = Annotated[
 Bucketing = Annotated[str, Opt(help=" | ".join(MODES))]
 Grid = Annotated[str, Opt(help=" | ".join(GRIDS))]
 MaxFrames = Annotated[int, Opt(help="frames cap of the bucket grid")]
+ShortClips = Annotated[
+    str,
+    Opt(help="clips below the grid's first video rung: still (train as 1-frame stills, with "
+        "a warning) | video (keep their own 4k+1 frames)"),
+]
 WindowSteps = Annotated[int, Opt(help="balanced dealing window in steps (0 = whole epoch)")]
 StepsPerEpoch = Annotated[
     str,

@@ -18,8 +18,10 @@ from adaptiveload.data.bucketing import (
     DEFAULT_GRID,
     DEFAULT_MAX_FRAMES,
     DEFAULT_MODE,
+    DEFAULT_SHORT_CLIPS,
     bucketize,
     cut_note,
+    stills_warning,
 )
 from adaptiveload.errors import UserError
 from adaptiveload.io import write_json, write_parquet
@@ -77,6 +79,7 @@ def plan_cmd(
     bucketing: o.Bucketing = DEFAULT_MODE,
     grid: o.Grid = DEFAULT_GRID,
     max_frames: o.MaxFrames = DEFAULT_MAX_FRAMES,
+    short_clips: o.ShortClips = DEFAULT_SHORT_CLIPS,
     window_steps: o.WindowSteps = DEFAULT_WINDOW_STEPS,
     steps_per_epoch: o.StepsPerEpoch = FREE,
     model: o.Model = None,
@@ -100,13 +103,15 @@ def plan_cmd(
                          steps_per_epoch, allreduce_gbps)
     writes = _Outputs(summary, output, simulation_steps, simulation_summary,
                       experiment).checked(cal)
-    bucketed = bucketize(load_manifest(manifest), mode=bucketing, grid=grid, max_frames=max_frames)
+    bucketed = bucketize(load_manifest(manifest), mode=bucketing, grid=grid,
+                         max_frames=max_frames, short_clips=short_clips)
     bucketed = without_over_capacity(bucketed, cal, config.max_degree)  # named, like the rest
     plan = config.plan(bucketed)
     info = {"manifest": str(manifest), "bucketing": bucketing, "grid": grid,
             **_sources(calibration, budgets_file, cal)}
     plan.table.attrs["plan"].update(info)
     found = plan_warnings(plan.summary, bucketed.excluded_ids.tolist())
+    found += [w for w in (stills_warning(bucketed.samples),) if w]
     report_warnings(f"plan ({plan.summary['policy']})", found, strict)
     report_note(cut_note(bucketed.samples))
     writes.write(plan, info)

@@ -26,6 +26,13 @@ from adaptiveload.errors import UserError
 from adaptiveload.tokens import FRAME_STEP, PIXEL_STEP, token_count
 
 MODES = ("aspect", "exact")
+# What becomes of a clip shorter than its grid's first video rung (17 frames on the Wan
+# grids): `still`, its largest rung is the 1-frame one and it trains as an image (a
+# PlanWarning says how many and the frames lost); `video`, it keeps its own length rounded
+# down to 4k+1 (5, 9 or 13 frames: 2 to 4 latent frames, motion kept), a rung below the
+# ladder's. Clips of 2-4 frames have no 4k+1 length above 1 and are stills either way.
+SHORT_CLIPS = ("still", "video")
+DEFAULT_SHORT_CLIPS = "still"
 BUCKET_COLUMNS = ("bucket_frames", "bucket_height", "bucket_width", "tokens")
 
 
@@ -126,6 +133,7 @@ class Bucketed:
     mode: str
     grid: str
     max_frames: int
+    short_clips: str = DEFAULT_SHORT_CLIPS
     excluded_ids: pd.Series = field(repr=False, default_factory=lambda: pd.Series([], dtype=str))
     # of num_excluded, those a device cannot hold alone (planning.plan.without_over_capacity)
     num_over_capacity: int = 0
@@ -178,14 +186,20 @@ def bucketize(
     mode: str = DEFAULT_MODE,
     grid: str = DEFAULT_GRID,
     max_frames: int = DEFAULT_MAX_FRAMES,
+    short_clips: str = DEFAULT_SHORT_CLIPS,
 ) -> Bucketed:
     """Assign every row of a validated manifest to a bucket shape and its token count.
 
     `grid` is only used by ``aspect``; ``exact`` rounds each sample's own shape.
+    `short_clips` (SHORT_CLIPS): what becomes of a clip below the grid's first video rung.
     Row order of the kept samples is the manifest's.
     """
     if mode not in MODES:
         raise UserError(f"bucketing mode '{mode}': unknown; expected one of {', '.join(MODES)}")
+    if short_clips not in SHORT_CLIPS:
+        raise UserError(
+            f"short_clips '{short_clips}': unknown; expected one of {', '.join(SHORT_CLIPS)}"
+        )
     if (
         isinstance(max_frames, bool)
         or not isinstance(max_frames, (int, np.integer))
@@ -204,6 +218,9 @@ def bucketize(
         keep = (bh > 0) & (bw > 0)
     else:
         bf, bh, bw, keep = _aspect(frames, height, width, the_grid, int(max_frames))
+        if short_clips == "video":  # below the first video rung: its own 4k+1 length
+            short = (bf == 1) & (frames > 1)
+            bf[short] = round_down_4k1(np.minimum(frames[short], max_frames))
 
     _check_own_columns(manifest_df, bf, bh, bw, keep)
     samples = manifest_df.loc[keep].reset_index(drop=True)
@@ -219,6 +236,7 @@ def bucketize(
         mode=mode,
         grid=the_grid.name if mode == "aspect" else "exact",
         max_frames=int(max_frames),
+        short_clips=short_clips,
         excluded_ids=excluded,
     )
 
@@ -247,16 +265,40 @@ def cut_note(samples: pd.DataFrame, show: int = 5) -> str | None:
     first `show`; None when there are none (or the frame has no ``num_frames``)."""
     if "num_frames" not in samples.columns or len(samples) == 0:
         return None
-    frames = samples["num_frames"].to_numpy()
-    cut = np.flatnonzero(samples["bucket_frames"].to_numpy() * 2 < frames)
+    frames, kept = samples["num_frames"].to_numpy(), samples["bucket_frames"].to_numpy()
+    cut = np.flatnonzero((kept * 2 < frames) & ~_stills(samples))  # stills: `stills_warning`
     if cut.size == 0:
         return None
-    ids, kept = samples["sample_id"].to_numpy(), samples["bucket_frames"].to_numpy()
+    ids = samples["sample_id"].to_numpy()
     named = ", ".join(f"{ids[i]!r} ({frames[i]} -> {kept[i]} frames)" for i in cut[:show])
     more = " ..." if cut.size > show else ""
     return (
         f"{cut.size} of {len(samples)} samples are cut to fewer than half their frames by "
         f"their bucket (what trains is the bucket's shape), e.g. {named}{more}"
+    )
+
+
+def _stills(samples: pd.DataFrame) -> np.ndarray:
+    """Per bucketed sample: a clip (more than one frame) that trains as a 1-frame still."""
+    return (samples["bucket_frames"].to_numpy() == 1) & (samples["num_frames"].to_numpy() > 1)
+
+
+def stills_warning(samples: pd.DataFrame) -> str | None:
+    """One clause on the clips that bucketing turned into 1-frame stills (shorter than their
+    grid's first video rung): how many, of which lengths, the frames lost, and the option
+    that keeps them as clips; None when there are none (or no ``num_frames``)."""
+    if "num_frames" not in samples.columns or len(samples) == 0:
+        return None
+    still = _stills(samples)
+    if not still.any():
+        return None
+    frames = samples["num_frames"].to_numpy()[still]
+    return (
+        f"{int(still.sum())} of {len(samples)} samples are clips of {frames.min()}-"
+        f"{frames.max()} frames below the grid's first video rung: they train as 1-frame "
+        f"stills ({int((frames - 1).sum()):,} frames lost); short_clips='video' "
+        "(adaptiveload plan --short-clips video) keeps those of 5 frames or more as clips of "
+        "their own 4k+1 frames"
     )
 
 

@@ -241,10 +241,52 @@ LONG_CLIPS_161 = Mixture(
     ),
 )
 
+
+# Stress mixtures of the planners (docs/packing.md): data unlike what the defaults were tuned
+# on. 16:9 720p sources only, so no crop leaves the 720p tier's 1280x720 size but by height.
+WM_720P_WIDE = ((720, 1280, 0.7), (1080, 1920, 0.3))
+REFERENCE_HEAVY = Mixture(
+    name="reference-heavy",
+    components=(
+        Component(0.36, WM_720P_WIDE, Frames(81, 300, seconds=(5.0, 0.3))),
+        Component(0.34, WM_480P, Frames(17, 81, seconds=(2.0, 0.5))),
+        Component(0.20, WM_720P, Frames(17, 64, seconds=(1.5, 0.4))),
+        Component(0.10, PHOTOS, IMAGE),
+    ),
+    provenance=(
+        "A world-model-like set whose longest clips are cut to Wan 2.1's 81 frames: with the "
+        "wan grid and max_frames 81 about a third of the samples take exactly the 720p x "
+        "81-frame bucket (75,600 tokens), the reference bucket budgets are derived from, so "
+        "B_ref of them fill M_comp exactly; the rest are shorter 480p/720p clips and images. "
+        "Shares and durations are our assumption; it stresses packs that fill a cap exactly "
+        "and steps where ranks must double up the costliest samples (large N)."
+    ),
+)
+# robotics recordings: 4:3 wrist cameras at 640x480 and 16:9 third-person cameras
+WRIST_CAMERA = ((480, 640, 1.0),)
+THIRD_PERSON = ((480, 854, 0.6), (720, 1280, 0.4))
+ROBOTICS = Mixture(
+    name="robotics",
+    components=(
+        Component(0.50, WRIST_CAMERA, Frames(33, 121)),
+        Component(0.40, THIRD_PERSON, Frames(33, 121)),
+        Component(0.04, WRIST_CAMERA, Frames(9, 16)),
+        Component(0.06, ((720, 1280, 1.0),), Frames(161, 200)),
+    ),
+    provenance=(
+        "A robotics-like set (our assumption, after episode-chunked manipulation corpora): "
+        "many 33-121-frame clips of 4:3 wrist cameras (256p tier on the Wan grids) and 16:9 "
+        "third-person cameras at 480p/720p, a few 9-16-frame wrist clips (below the first "
+        "video rung of 17 frames: a bucketing warning) and a few long 720p clips of 161+ "
+        "frames. Bucket it on the wan-long grid with max_frames 161: 720p x 161 frames is "
+        "147,600 tokens, about twice the 81-frame reference bucket."
+    ),
+)
+
 MIXTURES: dict[str, Mixture] = {
     m.name: m
     for m in (PAPER_MIXED, OPENSORA2_STAGE1, IMAGES_ONLY, VIDEO_ONLY, TINY_CPU, LONG_CLIPS,
-              LONG_CLIPS_121, LONG_CLIPS_161)
+              LONG_CLIPS_121, LONG_CLIPS_161, REFERENCE_HEAVY, ROBOTICS)
 }
 
 

@@ -101,8 +101,9 @@ def flop_workload(tokens: np.ndarray, cost_model: CostModel | Calibration | None
 
 class _Samples:
     """The epoch's samples as the baselines see them: each sample position's limit use
-    [samples, limits] (``types_of``), whether it must run alone (no room beside it), whether
-    it is over a limit on its own (oversize), and the caps less the packer's margin."""
+    [samples, limits] (``types_of``), whether it runs alone (over a limit on its own:
+    oversize), and the largest sums the caps hold (``EpochLimits.ceiling``: a cap may be
+    filled exactly)."""
 
     def __init__(self, epoch: EpochInputs) -> None:
         self.limits = memory_limits(epoch.budgets, epoch.cost_model)
@@ -111,7 +112,6 @@ class _Samples:
                          epoch.budgets.p or 1.0)
         self.use = types.use[types.of]
         self.alone = types.alone[types.of]
-        self.oversize = types.over[types.of]
         self.caps = types.caps
         self.values, self.count = types.tokens, np.bincount(types.of)
 
@@ -337,7 +337,7 @@ def _micro_batches(
         batches=Batches(order=np.concatenate(packs), start=starts(size), size=size),
         slots=np.asarray(slots, dtype=np.int64),
         slot_pad=np.asarray(slot_pad, dtype=bool),
-        oversize=samples.oversize,
+        oversize=samples.alone,
         violations=int(over.sum()),
         summary={"pack_limits": samples.limits.as_dict()},
     )

@@ -61,7 +61,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from adaptiveload.costmodel import Calibration, CostModel, SequenceParallel
+from adaptiveload.costmodel import Calibration, CostModel, SequenceParallel, within_cap
 from adaptiveload.errors import UserError
 from adaptiveload.planning.batches import Batches, EpochInputs, MicroBatches, starts
 from adaptiveload.planning.dealing import narrow
@@ -139,7 +139,7 @@ def choose_degrees(
         t = per[d]
         hard = np.asarray(t.limits.hard or (False,) * len(t.limits.caps), dtype=bool)
         fits = np.zeros(values.size, dtype=bool)
-        fits[t.value_index(values)] = ~((t.types.use > np.asarray(t.limits.caps)) & hard).any(1)
+        fits[t.value_index(values)] = ~((t.types.use > t.types.caps) & hard).any(1)
         d_min[(d_min == 0) & fits] = d
     d_min[d_min == 0] = degrees[-1]  # over the memory at every degree: alone, with most room
     return _raise(values, count, d_min, per, world_size)
@@ -528,7 +528,7 @@ def _oversize(code: np.ndarray, sample_degree: np.ndarray, per: dict[int, _Degre
     over = np.zeros(code.size, dtype=bool)
     for d, t in per.items():
         at = sample_degree == d
-        over[at] = t.types.over[t.types.of[at]]
+        over[at] = t.types.alone[t.types.of[at]]
     return over
 
 
@@ -543,7 +543,7 @@ def _violations(packs: list[_Packs], windows: list[_Small], per: dict[int, _Degr
     """Packs of more than one sample over a limit at their degree (none, by construction)."""
     found = 0
     for d, fill in _fills(packs, windows):
-        over = (fill.used > np.asarray(per[d].limits.caps)[:, None]).any(axis=0)
+        over = ~within_cap(fill.used, np.asarray(per[d].limits.caps)[:, None]).all(axis=0)
         found += int((over & (fill.size > 1)).sum())
     return found
 

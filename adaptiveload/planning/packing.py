@@ -20,30 +20,62 @@ samples, whose per-sample memory m_seq dominates) leaves room unused under longe
 - tokens: ``Σ S <= pack_tokens`` when set (``Budgets.pack_tokens``: a user's global batch).
 
 A sample over a limit on its own runs alone (``num_oversize``), as under the other policies.
-A limit counted in fractions (bytes, S^p) is filled to within ``FILL_MARGIN`` of its cap, so
-no rounding of a sum ever puts a pack over it; token counts fill theirs exactly.
+A pack may fill a cap exactly (``costmodel.CAP_TOLERANCE``, the one tolerance the epoch bound
+and the plan's checks read too): B_ref reference samples fill M_comp = B_ref S_ref^p.
 
-**How many packs.** An epoch gets the fewest whole steps its packs can fill: K = ⌈P / N⌉,
-with P the volume bound (max over limits of Σ use / cap, plus one pack per oversize sample).
-The samples are spread over the K steps' dealing windows stratified by cost (in cost order,
-by a low-discrepancy sequence over the steps), so every window keeps the epoch's mix of
-lengths; a window whose
-share the greedy below cannot place gets one more step (rarely needed: it fills to the
-volume bound's rounding up to whole steps).
+**How many packs.** At ``steps_per_epoch: free`` an epoch gets the fewest whole steps its
+packs can fill: K = ⌈P / N⌉, with P the volume bound (max over limits of Σ use / cap, plus one
+pack per oversize sample); at ``match`` or K, that many. The samples are spread over the K
+steps' dealing windows stratified by cost (in cost order, by a low-discrepancy sequence over
+the steps), so every window keeps the epoch's mix of lengths; a window whose share the greedy
+below cannot place gets one more step. Where a step count was asked for and a window needed
+one, the epoch is packed again as one window (no window's share then rounds up on its own);
+if that too needs more, the plan has more steps than asked, and its summary (``steps``
+beside ``steps_asked``) and warnings (``plan_warnings``) say so.
 
-**Algorithm: LPT with capacities, then sort-and-chunk.** Within a window of W steps the
-W·N packs are formed by longest-processing-time-first: samples in decreasing predicted cost
-(``CostModel.per_sample_time``, else the proxy S^p), each to the least-loaded pack that still
-has room for it. Graham's bound for LPT: the most-loaded pack exceeds the mean by less than the
-one sample that was placed on it last, so with costliest samples first and the cheapest last
-the gap to the mean is one of the window's cheapest samples (under 0.1% of a pack on
-paper-mixed clips); where a limit binds, the sample goes to the least-loaded pack with room,
-which the bound does not cover (the summary's ``predicted_vs_lower_bound`` reports how close
-each plan comes). The packs are then dealt to steps N at a time by predicted time
-(``dealing.deal_in_windows``: sort, chunk, shuffle steps and ranks). Why not Karmarkar-Karp:
-its differencing merges partial partitions with no regard to a per-pack capacity (verl's
-``seqlen_balancing`` users hit OOM on packs over the token cap), and with ten or more samples a
-pack its edge over LPT is below the cheapest sample anyway.
+**Algorithm: LPT with capacities, step levelling, then sort-and-chunk.** Within a window of W
+steps the W·N packs are formed by longest-processing-time-first: samples in decreasing
+predicted cost (``CostModel.per_sample_time``, else the proxy S^p), each to the least-loaded
+pack that still has room for it. Graham's bound for LPT: the most-loaded pack exceeds the mean
+by less than the one sample that was placed on it last (plus the random offset below, a share
+of the last block's work per pack), so with costliest samples first and the cheapest last the
+gap to the mean is one of the window's cheapest samples; where a limit binds, the sample goes
+to the least-loaded pack with room, which the bound does not cover (the summary's
+``predicted_vs_lower_bound`` reports how close each plan comes). The packs are then dealt to
+steps N at a time by predicted time (``dealing.deal_in_windows``: sort, chunk, shuffle steps
+and ranks), so step k runs as long as its costliest pack L_k.
+
+Levelling packs is not levelling steps where some packs cannot come down to the mean: a sample
+costlier than the mean pack, or more of the costliest samples than packs, so some ranks must
+hold two of them (the pigeonhole case). Those packs set the steps they are dealt to, and the
+other packs of those steps could hold more work for free. ``_level_steps`` therefore takes the
+levels L_k of LPT's packs as dealt, pins the h steps whose L_k exceeds the window's mean pack
+(by LEVEL_MARGIN), and runs LPT again, without load offsets, with a target per pack (L_k for
+the packs of pinned step k, the mean m_h of the work left for the other W - h steps for the
+rest), comparing each pack's load less its target; the costliest samples then double up on the
+pinned steps' ranks together, and the rest levels at m_h. It keeps whichever packs give the
+smaller sum of step maxima (one levelling pass), so it never makes a window slower. Its
+bound, per window: where every pack ends within one last-placed sample w_last of its target,
+Σ_k L_k <= Σ_{k<h} L_k + (W - h)(m_h + w_last): the pinned steps at their costliest packs,
+which no plan of those packs beats, and the rest of the work spread evenly over the other
+steps, Graham's term per step. A cap that stops a pinned step's packs short of L_k (they are
+full in compute or memory) leaves that work to the other steps, and the bound then does not
+hold (docs/packing.md names those cases). Why not Karmarkar-Karp: its differencing merges
+partial partitions with no regard to a per-pack capacity (verl's ``seqlen_balancing`` users hit
+OOM on packs over the token cap), and with ten or more samples a pack its edge over LPT is
+below the cheapest sample anyway.
+
+**Seeds that vary.** LPT is deterministic given the multiset of token counts; plans of two
+seeds would differ only in which sample of a token count fills a slot. So each LPT pass
+offsets each pack's load by a random share (up to OFFSET_SHARE) of the work still to place per
+pack, large while the costly samples are placed and shrinking to a share of the last block's
+(the levelling pass has none: it meets its targets), and takes the
+token counts in a random order within bands of costs within COST_BAND of each other: which
+counts share a pack, and which fill the room a cap leaves, varies with (seed, epoch). Where
+that order leaves a sample without room, the pass is repeated in strict cost order before a
+step is added. Everything comes from the one generator of (seed, epoch): every rank builds
+the same packs without communication; the summary's ``composition_digest`` says whether two
+plans are made of the same packs.
 
 LPT is vectorised per *block* of identical samples (one token count): LPT places a block's m
 samples on the m smallest values of ``{load_b + k w : k < room_b}`` (pack b's load, the block's
@@ -68,17 +100,18 @@ from adaptiveload.errors import UserError
 from adaptiveload.planning.budgets import Budgets
 from adaptiveload.planning.dealing import deal_in_windows, narrow, shuffled_by_code
 
-# a pack fills a limit whose uses are not whole numbers (bytes, S^p) to at most
-# (1 - FILL_MARGIN) of its cap: sums over a pack taken in another order than the packer's
-# differ by far less, so no pack is ever found over a cap. Whole-number uses (tokens) add up
-# exactly and fill their cap to the last token.
-FILL_MARGIN = 1e-9
 # the device's memory, the limit a sample cannot break even alone at a sequence-parallel
 # degree (`EpochLimits.hard`)
 MEMORY_LIMIT = "memory_bytes"
 # the costlier half of a window's samples is placed on loads offset by up to this share of
 # a pack's mean load, drawn per (seed, epoch), so which costly samples share a pack varies
 OFFSET_SHARE = 0.25
+# LPT takes the types in random order within bands of costs within this factor of each other
+# (a random phase per window): which types fill the room a cap leaves varies by seed
+COST_BAND = 1.25
+# a step counts as pinned above the others (`_level_steps`) when its costliest pack exceeds
+# the mean pack of the rest by more than this share
+LEVEL_MARGIN = 0.01
 
 
 @dataclass(frozen=True)
@@ -156,14 +189,13 @@ class Packs:
 @dataclass(frozen=True)
 class _Types:
     """The epoch's distinct token counts, samples that run alone first, then costliest
-    first: cost `w`, limit use `use` [types, limits], `alone` (no room beside it under
-    `caps`, the limits' caps less the margin), `over` (over a limit on its own: oversize),
-    and each sample position's type `of`."""
+    first: cost `w`, limit use `use` [types, limits], `alone` (over a limit's `caps` on its
+    own, `EpochLimits.ceiling`: oversize, it runs alone), and each sample position's type
+    `of`."""
 
     w: np.ndarray
     use: np.ndarray
     alone: np.ndarray
-    over: np.ndarray
     caps: np.ndarray
     of: np.ndarray
     tokens: np.ndarray  # each type's token count
@@ -246,15 +278,28 @@ def make_packs(
             f"these {tokens.size} samples on {_ranks(world_size, degree)}; give {k_min} or "
             "more, or free"
         )
-    steps = k_min if steps is None else steps
+    asked, steps = steps, k_min if steps is None else steps
     per_window = steps if window_steps is None else max(1, int(window_steps))
+    windows = _pack_windows(order, types, steps, per_window, world_size, rng)
+    if asked is not None and per_window < steps and sum(w.steps for w in windows) > steps:
+        # a step count asked for is kept where one window over the epoch can: no window's
+        # share then rounds up to a step of its own (else the plan says so: plan_warnings)
+        windows = _pack_windows(order, types, steps, steps, world_size, rng)
+    return _assemble(tokens, windows, types, limits, cost, world_size, rng)
+
+
+def _pack_windows(
+    order: np.ndarray, types: _Types, steps: int, per_window: int, world_size: int,
+    rng: np.random.Generator,
+) -> list[_Window]:
+    """The samples (`order`: positions by type) spread over the dealing windows of
+    `per_window` of the `steps` steps and packed window by window (module docstring)."""
     spread = _spread_over_windows(order.size, steps, per_window, rng.random())
     offset = rng.random  # each window's LPT starts its packs at random loads (docstring)
-    windows = [
+    return [
         _pack_window(part, types, min(per_window, steps - w * per_window), world_size, offset)
         for w, part in enumerate(_window_members(order, spread))
     ]
-    return _assemble(tokens, windows, types, limits, cost, world_size, rng)
 
 
 def _ranks(world_size: int, degree: int) -> str:
@@ -275,14 +320,12 @@ def types_of(
     (`values` sorted); the sequence-parallel planner codes once and orders per degree."""
     w = cost.per_sample_time(values) if cost is not None else values.astype(np.float64) ** p
     use = limits.use(values)
-    exact = np.all(use == np.round(use), axis=0) & (use.max(axis=0) * code.size < 2**53)
-    caps = np.asarray(limits.caps) * np.where(exact, 1.0, 1 - FILL_MARGIN)
+    caps = limits.ceiling
     alone = (use > caps).any(axis=1)
     rank = np.lexsort((-values, -w, ~alone))  # alone first, then costliest, then longest
     new_code = np.empty_like(rank)
     new_code[rank] = np.arange(rank.size)
-    over = (use > np.asarray(limits.caps)).any(axis=1)
-    return _Types(w=w[rank], use=use[rank], alone=alone[rank], over=over[rank], caps=caps,
+    return _Types(w=w[rank], use=use[rank], alone=alone[rank], caps=caps,
                   of=new_code[code], tokens=values[rank])
 
 
@@ -325,8 +368,40 @@ def _pack_window(
     while True:
         placed = _lpt_offset(count, types, steps * world_size, offset)
         if placed is not None:
-            return _Window(members, *placed, steps=steps)
+            leveled = _level_steps(placed[2].load, count, types, world_size, offset)
+            return _Window(members, *(leveled or placed), steps=steps)
         steps = min(steps + 1, most)
+
+
+def _level_steps(
+    load: np.ndarray, count: np.ndarray, types: _Types, world_size: int,
+    offset: Callable[[int], np.ndarray],
+) -> tuple[np.ndarray, np.ndarray, _Fill] | None:
+    """LPT again with a target load per pack, where LPT's packs (their `load`) leave steps
+    pinned above the rest: the window's W steps each take the N packs next in cost order
+    (the deal), so step k runs as long as its costliest pack, L_k. Where the costliest
+    samples cannot be levelled (one alone costs more than the mean pack, or ranks must
+    double them up: the pigeonhole case), the first h steps are pinned at L_0..L_{h-1} while
+    L_h exceeds the mean m_h of the work left for the other W - h steps; LPT then fills every
+    pack of a pinned step k up to L_k (work there is free: the step waits for L_k anyway) and
+    levels the others at m_h, by comparing each pack's load less its target. The packs with
+    the smaller sum of step maxima are kept; None: LPT's own (no step pinned, or no better)."""
+    n_packs = load.size
+    steps = n_packs // world_size
+    by_cost = np.sort(load)[::-1]
+    peak = by_cost[::world_size]  # L_k, each step's costliest pack
+    total = float(load.sum())
+    pinned = min(steps - 1, int((peak > total / n_packs * (1 + LEVEL_MARGIN)).sum()))
+    if pinned == 0:
+        return None
+    mean = (total - world_size * float(peak[:pinned].sum())) / (n_packs - pinned * world_size)
+    target = np.concatenate([np.repeat(peak[:pinned], world_size),
+                             np.full(n_packs - pinned * world_size, max(mean, 0.0))])
+    placed = _lpt_offset(count, types, n_packs, offset, target, offset_share=0.0)
+    if placed is None:
+        return None
+    leveled = np.sort(placed[2].load)[::-1][::world_size].sum()
+    return placed if leveled < peak.sum() else None
 
 
 def pack_members(
@@ -347,32 +422,42 @@ def pack_members(
 
 
 def _lpt_offset(
-    count: np.ndarray, types: _Types, n_packs: int, offset: Callable[[int], np.ndarray]
+    count: np.ndarray, types: _Types, n_packs: int, offset: Callable[[int], np.ndarray],
+    target: np.ndarray | float = 0.0, offset_share: float = OFFSET_SHARE,
 ) -> tuple[np.ndarray, np.ndarray, _Fill] | None:
-    """`_lpt` from random starting loads (module docstring: seeds that vary): up to
-    OFFSET_SHARE of the mean load for the costlier half, up to the cheapest sample after."""
-    cheapest = float(types.w[count > 0].min())
-    mean_load = float((count * types.w).sum()) / n_packs
-    offsets = (OFFSET_SHARE * mean_load * offset(n_packs), cheapest * offset(n_packs))
-    return _lpt(count, types, n_packs, offsets)
+    """`_lpt` with each pack's load offset by a random share (in [0, 1), drawn once per pack
+    from `offset`) of OFFSET_SHARE of the work left to place per pack, and the types taken
+    in a random order within cost bands (module docstring: seeds that vary); where that
+    leaves a sample without room, in cost order (strict LPT), before more packs are asked."""
+    share = offset_share * offset(n_packs)
+    present = np.flatnonzero(count)
+    w = types.w[present]
+    band = np.floor(np.log(w / w.max()) / np.log(COST_BAND) + offset(1)[0])
+    order = present[np.lexsort((offset(present.size), -band, ~types.alone[present]))]
+    placed = _lpt(count, types, n_packs, share, order, target)
+    return placed if placed is not None else _lpt(count, types, n_packs, share, present, target)
 
 
 def _lpt(
-    count: np.ndarray, types: _Types, n_packs: int, offsets: tuple[np.ndarray, np.ndarray]
+    count: np.ndarray, types: _Types, n_packs: int, share: np.ndarray, order: np.ndarray,
+    target: np.ndarray | float = 0.0,
 ) -> tuple[np.ndarray, np.ndarray, _Fill] | None:
-    """`count[t]` samples of each type, in type order, into `n_packs` packs by LPT: each
-    sample's pack and place in it, and what each pack holds; None if a sample finds no
-    room. LPT compares the packs' loads plus `offsets[0]` until half the work is placed,
-    then their real loads plus `offsets[1]` (module docstring: seeds that vary)."""
+    """`count[t]` samples of each type into `n_packs` packs by LPT, a block of one type after
+    another in `order` (the types that run alone first): each sample's pack and place in it
+    (samples listed in type order), and what each pack holds; None if a sample finds no room.
+    LPT compares each pack's load less its `target` plus `share` of the work left per pack
+    (this block's included), an offset that shrinks to a share of the last block's (module
+    docstring: seeds that vary)."""
     fill = _Fill.zeros(n_packs, types.use.shape[1])
-    size, load = fill.size, offsets[0].copy()
+    size = fill.size
     room = np.repeat(types.caps[:, None], n_packs, axis=1)  # [limits, packs]
     pack_of = np.empty(int(count.sum()), dtype=np.int64)
     place = np.empty_like(pack_of)
-    done, half, perturbed = 0, 0.5 * float((count * types.w).sum()), True
-    for t in np.flatnonzero(count):
-        if perturbed and fill.load.sum() >= half:  # the cheaper half balances the real loads
-            load, perturbed = fill.load + offsets[1], False
+    first = np.cumsum(count) - count  # where each type's samples start in type order
+    left = float((count * types.w).sum())
+    for t in order:
+        load = fill.load - target + share * (left / n_packs)
+        left -= count[t] * types.w[t]
         m = int(count[t])
         if types.alone[t]:  # one per empty pack, which it closes
             k = (size == 0) & (np.cumsum(size == 0) <= m)
@@ -381,12 +466,11 @@ def _lpt(
             k = _place_block(load, room, m, types.w[t], types.use[t])
         if k is None:
             return None
+        done = first[t]
         pack_of[done : done + m] = np.repeat(np.arange(n_packs), k)
         # a sample's place: its pack's size before the block, plus its rank among the block's
         place[done : done + m] = np.repeat(size - np.cumsum(k) + k, k) + np.arange(m)
-        done += m
         size += k
-        load += k * types.w[t]
         fill.load[:] += k * types.w[t]
         fill.sum_s[:] += k * types.tokens[t]
         fill.sum_sq[:] += k * float(types.tokens[t]) ** 2
@@ -485,7 +569,7 @@ def _assemble(
     return Packs(
         order=order, start=start[real], size=packs.size, slots=slot_pack[deal],
         slot_pad=~real[deal], fill=(packs.used / np.asarray(limits.caps)[:, None]).T,
-        limits=limits, oversize=types.over[types.of],
+        limits=limits, oversize=types.alone[types.of],
     )
 
 

@@ -60,6 +60,7 @@ from adaptiveload.costmodel import Calibration, CostModel, group_bound
 from adaptiveload.data.bucketing import Bucketed
 from adaptiveload.errors import UserError
 from adaptiveload.planning.batches import (
+    Batches,
     Buckets,
     EpochInputs,
     MicroBatches,
@@ -231,6 +232,7 @@ def _plan(
         "num_padding_batches": int(slot_pad.sum()),
         "duplicates": int((seen > 1).sum()),
         "steps": slots.size // world_size,
+        "steps_asked": target,
         "min_steps_per_epoch": _min_steps(tokens, budgets, cost_model, world_size, max_degree),
         "batches": int(batches.size.size),
         "min_sample_tokens": int(tokens.min()),
@@ -243,6 +245,7 @@ def _plan(
         "window_steps": window_steps if formed.dealt_on else None,
         "deal_cost": formed.dealt_on,
         **_digests(frame, row_sample, slot_size, slot_pad, world_size, formed.slot_degree),
+        "composition_digest": composition_digest(tokens, batches),
     }
     summary.update(_batch_spread(table))
     summary.update(formed.summary)
@@ -460,6 +463,26 @@ def _digest(*arrays: np.ndarray) -> str:
     return h.hexdigest()[:16]
 
 
+def composition_digest(tokens: np.ndarray, batches: Batches) -> str:
+    """A digest of what the epoch's micro-batches are made of: the multiset of their
+    compositions (each one's multiset of token counts), blind to which sample of a token count
+    sits where and to the order of steps and ranks. Plans of two seeds with the same digest
+    train the same mixes of lengths together (docs/packing.md, seeds that vary)."""
+    per_sample = _mix64(tokens[batches.order].astype(np.uint64))
+    per_batch = np.add.reduceat(per_sample, batches.start)  # wraps mod 2^64: a multiset hash
+    return _digest(np.sort(_mix64(per_batch)))
+
+
+def _mix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser: a fixed bijection of uint64 that spreads every input bit, so a
+    sum of mixed values hashes a multiset."""
+    with np.errstate(over="ignore"):
+        x = x + np.uint64(0x9E3779B97F4A7C15)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return x ^ (x >> np.uint64(31))
+
+
 def table_digest(table: pd.DataFrame) -> str:
     """The digest of a plan table that carries no summary (one not written by `build_plan`):
     its steps, ranks, sample_ids and padding flags, row by row."""
@@ -564,6 +587,14 @@ def plan_warnings(summary: dict[str, Any], excluded_ids: Sequence[str] = ()) -> 
                 f"{oversize} of {planned} samples exceed the {pol.name} budget {limits} on "
                 f"their own and run alone (B = 1){where}"
             )
+    asked, steps = summary.get("steps_asked"), summary["steps"]
+    if asked is not None and steps != asked:
+        found.append(
+            f"steps_per_epoch={summary['steps_per_epoch']} asked for {asked} steps and the "
+            f"plan has {steps} ({steps - asked:+d}): its micro-batches do not fit in {asked} "
+            "steps within the limits, so its global batches differ from the steps asked for; "
+            "give more steps or free"
+        )
     pad, batches = summary["num_padding_batches"], summary["batches"]
     if pad > HEAVY_PADDING * batches:
         found.append(
@@ -580,9 +611,9 @@ def plan_warnings(summary: dict[str, Any], excluded_ids: Sequence[str] = ()) -> 
     beyond = summary.get("micro_batches_beyond_measured_memory")
     if beyond:
         found.append(
-            f"{beyond} micro-batches hold more tokens than the calibration's largest measured "
-            f"memory point (up to {summary['max_micro_batch_tokens']:,} tokens against "
-            f"{summary['memory_measured_tokens']:,}): "
+            f"{beyond} micro-batches put more tokens on a rank than the calibration's largest "
+            f"measured memory point (up to {summary['max_micro_batch_tokens']:,} tokens a rank "
+            f"against {summary['memory_measured_tokens']:,}): "
             "their memory is the fit's extrapolation; calibrate up to the budgets "
             "(`adaptiveload calibrate measure` measures memory up to them on a GPU)"
         )

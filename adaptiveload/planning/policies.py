@@ -42,7 +42,13 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from adaptiveload.costmodel import Calibration, CostModel, SequenceParallel
+from adaptiveload.costmodel import (
+    CAP_TOLERANCE,
+    Calibration,
+    CostModel,
+    SequenceParallel,
+    within_cap,
+)
 from adaptiveload.errors import UserError
 from adaptiveload.planning import baselines
 from adaptiveload.planning.batches import Batches, EpochInputs, MicroBatches, bucket_cuts
@@ -137,9 +143,10 @@ class Policy:
 
 
 def _floor_within(budget: float, per_sample: np.ndarray) -> np.ndarray:
-    """Largest integer b with b * per_sample <= budget, exact in float (floor then fix-up)."""
-    b = np.floor(budget / per_sample)
-    b -= b * per_sample > budget  # a quotient rounded up onto an integer
+    """Largest integer b with b * per_sample within budget (`within_cap`: a batch may fill it
+    exactly), exact in float (floor then fix-up)."""
+    b = np.floor(budget * (1 + CAP_TOLERANCE) / per_sample)
+    b -= ~within_cap(b * per_sample, budget)  # a quotient rounded up onto an integer
     # no sample is < 1 token and budgets are <= MAX_BUDGET, so this never clips real batches;
     # it keeps a huge quotient from wrapping around in the int64 cast
     return np.minimum(b, MAX_BUDGET).astype(np.int64)
@@ -154,10 +161,10 @@ class EqualToken(Policy):
         return np.maximum(1, _floor_within(budgets.m_tok, s))
 
     def oversize(self, tokens: np.ndarray, budgets: Budgets) -> np.ndarray:
-        return np.asarray(tokens, dtype=np.float64) > budgets.m_tok
+        return ~within_cap(np.asarray(tokens, dtype=np.float64), budgets.m_tok)
 
     def _over(self, batch: np.ndarray, tokens: np.ndarray, budgets: Budgets) -> np.ndarray:
-        return batch * np.asarray(tokens, dtype=np.float64) > budgets.m_tok
+        return ~within_cap(batch * np.asarray(tokens, dtype=np.float64), budgets.m_tok)
 
 
 class AdaptiveLoad(Policy):
@@ -171,12 +178,12 @@ class AdaptiveLoad(Policy):
         return np.maximum(1, np.minimum(by_mem, by_comp))
 
     def oversize(self, tokens: np.ndarray, budgets: Budgets) -> np.ndarray:
-        s = np.asarray(tokens, dtype=np.float64)
-        return (s > budgets.m_mem) | (s**budgets.p > budgets.m_comp)
+        return self._over(1, tokens, budgets)
 
     def _over(self, batch: np.ndarray, tokens: np.ndarray, budgets: Budgets) -> np.ndarray:
         s = np.asarray(tokens, dtype=np.float64)
-        return (batch * s > budgets.m_mem) | (batch * s**budgets.p > budgets.m_comp)
+        return ~(within_cap(batch * s, budgets.m_mem) & within_cap(batch * s**budgets.p,
+                                                                   budgets.m_comp))
 
 
 class BalancedDeal:
@@ -230,7 +237,7 @@ class AdaptiveLoadPacked(AdaptiveLoad):
             slots=packs.slots,
             slot_pad=packs.slot_pad,
             oversize=packs.oversize,
-            violations=int(((packs.fill > 1).any(axis=1) & (packs.size > 1)).sum()),
+            violations=int((~within_cap(packs.fill, 1.0).all(axis=1) & (packs.size > 1)).sum()),
             dealt_on="cost_model" if e.cost is not None else "sum S^p",
             summary={
                 "pack_limits": packs.limits.as_dict(),

@@ -46,6 +46,7 @@ from adaptiveload.data.bucketing import (
     DEFAULT_MODE,
     bucketize,
     cut_note,
+    stills_warning,
 )
 from adaptiveload.data.manifest import validate_manifest
 from adaptiveload.errors import UserError
@@ -170,8 +171,8 @@ class PlanBuilder:
 
     def _warn(self, summary: Mapping[str, Any]) -> None:
         found = plan_warnings(dict(summary), list(self.excluded_ids))
-        cut = cut_note(self.samples, SHOW_IDS)
-        found += [cut] if cut else []
+        found += [note for note in (stills_warning(self.samples), cut_note(self.samples,
+                                                                           SHOW_IDS)) if note]
         if not found:
             return
         warnings.warn(f"plan ({summary['policy']}): " + "; ".join(found), PlanWarning,

@@ -23,10 +23,13 @@ the per-step spread of real samples and tokens (``samples_per_step_*``, ``tokens
 say how large a global batch the plan trains with.
 
 Memory inside what was measured: ``max_micro_batch_tokens`` and
-``max_micro_batch_bytes_model`` are the plan's largest micro-batch (by Σ S) and its predicted
-peak bytes; with a Calibration whose memory was measured, ``memory_measured_tokens`` is the
-largest micro-batch it measured (``Calibration.measured_memory_tokens``) and
-``micro_batches_beyond_measured_memory`` counts the plan's micro-batches over it, whose memory
+``max_micro_batch_bytes_model`` are the plan's largest micro-batch by the tokens one rank
+holds (Σ S; ⌈Σ S / d⌉ on a sequence-parallel group of d ranks, whose Σ S is
+``max_micro_batch_group_tokens``) and its predicted per-rank peak bytes; with a Calibration
+whose memory was measured, ``memory_measured_tokens`` is the largest micro-batch it measured
+(``Calibration.measured_memory_tokens``, on one device) and
+``micro_batches_beyond_measured_memory`` counts the plan's micro-batches that put more tokens
+on a rank than that, whose memory
 rests on the fit's extrapolation alone (None: nothing was measured to compare with).
 
 ``vs_lower_bound`` is the window's summed ``max_r compute_s`` over the sum of each step's
@@ -74,6 +77,7 @@ FP32_BYTES = 4
 # the summary fields of the plan's largest micro-batch against what its calibration measured
 MEMORY_FIELDS = (
     "max_micro_batch_tokens",
+    "max_micro_batch_group_tokens",
     "max_micro_batch_bytes_model",
     "memory_measured_tokens",
     "micro_batches_beyond_measured_memory",
@@ -346,15 +350,20 @@ def _epoch_bound(
 
 
 def _memory(frame: pd.DataFrame, calibration: Calibration | None) -> dict[str, Any]:
-    """The MEMORY_FIELDS of a plan's per-step predictions: its largest micro-batch by Σ S (and
-    that one's predicted bytes) and, where `calibration` measured memory, how many of its
-    micro-batches hold more tokens than the largest one measured."""
-    tokens = frame["tokens"].to_numpy(np.int64)
+    """The MEMORY_FIELDS of a plan's per-step predictions: its largest micro-batch by the
+    tokens one rank holds (Σ S, over d on a sequence-parallel group of d ranks, each of which
+    holds a d-th of every sample: ⌈Σ S / d⌉), that one's Σ S over its group and predicted
+    per-rank bytes, and, where `calibration` measured memory (on one device), how many of the
+    micro-batches put more tokens on a rank than the largest one measured."""
+    group_tokens = frame["tokens"].to_numpy(np.int64)
+    degree = frame[SP_DEGREE].to_numpy(np.int64) if SP_DEGREE in frame.columns else 1
+    tokens = -(-group_tokens // degree)  # a group's other ranks hold 0 here: it counts once
     largest = int(np.argmax(tokens))
     measured = calibration.measured_memory_tokens if calibration is not None else None
     bytes_model = float(frame["peak_bytes_model"].iat[largest])
     return {
         "max_micro_batch_tokens": int(tokens[largest]),
+        "max_micro_batch_group_tokens": int(group_tokens[largest]),
         "max_micro_batch_bytes_model": bytes_model if np.isfinite(bytes_model) else None,
         "memory_measured_tokens": measured,
         "micro_batches_beyond_measured_memory": (

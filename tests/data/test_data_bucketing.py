@@ -6,7 +6,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from adaptiveload.data.bucketing import GRIDS, TINY_GRID, WAN_GRID, bucketize
+from adaptiveload.data.bucketing import (
+    GRIDS,
+    TINY_GRID,
+    WAN_GRID,
+    bucketize,
+    cut_note,
+    stills_warning,
+)
 from adaptiveload.data.manifest import validate_manifest
 from adaptiveload.errors import UserError
 from adaptiveload.tokens import token_count
@@ -145,3 +152,22 @@ def test_property_aspect_picks_largest_fitting_tier(rows):
         tier = area_of[(r.bucket_height, r.bucket_width)]
         for bigger in WAN_GRID.tiers[tier + 1 :]:
             assert not any(r.height >= h and r.width >= w for h, w in bigger.sizes)
+
+
+def test_clips_below_the_first_video_rung_are_said_or_kept():
+    """A 9-16-frame clip on a ladder whose first video rung is 17 frames trains as a still,
+    with a warning naming how many and the frames lost; short_clips='video' keeps it as a clip
+    of its own 4k+1 frames (a 3-frame clip has none above 1 and stays a still)."""
+    rows = [(9, 480, 832), (16, 480, 832), (3, 480, 832), (40, 480, 832), (1, 480, 832)]
+    still = bucketize(manifest(rows), grid="wan")
+    assert still.samples["bucket_frames"].tolist() == [1, 1, 1, 33, 1]
+    said = stills_warning(still.samples)
+    assert said.startswith("3 of 5 samples are clips of 3-16 frames") and "(25 frames lost)" in said
+    assert cut_note(still.samples) is None  # said once, by the warning
+    video = bucketize(manifest(rows), grid="wan", short_clips="video")
+    assert video.samples["bucket_frames"].tolist() == [9, 13, 1, 33, 1]
+    assert video.samples["tokens"].tolist()[:2] == [token_count(9, 480, 832),
+                                                    token_count(13, 480, 832)]
+    assert stills_warning(video.samples).startswith("1 of 5 samples are clips of 3-3 frames")
+    with pytest.raises(UserError, match="short_clips 'pad'"):
+        bucketize(manifest(rows), short_clips="pad")

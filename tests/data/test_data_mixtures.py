@@ -112,3 +112,16 @@ def test_parametric_family_reproduces_paper_mixed_and_moves_its_shares():
 def test_parametric_family_rejects_bad_names(bad):
     with pytest.raises(UserError, match="mixture"):
         synthesize(bad, 10, 0)
+
+
+def test_the_stress_mixtures_are_what_they_say():
+    """reference-heavy: about a third of the samples exactly at the 720p x 81-frame reference
+    bucket; robotics: mostly 33-121-frame clips, a few 720p x 161-frame ones, and some clips
+    below the first video rung."""
+    ref = bucketize(synthesize("reference-heavy", 5000, 0), grid="wan").samples["tokens"]
+    assert 0.25 < (ref == 75_600).mean() < 0.4 and ref.max() == 75_600
+    robots = bucketize(synthesize("robotics", 5000, 0), grid="wan-long", max_frames=161).samples
+    raw = robots["num_frames"]
+    assert ((raw >= 33) & (raw <= 121)).mean() > 0.85
+    assert 0.02 < (robots["tokens"] == 147_600).mean() < 0.1
+    assert ((raw > 1) & (robots["bucket_frames"] == 1)).mean() > 0.02

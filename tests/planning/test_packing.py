@@ -17,11 +17,12 @@ from hypothesis import strategies as st
 from planning_data import bucketed, manifests
 from repo_paths import H200_MEASURED, SUPPORT
 
-from adaptiveload.costmodel import Calibration, CostModel
+from adaptiveload.costmodel import Calibration, CostModel, within_cap
 from adaptiveload.data.bucketing import bucketize
 from adaptiveload.data.mixtures import synthesize
-from adaptiveload.planning.plan import build_plan
-from adaptiveload.planning.policies import Budgets
+from adaptiveload.planning.packing import PackLimits
+from adaptiveload.planning.plan import build_plan, plan_warnings
+from adaptiveload.planning.policies import Budgets, batch_size
 from adaptiveload.tokens import token_count
 
 PACKED = "adaptiveload-packed"
@@ -82,17 +83,17 @@ def over_limits(
     s = table["tokens"].astype(np.float64)
     per = pd.DataFrame({"id": table["batch_id"], "s": s, "sp": s**bud.p})
     g = per.groupby("id").agg(n=("s", "size"), s=("s", "sum"), sp=("sp", "sum"))
-    over = g["sp"] > bud.m_comp
+    over = ~within_cap(g["sp"], bud.m_comp)
     token_caps = [bud.pack_tokens]
     if cal is not None:
-        mem = cal.cost.m_static + cal.cost.m_tok * g["s"] + cal.cost.m_seq * g["n"]
-        over |= mem > cal.capacity_bytes * 0.9
+        mem = cal.cost.m_tok * g["s"] + cal.cost.m_seq * g["n"]
+        over |= ~within_cap(mem, cal.capacity_bytes * 0.9 - cal.cost.m_static)
         token_caps.append(None if bud.m_mem == cal.m_mem else bud.m_mem)
     else:
         token_caps.append(bud.m_mem)
     for cap in token_caps:
         if cap is not None:
-            over |= g["s"] > cap
+            over |= ~within_cap(g["s"], cap)
     return over, g["n"]
 
 
@@ -180,6 +181,75 @@ def test_lpt_by_cost_then_the_cap():
     exact = build_plan(frame([5, 5, 5, 5]), PACKED, Budgets(m_mem=10, m_comp=1e9, p=1.0), 2, 0)
     assert exact.summary["steps"] == 1
     assert exact.table.groupby("batch_id")["tokens"].sum().tolist() == [10, 10]
+
+
+def test_packs_fill_a_cap_exactly():
+    """M_comp = B_ref S_ref^p, as a calibration derives it: B_ref reference samples fill it
+    exactly, and the epoch bound, the homogeneous rule, the packer and the checks all accept
+    that pack (one tolerance, `costmodel.CAP_TOLERANCE`), so an epoch of reference samples
+    takes exactly K_min steps of packs of B_ref."""
+    p, s_ref, b_ref, n = 1.3167432834503265, 75_600, 3, 16
+    bud = Budgets(m_mem=1e9, m_comp=b_ref * float(s_ref) ** p, p=p)
+    df = pd.DataFrame({"sample_id": [f"r{i}" for i in range(b_ref * n * 5)],
+                       "bucket_frames": 81, "bucket_height": 720, "bucket_width": 1280,
+                       "tokens": s_ref})  # 720p x 81 frames
+    limits = PackLimits.of(bud, None)
+    assert limits.min_micro_batches([s_ref], [b_ref * n * 5]) == n * 5
+    assert batch_size("adaptiveload", [s_ref], bud)[0] == b_ref
+    plan = build_plan(df, PACKED, bud, n, seed=0)
+    assert plan.summary["steps"] == plan.summary["min_steps_per_epoch"] == 5
+    assert (plan.table.groupby("batch_id").size() == b_ref).all()
+    assert plan.summary["constraint_violations"] == 0
+    assert not limits_broken(plan.table[~plan.table["is_padding"]], bud, None).any()
+
+
+def test_step_counts_asked_for_are_kept_or_said():
+    """An integer K (or match) is reached where the packs fit; where they cannot, the plan
+    records the steps reached beside those asked and its warnings say so, with the count."""
+    bud = Budgets(m_mem=10, m_comp=1e9, p=1.0)
+    kept = build_plan(frame([5, 5, 5, 5, 1, 1]), PACKED, bud, 2, seed=0, steps_per_epoch=3)
+    assert kept.summary["steps"] == kept.summary["steps_asked"] == 3
+    assert not any("steps_per_epoch" in w for w in plan_warnings(kept.summary))
+    # 6 5 4 3 2 fill two packs of 10 exactly only as 6+4 | 5+3+2, which LPT does not find
+    short = build_plan(frame([6, 5, 4, 3, 2]), PACKED, bud, 2, seed=0, steps_per_epoch=1)
+    assert (short.summary["steps_asked"], short.summary["steps"]) == (1, 2)
+    said = [w for w in plan_warnings(short.summary) if "steps_per_epoch" in w]
+    assert len(said) == 1 and "asked for 1 steps and the plan has 2 (+1)" in said[0]
+    free = build_plan(frame([6, 5, 4, 3, 2]), PACKED, bud, 2, seed=0)
+    assert free.summary["steps_asked"] is None
+    assert not any("steps_per_epoch" in w for w in plan_warnings(free.summary))
+
+
+def test_steps_are_levelled_where_ranks_must_double_up():
+    """The pigeonhole case, proxy cost S: 10 samples of 100 and 400 of 1 on 4 ranks in 2
+    steps. Two ranks must hold two 100s, so some step takes 200; LPT's packs levelled alone
+    (200, 200 | 166.7 x 6) sum their steps' maxima to 366.7, but the step that takes 200 can
+    hold 200 on every rank: 200 + 150 = 350, which step levelling reaches (to one sample)."""
+    df = frame([100] * 10 + [1] * 400)
+    bud = Budgets(m_mem=1e6, m_comp=1e9, p=1.0)
+    plan = build_plan(df, PACKED, bud, 4, seed=0, steps_per_epoch=2)
+    per_step = plan.table.groupby(["step", "rank"])["tokens"].sum().groupby("step").max()
+    assert per_step.sum() <= 351
+
+
+@pytest.mark.parametrize("mixture, grid, max_frames", [("reference-heavy", "wan", 81),
+                                                       ("robotics", "wan-long", 161)])
+def test_seeds_vary_what_shares_a_pack(mixture, grid, max_frames):
+    """On the stress mixtures, where caps bind and a third of the samples share one token
+    count, three seeds give three pack compositions (`composition_digest`: not only which
+    sample of a token count fills a slot), and one seed gives one plan."""
+    cal = Calibration.load(H200_MEASURED)
+    bud = Budgets.resolve(calibration=cal)
+    df = bucketize(synthesize(mixture, 3000, seed=0), grid=grid, max_frames=max_frames)
+    digests = {build_plan(df, PACKED, bud, 64, seed, cost_model=cal).summary[
+        "composition_digest"] for seed in (0, 1, 2)}
+    assert len(digests) == 3
+    again = build_plan(df, PACKED, bud, 64, 0, cost_model=cal).summary["composition_digest"]
+    assert again in digests
+    # blind to which sample of a token count sits where: one bucket, any seed, one digest
+    one = frame([7] * 12)
+    assert len({build_plan(one, "equal-token", Budgets(m_tok=21), 2, seed).summary[
+        "composition_digest"] for seed in (0, 1)}) == 1
 
 
 def test_cheap_samples_beside_costly_ones_plan_in_little_memory():
