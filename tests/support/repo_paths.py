@@ -23,3 +23,6 @@ H200_GRID7 = {f"run{i}": H200_RUNS / f"calibration-grid7-run{i}.json" for i in (
 DEFAULT_RECORDS = ROOT / "results" / "reference" / "default"
 GENERATED_DOCS = (ROOT / "README.md", ROOT / "docs" / "results.md")
 CONVERGENCE_BENCHMARK = ROOT / "results" / "benchmarks" / "convergence.json"
+# experiments/baselines.yaml's recorded runs and the page generated from them
+BASELINES_RECORDS = ROOT / "results" / "reference" / "baselines"
+BASELINES_DOC = ROOT / "docs" / "baselines.md"
