@@ -87,7 +87,7 @@ def evidence(row: pd.Series | None) -> str:
     """'p=0.031, 5/5 seeds' of a measured comparison."""
     if row is None:
         return ""
-    return f"p={row['p_value']:.2g}, {row['agree']}/{row['n_policy']} seeds"
+    return f"p={row['p_value']:.2g}, {int(row['agree'])}/{int(row['n_policy'])} seeds"
 
 
 def _caption(group: pd.DataFrame, measured: bool) -> str:
@@ -176,8 +176,17 @@ def recorded(root: Path) -> list[tuple[str, pd.DataFrame]]:
     return [(f.name, pd.read_csv(f / RUNS_FILE)) for f in folders]
 
 
-def _moved(records: list[tuple[str, pd.DataFrame]], baseline: str) -> str:
-    """How far each measured speedup moved across the recorded reruns."""
+def _machines(root: Path, records: list[tuple[str, pd.DataFrame]]) -> str:
+    """The CPUs the recorded runs ran on, from their provenance."""
+    from adaptiveload.io import read_json
+
+    cpus = {read_json(root / name / "provenance.json", "provenance").get("cpu", "unknown")
+            for name, _ in records if (root / name / "provenance.json").exists()}
+    return ", ".join(sorted(cpus)) or "unrecorded machines"
+
+
+def _moved(root: Path, records: list[tuple[str, pd.DataFrame]], baseline: str) -> str:
+    """How far each measured speedup moved across the recorded reruns, and on which CPUs."""
     per_policy: dict[str, list[tuple[str, float]]] = {}
     for name, runs in records:
         train = runs[(runs["setup"] == MEASURED_SETUP) & (runs["variant"] == BASE_VARIANT)]
@@ -193,7 +202,8 @@ def _moved(records: list[tuple[str, pd.DataFrame]], baseline: str) -> str:
     parts = [f"{policy} ×{min(v for _, v in got):.2f}–×{max(v for _, v in got):.2f} "
              f"({len(got)} runs)" for policy, got in sorted(per_policy.items())]
     return ("Measured speedups across the recorded reruns "
-            f"({', '.join(name for name, _ in records)}): " + "; ".join(parts) + ".")
+            f"({', '.join(name for name, _ in records)}; on {_machines(root, records)}): "
+            + "; ".join(parts) + ".")
 
 
 def findings(
@@ -259,7 +269,7 @@ def blocks(root: Path, baseline: str = schema_default("analysis.baseline")) -> d
     found = findings(runs, baseline)
     out.update({f"findings:{setup}": text for setup, text in found.items()})
     out["findings"] = "".join(found.values())
-    out["reruns"] = _moved(records, baseline) + "\n"
+    out["reruns"] = _moved(root, records, baseline) + "\n"
     return out
 
 

@@ -295,7 +295,7 @@ def describe(row: pd.Series, scale: float = 100.0, unit: str = "%", evidence: bo
     if evidence and np.isfinite(row["p_value"]):
         text += f", p={row['p_value']:.2g}"
     if evidence and row["test"] == PAIRED:
-        text += f", {row['agree']}/{row['n_policy']} seeds"
+        text += f", {int(row['agree'])}/{int(row['n_policy'])} seeds"
     return text
 
 

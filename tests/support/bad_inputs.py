@@ -168,8 +168,6 @@ BAD_INPUTS: list[tuple[str, list[str], dict[str, Any], str]] = [
     ("plan-missing-column", SIMULATE, {"plan": "drop-rank", "calibration": {}}, "rank"),
     ("plan-binary", SIMULATE, {"plan": GARBAGE, "calibration": {}}, "Parquet"),
     ("plan-directory", _with(SIMULATE, "--plan", "{dir}"), {"calibration": {}}, "directory"),
-    ("simulate-warmup-negative", [*SIMULATE, "--warmup-steps", "-1"],
-     {"plan": "ok", "calibration": {}}, "--warmup-steps"),
     ("simulate-grad-bytes-negative", [*SIMULATE, "--grad-bytes", "-1"],
      {"plan": "ok", "calibration": {}}, "--grad-bytes"),
     ("simulate-calibration-directory", _with(SIMULATE, "--calibration", "{dir}"),

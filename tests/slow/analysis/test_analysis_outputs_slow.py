@@ -59,7 +59,7 @@ def test_tables_and_figures_from_synthetic_runs(tmp_path):
     assert pd.isna(sim.throughput_change_ci_low) and pd.isna(sim.throughput_change_p)
     headline = (tables / "headline.md").read_text()
     assert headline.index("**train**") < headline.index("**sim/h200**")
-    assert "4/4 seeds" in headline and "(model, H200)" in headline
+    assert "4/4 seeds" in headline and "model (H200)" in headline
     assert "not measured" in (tables / "kernel_table.md").read_text()
     figs = tmp_path / "figs"
     names = [n for n in FIGURES if n != "kernel_bandwidth"]  # drawn only from a measurement
