@@ -166,10 +166,19 @@ BLOCK = re.compile(r"(<!-- generated: (?P<name>[\w:/.-]+) -->\n)(?P<body>.*?)"
                    r"(<!-- end generated -->)", re.S)
 
 
+def _when(folder: Path) -> tuple[str, str]:
+    """A record's time for ordering: its provenance's `recorded` (UTC, ISO), else its name
+    (which starts with the date)."""
+    from adaptiveload.io import read_json
+
+    provenance = folder / "provenance.json"
+    stamp = read_json(provenance, "provenance").get("recorded", "") if provenance.exists() else ""
+    return (stamp or folder.name, folder.name)
+
+
 def recorded(root: Path) -> list[tuple[str, pd.DataFrame]]:
-    """(name, runs table) of every recorded run of one experiment, oldest first (the folder
-    names start with the date)."""
-    folders = sorted(p.parent for p in root.glob(f"*/{RUNS_FILE}"))
+    """(name, runs table) of every recorded run of one experiment, oldest first."""
+    folders = sorted((p.parent for p in root.glob(f"*/{RUNS_FILE}")), key=_when)
     if not folders:
         raise UserError(f"{root}: no recorded run (*/{RUNS_FILE}); record one with "
                         "`adaptiveload analyze publish --record ...`")
