@@ -282,7 +282,7 @@ def throughput(inp: FigureInputs) -> plt.Figure:
                              height_ratios=rows, figsize=(9, 1.6 + 0.32 * sum(rows)))
     lo, hi = _axis_range(sel)
     for ax, (measured, part) in zip(axes[:, 0], panels, strict=True):
-        _speedup_panel(ax, part, policies, lo, hi, inp.runs)
+        _speedup_panel(ax, part, policies, lo, hi)
         kind = "measured" if measured else MODEL_ESTIMATE
         with_ci = part[["ci_low", "ci_high"]].notna().all(axis=1)
         interval = ("95% CI" if with_ci.all() else "no CI: seeds' min–max" if not with_ci.any()
@@ -296,8 +296,8 @@ def throughput(inp: FigureInputs) -> plt.Figure:
     return fig
 
 
-def _speedup_panel(ax: plt.Axes, part: pd.DataFrame, policies: list[str], lo: float, hi: float,
-                   runs: pd.DataFrame) -> None:
+def _speedup_panel(ax: plt.Axes, part: pd.DataFrame, policies: list[str], lo: float,
+                   hi: float) -> None:
     """One dot per group and policy at its speedup, its interval as a line clipped to
     [lo, hi] with an arrow where it runs past; groups down the y axis, measured first."""
     groups = sorted(set(part["group"]), key=lambda g: (not g.startswith("train"), g))
@@ -309,7 +309,7 @@ def _speedup_panel(ax: plt.Axes, part: pd.DataFrame, policies: list[str], lo: fl
             row = mine[mine["policy"] == policy].iloc[0]
             low, high = row["ci_low"], row["ci_high"]
             if np.isnan(low) or np.isnan(high):
-                low, high = seed_spread(runs, row)
+                low, high = seed_spread(row)
             color = policy_color(policy)
             if not (np.isnan(low) or np.isnan(high)):
                 ax.plot([max(low, lo), min(high, hi)], [y, y], color=color, lw=2)

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from adaptiveload.analysis.paper_map import PAPER
+from adaptiveload.analysis.landing import PAPER_TEXT, policy_order
 from adaptiveload.analysis.stats import (
     LOAD_ADJUSTED,
     PAIRED,
@@ -40,12 +40,8 @@ from adaptiveload.pipeline import BASE_VARIANT
 MEASURED_SETUP = "train"
 THROUGHPUT = "samples_per_s ratio"
 IMBALANCE = "imbalance_rate difference"
-PAPER_LINE = (
-    f"Paper (Wan 2.1, 16 GPUs, its own definitions, unpublished): imbalance "
-    f"{PAPER['baseline_imbalance']:.0%} (equal-token) → {PAPER['adaptiveload_imbalance']:.1%} "
-    f"(AdaptiveLoad), throughput ×{1 + PAPER['throughput_change']:.3f}, peak VRAM utilization "
-    f"+{PAPER['vram_change']:.1%}."
-)
+# the paper's numbers, worded once (`landing.PAPER_TEXT`) for the report, tables and README
+PAPER_LINE = f"{PAPER_TEXT[0].upper()}{PAPER_TEXT[1:]} (its metric definitions unpublished)."
 
 
 @dataclass(frozen=True)
@@ -116,7 +112,8 @@ def headline_tables(
     for setup in setups:
         group = base[base["setup"] == setup]
         measured = bool((group["source"] == "measured").all())
-        policies = sorted(set(group["policy"]), key=lambda p: (p != baseline, p))
+        present = policy_order(group["policy"])  # one order for every table and figure
+        policies = sorted(present, key=lambda p: p != baseline)  # the baseline first
         rows = []
         for policy in policies:
             runs_p = group[group["policy"] == policy]
