@@ -84,9 +84,11 @@ class LatentDataset(Dataset):
         )
         self.cached = _cached_rows(samples_df)
         if root is not None:
-            files = (f for row in self.cached if row for f in (row.latent_path, row.text_path))
-            for path in dict.fromkeys(files):
-                regular_file(path, "cached file", root=root)
+            files = {(p, col) for row in self.cached if row
+                     for p, col in ((row.latent_path, "latent_path"),
+                                    (row.text_path, "text_path"))}
+            for path, column in sorted(files):
+                regular_file(path, column, root=root)
         if not 0 <= caption_dropout < 1:
             raise UserError(f"data.caption_dropout {caption_dropout}: expected 0 <= q < 1")
         if caption_dropout > 0 and empty_text is None:

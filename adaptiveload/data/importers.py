@@ -102,8 +102,9 @@ def import_cache(
         raise UserError(f"--val-fraction {val_fraction}: expected 0 <= fraction < 1")
     clips = {"adaptiveload": _own, "musubi": _musubi, "diffsynth": _diffsynth}[layout](root)
     if not clips:
-        raise UserError(f"{root}: no {layout} latent cache files found; expected "
-                        f"{_EXPECTED[layout]}")
+        raise UserError(
+            f"{root}: no {layout} latent cache files found; expected {_EXPECTED[layout]}"
+        )
     val = _held_out([c.clip_id for c in clips], val_fraction, seed)
     rows, short = [], []
     for clip in clips:
@@ -116,18 +117,26 @@ def import_cache(
         for start in starts:
             f, h, w = pixel_shape(size, clip.shape[2], clip.shape[3])
             sid = clip.clip_id if len(starts) == 1 and start == 0 else f"{clip.clip_id}#{start}"
-            rows.append({
-                "sample_id": sid, "num_frames": f, "height": h, "width": w,
-                "latent_path": str(clip.latent_path), "latent_key": clip.latent_key,
-                "latent_start": start, "text_path": str(clip.text_path),
-                "text_key": clip.text_key,
-                "split": VAL_SPLIT if clip.clip_id in val else TRAIN_SPLIT,
-            })
+            rows.append(
+                {
+                    "sample_id": sid,
+                    "num_frames": f,
+                    "height": h,
+                    "width": w,
+                    "latent_path": str(clip.latent_path),
+                    "latent_key": clip.latent_key,
+                    "latent_start": start,
+                    "text_path": str(clip.text_path),
+                    "text_key": clip.text_key,
+                    "split": VAL_SPLIT if clip.clip_id in val else TRAIN_SPLIT,
+                }
+            )
     if short:
         warnings.warn(
             f"{root}: {len(short)} clip(s) shorter than a window of {window_frames} latent "
             f"frames (first: {short[0]}) are imported whole, as one sample each",
-            CacheWarning, stacklevel=2,
+            CacheWarning,
+            stacklevel=2,
         )
     manifest = validate_manifest(pd.DataFrame(rows), origin=str(root), frame=True)
     return Imported(manifest=manifest, clips=len(clips), short_clips=short)
@@ -168,8 +177,10 @@ def _own(root: Path) -> list[Clip]:
         if TEXT_FILE in meta:
             text = (path.parent / meta[TEXT_FILE]).resolve()
             if not text.is_file():
-                raise UserError(f"{path}: its text_file {meta[TEXT_FILE]!r} ({text}) is not "
-                                "there; write the shared embedding or fix the reference")
+                raise UserError(
+                    f"{path}: its text_file {meta[TEXT_FILE]!r} ({text}) is not "
+                    "there; write the shared embedding or fix the reference"
+                )
             text_shapes, _ = read_header(text)
             _need(text, text_shapes, TEXT_KEY, "the shared text embedding under 'context'")
         else:
@@ -191,17 +202,23 @@ def _musubi(root: Path) -> list[Clip]:
         shapes, _ = read_header(path)
         keys = [k for k in shapes if _MUSUBI_LATENT_KEY.match(k)]
         if len(keys) != 1:
-            raise UserError(f"{path}: expected one latents_<F>x<H>x<W>_<dtype> tensor "
-                            f"(found {', '.join(sorted(shapes)) or 'none'})")
+            raise UserError(
+                f"{path}: expected one latents_<F>x<H>x<W>_<dtype> tensor "
+                f"(found {', '.join(sorted(shapes)) or 'none'})"
+            )
         text = path.with_name(f"{match['item']}_{match['arch']}_te.safetensors")
         if not text.is_file():
-            raise UserError(f"{path}: its text encoder cache {text.name} is not in {text.parent}; "
-                            "run musubi-tuner's wan_cache_text_encoder_outputs.py")
+            raise UserError(
+                f"{path}: its text encoder cache {text.name} is not in {text.parent}; "
+                "run musubi-tuner's wan_cache_text_encoder_outputs.py"
+            )
         text_shapes, _ = read_header(text)
         text_keys = [k for k in text_shapes if _MUSUBI_TEXT_KEY.match(k)]
         if len(text_keys) != 1:
-            raise UserError(f"{text}: expected one varlen_t5_<dtype> tensor (found "
-                            f"{', '.join(sorted(text_shapes)) or 'none'})")
+            raise UserError(
+                f"{text}: expected one varlen_t5_<dtype> tensor (found "
+                f"{', '.join(sorted(text_shapes)) or 'none'})"
+            )
         clip_id = path.relative_to(root).with_suffix("").as_posix()
         clips.append(Clip(clip_id, path, keys[0], shapes[keys[0]], text, text_keys[0]))
     return clips
@@ -229,8 +246,10 @@ def _diffsynth(root: Path) -> list[Clip]:
 
 def _need(path: Path, shapes: dict[str, tuple[int, ...]], key: str, what: str) -> None:
     if key not in shapes:
-        raise UserError(f"{path}: no tensor {key!r} (found {', '.join(sorted(shapes)) or 'none'})"
-                        f"; expected {what}")
+        raise UserError(
+            f"{path}: no tensor {key!r} (found {', '.join(sorted(shapes)) or 'none'})"
+            f"; expected {what}"
+        )
 
 
 def _held_out(clip_ids: list[str], fraction: float, seed: int) -> set[str]:
@@ -241,6 +260,8 @@ def _held_out(clip_ids: list[str], fraction: float, seed: int) -> set[str]:
     draws = {c: sample_seed(c, seed, "split") / float(1 << 63) for c in clip_ids}
     held = {c for c, u in draws.items() if u < fraction}
     if len(held) == len(clip_ids):
-        raise UserError(f"--val-fraction {fraction}: every one of {len(clip_ids)} clips would be "
-                        "held out; lower it")
+        raise UserError(
+            f"--val-fraction {fraction}: every one of {len(clip_ids)} clips would be "
+            "held out; lower it"
+        )
     return held or {min(draws, key=draws.get)}

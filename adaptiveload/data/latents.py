@@ -50,14 +50,19 @@ _STRIDE_T, _STRIDE_S = 4, 8
 
 def pixel_shape(latent_frames: int, latent_height: int, latent_width: int) -> tuple[int, int, int]:
     """(frames, height, width) in pixels of a latent [C, F', H', W'] (the manifest's sizes)."""
-    return (_STRIDE_T * (latent_frames - 1) + 1, _STRIDE_S * latent_height,
-            _STRIDE_S * latent_width)
+    return (
+        _STRIDE_T * (latent_frames - 1) + 1,
+        _STRIDE_S * latent_height,
+        _STRIDE_S * latent_width,
+    )
 
 
 def check_suffix(path: Path, what: str) -> None:
     if path.suffix.lower() not in SUFFIXES:
-        raise UserError(f"{path} ({what}): unknown cache file type {path.suffix!r}; expected "
-                        f"{', '.join(SUFFIXES)}")
+        raise UserError(
+            f"{path} ({what}): unknown cache file type {path.suffix!r}; expected "
+            f"{', '.join(SUFFIXES)}"
+        )
 
 
 def read_header(path: str | Path) -> tuple[dict[str, tuple[int, ...]], dict[str, str]]:
@@ -103,16 +108,18 @@ def read_tensors(path: str | Path, what: str) -> dict[str, torch.Tensor]:
         raise UserError(f"{path} ({what}): cannot be read: {exc}") from None
 
 
-def pick(tensors: dict[str, torch.Tensor], key: str, path: Path, what: str,
-         fix: str) -> torch.Tensor:
+def pick(
+    tensors: dict[str, torch.Tensor], key: str, path: Path, what: str, fix: str
+) -> torch.Tensor:
     """`tensors[key]`, or a UserError naming the file, the key and the keys found."""
     if key not in tensors:
         found = ", ".join(sorted(tensors)) or "none"
         raise UserError(f"{path} ({what}): no tensor {key!r} (found {found}); {fix}")
     tensor = tensors[key]
     if not torch.isfinite(tensor).all():
-        raise UserError(f"{path} ({what}): tensor {key!r} holds NaN or infinite values; "
-                        "encode the sample again")
+        raise UserError(
+            f"{path} ({what}): tensor {key!r} holds NaN or infinite values; encode the sample again"
+        )
     return tensor
 
 
@@ -124,14 +131,18 @@ def read_text(path: str, key: str, text_len: int, text_dim: int) -> torch.Tensor
     file = Path(path)
     what = "text embedding"
     tensors = read_tensors(file, what)
-    fix = (f"set the manifest's text_key to the key holding the [L <= {text_len}, {text_dim}] "
-           "embedding, or cache it under 'context'")
+    fix = (
+        f"set the manifest's text_key to the key holding the [L <= {text_len}, {text_dim}] "
+        "embedding, or cache it under 'context'"
+    )
     context = pick(tensors, key, file, what, fix)
     if context.ndim == 3 and context.shape[0] == 1:
         context = context[0]
     if context.ndim != 2 or context.shape[0] > text_len or context.shape[1] != text_dim:
-        raise UserError(f"{file} ({what}): tensor {key!r} has shape {list(context.shape)}; "
-                        f"expected [L <= {text_len}, {text_dim}]")
+        raise UserError(
+            f"{file} ({what}): tensor {key!r} has shape {list(context.shape)}; "
+            f"expected [L <= {text_len}, {text_dim}]"
+        )
     return torch.nn.functional.pad(context.float(), (0, 0, 0, text_len - context.shape[0]))
 
 
@@ -141,8 +152,13 @@ def read_latent(path: str, key: str, start: int, shape: tuple[int, ...]) -> torc
     file = Path(path)
     what = "latent"
     tensors = read_tensors(file, what)
-    latent = pick(tensors, key, file, what,
-                  "set the manifest's latent_key to the key of the [C, F', H', W'] latent")
+    latent = pick(
+        tensors,
+        key,
+        file,
+        what,
+        "set the manifest's latent_key to the key of the [C, F', H', W'] latent",
+    )
     if latent.ndim == 5 and latent.shape[0] == 1:
         latent = latent[0]
     window = latent[:, start : start + shape[1]] if latent.ndim == 4 else latent
@@ -156,8 +172,12 @@ def read_latent(path: str, key: str, start: int, shape: tuple[int, ...]) -> torc
     return window.float()
 
 
-def save_sample(path: str | Path, latent: torch.Tensor, context: torch.Tensor | None = None,
-                text_file: str | None = None) -> None:
+def save_sample(
+    path: str | Path,
+    latent: torch.Tensor,
+    context: torch.Tensor | None = None,
+    text_file: str | None = None,
+) -> None:
     """Write one sample in this project's format: ``latent`` [C, F', H', W'] and either its
     own ``context`` [L, D] or, in the metadata, ``text_file``: the shared embedding's file
     (`save_text`), relative to this file's folder."""
@@ -185,8 +205,9 @@ def _torch_load(path: Path, mmap: bool) -> Any:
         raise UserError(f"{path}: cache file not found") from None
     except Exception as exc:  # unpickling refusals and corrupt archives come in many types
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UserError(f"{path}: cannot be read with torch.load(weights_only=True): "
-                        f"{first}") from None
+        raise UserError(
+            f"{path}: cannot be read with torch.load(weights_only=True): {first}"
+        ) from None
 
 
 def _flatten(obj: Any, prefix: str = "") -> dict[str, torch.Tensor]:

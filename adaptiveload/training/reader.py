@@ -95,8 +95,9 @@ class ThreadReader:
     and a thread shares the dataset (its text-embedding cache) without pickling. `clock`
     runs in the worker (`time.thread_time` there is the worker's own CPU time)."""
 
-    def __init__(self, dataset: LatentDataset, workers: int,
-                 clock: Callable[[], float] = time.perf_counter):
+    def __init__(
+        self, dataset: LatentDataset, workers: int, clock: Callable[[], float] = time.perf_counter
+    ):
         self.dataset, self.clock = dataset, clock
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="adaptiveload-reader")
         self._pending: dict[tuple, Future[Fetched]] = {}
@@ -137,8 +138,13 @@ class PlanFeed:
     """Each local rank's upcoming micro-batches, from a copy of its sampler, announced to the
     reader `depth` ahead of the loop in that rank's plan order (module docstring)."""
 
-    def __init__(self, reader: Reader, builder: PlanBuilder,
-                 samplers: Mapping[int, PlanBatchSampler], depth: int):
+    def __init__(
+        self,
+        reader: Reader,
+        builder: PlanBuilder,
+        samplers: Mapping[int, PlanBatchSampler],
+        depth: int,
+    ):
         """`samplers`: the loop's, one per local rank, planned by `builder`; read, never
         advanced (their positions are what a checkpoint saves)."""
         self.reader, self.builder, self.samplers, self.depth = reader, builder, samplers, depth

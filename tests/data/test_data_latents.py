@@ -29,8 +29,10 @@ def musubi_cache(root, clips=(("cat", 9), ("dog", 3))):
     for item, frames in clips:
         latent = torch.randn(C, frames, 4, 6).to(torch.bfloat16)
         text = torch.randn(3, D).to(torch.bfloat16)
-        save_file({f"latents_{frames}x4x6_bf16": latent},
-                  root / f"{item}_00000-{4 * frames - 3:03d}_0048x0032_wan.safetensors")
+        save_file(
+            {f"latents_{frames}x4x6_bf16": latent},
+            root / f"{item}_00000-{4 * frames - 3:03d}_0048x0032_wan.safetensors",
+        )
         save_file({"varlen_t5_bf16": text}, root / f"{item}_wan_te.safetensors")
         tensors[item] = (latent.float(), text.float())
     return tensors
@@ -58,7 +60,7 @@ def test_musubi_cache_imports_from_headers_with_windows_split_and_shared_text(tm
 def test_musubi_cache_without_its_text_encoder_output_is_refused(tmp_path):
     musubi_cache(tmp_path, clips=(("cat", 2),))
     (tmp_path / "cat_wan_te.safetensors").unlink()
-    with pytest.raises(UserError, match="text encoder cache cat_wan_te.safetensors is not in"):
+    with pytest.raises(UserError, match=r"text encoder cache cat_wan_te\.safetensors is not in"):
         import_cache(tmp_path, "musubi")
 
 
@@ -68,8 +70,10 @@ def test_diffsynth_pth_caches_of_both_trainers_import_and_load(tmp_path):
     old, new = torch.randn(1, C, 2, 4, 4), torch.randn(1, C, 1, 6, 2)
     text = torch.randn(1, 5, D)
     (tmp_path / "train").mkdir()
-    torch.save({"latents": old, "prompt_emb": {"context": text}, "image_emb": {}},
-               tmp_path / "train" / "a.mp4.tensors.pth")
+    torch.save(
+        {"latents": old, "prompt_emb": {"context": text}, "image_emb": {}},
+        tmp_path / "train" / "a.mp4.tensors.pth",
+    )
     torch.save({"input_latents": new, "context": text}, tmp_path / "0.pth")
     got = import_cache(tmp_path, "diffsynth").manifest.set_index("sample_id")
     assert got.loc["train/a.mp4", ["num_frames", "height", "width"]].tolist() == [5, 32, 32]
@@ -83,8 +87,10 @@ def test_diffsynth_pth_caches_of_both_trainers_import_and_load(tmp_path):
 
 
 def test_a_misnamed_text_embedding_is_an_error_naming_file_and_keys(tmp_path):
-    torch.save({"latents": torch.randn(C, 1, 4, 4), "prompt_embeds": torch.randn(3, D)},
-               tmp_path / "x.tensors.pth")
+    torch.save(
+        {"latents": torch.randn(C, 1, 4, 4), "prompt_embeds": torch.randn(3, D)},
+        tmp_path / "x.tensors.pth",
+    )
     with pytest.raises(UserError) as exc:
         import_cache(tmp_path, "diffsynth")
     message = str(exc.value)
@@ -101,14 +107,17 @@ def test_odd_latent_sides_are_refused_at_import(tmp_path):
 def test_own_layout_shares_one_text_file_and_reads_headers_only(tmp_path):
     save_text(tmp_path / "caption0.safetensors", torch.randn(4, D))
     for i in range(3):
-        save_sample(tmp_path / f"s{i}.safetensors", torch.randn(C, 2, 4, 4),
-                    text_file="caption0.safetensors")
+        save_sample(
+            tmp_path / f"s{i}.safetensors",
+            torch.randn(C, 2, 4, 4),
+            text_file="caption0.safetensors",
+        )
     shapes, meta = read_header(tmp_path / "s0.safetensors")
     assert shapes == {"latent": (C, 2, 4, 4)} and meta == {"text_file": "caption0.safetensors"}
     got = import_cache(tmp_path, "adaptiveload").manifest
     assert got["text_path"].nunique() == 1 and len(got) == 3
     (tmp_path / "caption0.safetensors").unlink()
-    with pytest.raises(UserError, match="its text_file 'caption0.safetensors'"):
+    with pytest.raises(UserError, match=r"its text_file 'caption0\.safetensors'"):
         import_cache(tmp_path, "adaptiveload")
 
 
@@ -116,10 +125,13 @@ def test_caption_dropout_is_seeded_per_sample_and_epoch(tmp_path):
     save_text(tmp_path / "empty.safetensors", torch.zeros(1, D))
     save_text(tmp_path / "text.safetensors", torch.ones(2, D))
     for i in range(40):
-        save_sample(tmp_path / f"s{i:02d}.safetensors", torch.randn(C, 1, 2, 2),
-                    text_file="text.safetensors")
+        save_sample(
+            tmp_path / f"s{i:02d}.safetensors",
+            torch.randn(C, 1, 2, 2),
+            text_file="text.safetensors",
+        )
     manifest = import_cache(tmp_path, "adaptiveload").manifest
-    with pytest.raises(UserError, match="caption_dropout 0.5 needs data.empty_text"):
+    with pytest.raises(UserError, match=r"caption_dropout 0\.5 needs data\.empty_text"):
         dataset(manifest, caption_dropout=0.5)
     ds = dataset(manifest, caption_dropout=0.5, empty_text=str(tmp_path / "empty.safetensors"))
 
