@@ -40,8 +40,7 @@ from adaptiveload.io import regular_file
 LATENT_KEY = "latent"  # the keys of this project's own cache files
 TEXT_KEY = "context"
 TEXT_FILE = "text_file"  # the metadata key of a latent file naming its shared text file
-# the manifest columns of a cached sample besides latent_path (module docstring)
-CACHE_COLUMNS = ("latent_key", "latent_start", "text_path", "text_key", "split")
+
 TORCH_SUFFIXES = (".pt", ".pth")
 SUFFIXES = (".safetensors", *TORCH_SUFFIXES)
 # VAE strides of Wan 2.1 (time, height, width): a latent of F' frames is 4(F'-1)+1 frames
@@ -91,9 +90,14 @@ def read_header(path: str | Path) -> tuple[dict[str, tuple[int, ...]], dict[str,
 
 
 def read_tensors(path: str | Path, what: str) -> dict[str, torch.Tensor]:
-    """All tensors of a cache file (nested dicts of a ``.pt`` file under dotted keys)."""
+    """All tensors of a cache file (nested dicts of a ``.pt`` file under dotted keys).
+
+    A safetensors file is read into memory by Python's file read, which releases the GIL
+    while the disk works, and then parsed from the bytes: `safetensors.torch.load_file`
+    holds the GIL through its reads, so a reader thread reading from disk would stall the
+    training loop's thread for as long (tests/bench/bench_reader.py)."""
     from safetensors import SafetensorError
-    from safetensors.torch import load_file
+    from safetensors.torch import load
 
     path = Path(path)
     check_suffix(path, what)
@@ -101,7 +105,7 @@ def read_tensors(path: str | Path, what: str) -> dict[str, torch.Tensor]:
     if path.suffix.lower() in TORCH_SUFFIXES:
         return _flatten(_torch_load(path, mmap=False))
     try:
-        return load_file(path)
+        return load(path.read_bytes())
     except FileNotFoundError:
         raise UserError(f"{path} ({what}): file not found") from None
     except (OSError, SafetensorError) as exc:

@@ -113,7 +113,7 @@ class Loaded:
     """One rank's micro-batch on the device: its plan indices, where it runs (its group, its
     number in the step, the step's sample count), the model's input in the run's layout, the
     text context, and how long loading took: the part the step waited for (run's timer,
-    wall clock) and the whole load (`fetch_s`, the run's timer where the fetch ran)."""
+    wall clock) and the whole load (`whole_load_s`, the run's timer where each part ran)."""
 
     indices: PlanBatch
     place: Placement
@@ -121,7 +121,7 @@ class Loaded:
     context: torch.Tensor
     load_s: float
     load_wall_s: float
-    fetch_s: float = 0.0
+    whole_load_s: float = 0.0
 
     @property
     def inputs(self) -> tuple[Any, torch.Tensor]:
@@ -400,9 +400,9 @@ class Trainer:
         return torch.autocast(self.device.type, dtype=dtype) if dtype else nullcontext()
 
     def _load(self, rank: int) -> Loaded:
-        """`rank`'s next micro-batch on the device, in the run's layout, through the reader;
-        what the step waited for is its exposed load (on thread time, a wait costs the loop's
-        thread no CPU: the wall clock's wait, at most the load's own time)."""
+        """`rank`'s next micro-batch on the device, in the run's layout, through the reader.
+        Exposed load: the loop's own time in loading plus the wall time it blocked for a
+        worker still fetching; the whole load: the loop's own time plus the worker's."""
         w0, t0 = self.clock.both()
         indices = self._next_batch(rank)
         place = self.plans.at(indices.info, rank)
@@ -410,12 +410,10 @@ class Trainer:
         batch = fetched.batch.to(self.device, self.dtype)
         x0 = batch.inputs(self.cfg.execution.packed)
         w1, t1 = self.clock.both()
-        waited = t1 - t0
-        fetch_s = max(fetched.fetch_s, waited)  # the whole load: the fetch, or the wait for it
-        if self.timer == dd.THREAD_TIME:
-            waited = min(w1 - w0, fetch_s)
-        return Loaded(indices, place, x0, batch.context, load_s=waited, load_wall_s=w1 - w0,
-                      fetch_s=fetch_s)
+        blocked = fetched.blocked_s  # wall; the thread's CPU time does not count a wait
+        own = t1 - t0 if self.timer == dd.THREAD_TIME else t1 - t0 - blocked
+        return Loaded(indices, place, x0, batch.context, load_s=own + blocked,
+                      load_wall_s=w1 - w0, whole_load_s=own + fetched.fetch_s)
 
     def _run(self, step: int, rank: int, loaded: Loaded) -> Ran:
         """Forward and backward of one micro-batch, its loss scaled for the step's mean
@@ -494,7 +492,7 @@ class Trainer:
             "padding_samples": b if padding else 0,
             "padding_tokens": int(tokens.sum()) if padding else 0,
             SP_DEGREE: place.degree,
-            LOAD_COLUMNS[0]: loaded.fetch_s,
+            LOAD_COLUMNS[0]: loaded.whole_load_s,
             LOAD_COLUMNS[1]: loaded.load_s,
         }
         if not place.leads(rank):  # a group's samples count once, on its first rank's row
