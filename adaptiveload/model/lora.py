@@ -41,8 +41,13 @@ ADAPTER = "default"  # peft's adapter name in the model's keys
 # names of an adapter file's tensors: layout -> the prefix before every module name
 LORA_LAYOUTS = {"original": "diffusion_model.", "diffusers": "transformer.", "peft": ""}
 # what follows a module's name in an adapter key (peft's in-model names insert the adapter)
-LORA_SUFFIXES = (".lora_A.weight", ".lora_B.weight", ".lora_down.weight", ".lora_up.weight",
-                 ".alpha")
+LORA_SUFFIXES = (
+    ".lora_A.weight",
+    ".lora_B.weight",
+    ".lora_down.weight",
+    ".lora_up.weight",
+    ".alpha",
+)
 
 
 @dataclass(frozen=True)
@@ -66,8 +71,11 @@ def is_lora_key(name: str) -> bool:
 
 
 def _targeted(model: nn.Module, target: str) -> list[str]:
-    return [n for n, m in model.named_modules()
-            if isinstance(m, nn.Linear) and (n == target or n.endswith("." + target))]
+    return [
+        n
+        for n, m in model.named_modules()
+        if isinstance(m, nn.Linear) and (n == target or n.endswith("." + target))
+    ]
 
 
 def add_lora(model: nn.Module, spec: LoraSpec) -> nn.Module:
@@ -77,12 +85,23 @@ def add_lora(model: nn.Module, spec: LoraSpec) -> nn.Module:
     peft = require("peft")
     for target in spec.targets:
         if not _targeted(model, target):
-            linears = sorted({n.split(".", 2)[-1] if n.startswith("blocks.") else n
-                              for n, m in model.named_modules() if isinstance(m, nn.Linear)})
-            raise UserError(f"train.lora.targets: {target!r} names no Linear layer of "
-                            f"{type(model).__name__}; use names such as {', '.join(linears)}")
-    config = peft.LoraConfig(r=spec.rank, lora_alpha=spec.lora_alpha,
-                             target_modules=list(spec.targets), lora_dropout=spec.dropout)
+            linears = sorted(
+                {
+                    n.split(".", 2)[-1] if n.startswith("blocks.") else n
+                    for n, m in model.named_modules()
+                    if isinstance(m, nn.Linear)
+                }
+            )
+            raise UserError(
+                f"train.lora.targets: {target!r} names no Linear layer of "
+                f"{type(model).__name__}; use names such as {', '.join(linears)}"
+            )
+    config = peft.LoraConfig(
+        r=spec.rank,
+        lora_alpha=spec.lora_alpha,
+        target_modules=list(spec.targets),
+        lora_dropout=spec.dropout,
+    )
     model = peft.inject_adapter_in_model(config, model, adapter_name=ADAPTER)
     for name, param in model.named_parameters():
         param.requires_grad_(is_lora_key(name))
@@ -130,16 +149,20 @@ def _split(key: str) -> tuple[str, str, str]:
     bare = key.replace(f".{ADAPTER}.weight", ".weight")
     suffix = next((s for s in LORA_SUFFIXES if bare.endswith(s)), None)
     if suffix is None:
-        raise UserError(f"LoRA key {key!r}: expected <module>{{.lora_A.weight, .lora_B.weight, "
-                        ".lora_down.weight, .lora_up.weight, .alpha}}")
+        raise UserError(
+            f"LoRA key {key!r}: expected <module>{{.lora_A.weight, .lora_B.weight, "
+            ".lora_down.weight, .lora_up.weight, .alpha}}"
+        )
     module = bare[: -len(suffix)]
     for layout in ("original", "diffusers"):
         if module.startswith(LORA_LAYOUTS[layout]):
-            return layout, module[len(LORA_LAYOUTS[layout]):], suffix
+            return layout, module[len(LORA_LAYOUTS[layout]) :], suffix
     if bare != key:  # peft's in-model names carry the adapter name
         return "peft", module, suffix
-    raise UserError(f"LoRA key {key!r}: no prefix of a known naming (diffusion_model. for "
-                    "original/ComfyUI, transformer. for diffusers)")
+    raise UserError(
+        f"LoRA key {key!r}: no prefix of a known naming (diffusion_model. for "
+        "original/ComfyUI, transformer. for diffusers)"
+    )
 
 
 def _naming(layout: str) -> str:
@@ -153,6 +176,8 @@ def _module_name(key: str, module: str, source: str, to: str) -> str:
     original = module + "." if source == "original" else rename(module + ".", "original")
     diffusers = None if original is None else rename(original, "diffusers")
     if diffusers is None:
-        raise UserError(f"LoRA key {key!r}: module {module!r} is not a layer of a Wan 2.1 T2V "
-                        f"model in {source} names")
+        raise UserError(
+            f"LoRA key {key!r}: module {module!r} is not a layer of a Wan 2.1 T2V "
+            f"model in {source} names"
+        )
     return (original if to == "original" else diffusers)[:-1]

@@ -53,8 +53,11 @@ def checkpoint_digest(path: str | os.PathLike[str]) -> str:
 
 
 def _differences(want: WanConfig, got: WanConfig) -> list[str]:
-    return [f"{f} {getattr(got, f)} (model.config: {getattr(want, f)})"
-            for f in want.to_dict() if f != "name" and getattr(got, f) != getattr(want, f)]
+    return [
+        f"{f} {getattr(got, f)} (model.config: {getattr(want, f)})"
+        for f in want.to_dict()
+        if f != "name" and getattr(got, f) != getattr(want, f)
+    ]
 
 
 def load_pretrained(
@@ -69,12 +72,20 @@ def load_pretrained(
     want = get_config(config)
     diff = _differences(want, found)
     if diff:
-        fix = (f"set model.config: {found.name}" if found.name != ckpt.path.stem
-               else "set model.config to the checkpoint's model")
-        raise UserError(f"{FIELD}: {ckpt.path} is not a {config} checkpoint: {'; '.join(diff)}; "
-                        f"{fix}")
-    return load_wan(path, found.name if found.name == config else None,
-                    ln_modulate_impl=ln_modulate_impl, activation_checkpointing=checkpointing)
+        fix = (
+            f"set model.config: {found.name}"
+            if found.name != ckpt.path.stem
+            else "set model.config to the checkpoint's model"
+        )
+        raise UserError(
+            f"{FIELD}: {ckpt.path} is not a {config} checkpoint: {'; '.join(diff)}; {fix}"
+        )
+    return load_wan(
+        path,
+        found.name if found.name == config else None,
+        ln_modulate_impl=ln_modulate_impl,
+        activation_checkpointing=checkpointing,
+    )
 
 
 def prepare(model: WanModel, lora: LoraSpec | None) -> nn.Module:
@@ -100,5 +111,7 @@ def restore_state(model: nn.Module, state: Mapping[str, torch.Tensor], where: st
     missing = [k for k in result.missing_keys if is_lora_key(k)]
     if missing or result.unexpected_keys:
         key = (missing or result.unexpected_keys)[0]
-        raise UserError(f"{where}: adapter {key!r} {'missing' if missing else 'unexpected'}: "
-                        "the checkpoint is not of this run's train.lora; start a new run folder")
+        raise UserError(
+            f"{where}: adapter {key!r} {'missing' if missing else 'unexpected'}: "
+            "the checkpoint is not of this run's train.lora; start a new run folder"
+        )

@@ -24,7 +24,8 @@ def pretrained_model(seed: int = 7, config: str = CONFIG) -> WanModel:
     return model
 
 
-def write_pretrained(folder: Path, layout: str = "original", seed: int = 7,
-                     config: str = CONFIG) -> Path:
+def write_pretrained(
+    folder: Path, layout: str = "original", seed: int = 7, config: str = CONFIG
+) -> Path:
     """The checkpoint folder `folder` (new), of `pretrained_model(seed)` in `layout`."""
     return save_wan(pretrained_model(seed, config), folder, layout)
