@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from cli_runner import run
 from finetune_setup import CONFIG, pretrained_model, write_pretrained
 from training_setup import write_experiment
 
@@ -243,3 +244,22 @@ def test_diffusers_runs_the_exported_adapters_as_the_run_trained_them(
         base = theirs(x, timestep=t, encoder_hidden_states=context, return_dict=False)[0]
     assert float((got - want).norm() / want.norm()) <= 1e-5
     assert float((base - want).norm() / want.norm()) > 1e-5  # the adapters did matter
+
+
+def test_cli_export_writes_and_refuses_in_one_line(lora_run, tmp_path, monkeypatch, capsys):
+    _, ckpt, _ = lora_run
+    src = str(ckpt / "ckpt-00000003.pt")
+    args = ("model", "export", src, "-o", str(tmp_path / "merged"), "--to", "diffusers")
+    code, out, err = run(monkeypatch, capsys, *args)
+    assert code == 0, err
+    assert "diffusers layout" in out
+    assert load_wan(tmp_path / "merged").cfg.name == CONFIG
+    code, _, err = run(monkeypatch, capsys, *args)  # the folder exists now
+    assert code == 2 and err.strip().count("\n") == 0 and "new output folder" in err
+    lora = ("model", "export", src, "-o", str(tmp_path / "a.safetensors"), "--lora-only")
+    code, _, err = run(monkeypatch, capsys, *lora, "--to", "comfyui")
+    assert code == 2 and "--to 'comfyui'" in err and not (tmp_path / "a.safetensors").exists()
+    code, _, err = run(
+        monkeypatch, capsys, "model", "export", str(tmp_path / "none.pt"), "-o", str(tmp_path / "x")
+    )
+    assert code == 2 and err.strip().count("\n") == 0 and "none.pt" in err
