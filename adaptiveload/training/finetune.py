@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -88,10 +89,24 @@ def load_pretrained(
     )
 
 
-def prepare(model: WanModel, lora: LoraSpec | None) -> nn.Module:
+class FinetuneWarning(UserWarning):
+    """A fine-tuning setting that is valid but unlikely to be what was meant."""
+
+
+def prepare(model: WanModel, lora: LoraSpec | None, init_from: str) -> nn.Module:
     """The model as the run trains it: with LoRA adapters (base frozen) under `train.lora`,
-    else whole."""
-    return model if lora is None else add_lora(model, lora)
+    else whole. Adapters on a model from scratch train against frozen random weights: valid
+    (a smoke test of the setup), said once."""
+    if lora is None:
+        return model
+    if init_from == SCRATCH:
+        warnings.warn(
+            "train.lora with model.init_from: scratch: the adapters train on frozen random "
+            "weights; set model.init_from to a pretrained checkpoint",
+            FinetuneWarning,
+            stacklevel=2,
+        )
+    return add_lora(model, lora)
 
 
 def trainable(model: nn.Module) -> list[torch.nn.Parameter]:

@@ -161,7 +161,7 @@ def build_model(cfg: TrainConfig, device: torch.device) -> WanModel:
                 activation_checkpointing=cfg.activation_checkpointing,
                 execution=cfg.execution,
             )
-    return finetune.prepare(model.to(device), cfg.lora)
+    return finetune.prepare(model.to(device), cfg.lora, cfg.init_from)
 
 
 def step_metrics(

@@ -23,6 +23,7 @@ from adaptiveload.model.weights import load_wan, rename
 from adaptiveload.training import checkpoint
 from adaptiveload.training.distributed import resolve_ranks
 from adaptiveload.training.export import export_lora, export_merged
+from adaptiveload.training.finetune import FinetuneWarning
 from adaptiveload.training.inputs import prepare_data
 from adaptiveload.training.loop import Trainer, build_model
 from adaptiveload.training.settings import TrainConfig, from_experiment
@@ -88,9 +89,16 @@ def test_what_cannot_load_is_refused_in_one_line(pretrained, tmp_path):
     with pytest.raises(UserError) as exc:  # a key missing: named
         build_model(_cfg(str(tmp_path / "short.safetensors")), torch.device("cpu"))
     assert "blocks.0.ffn.2.bias" in _one_line(exc)
-    with pytest.raises(UserError) as exc:
+    with pytest.raises(UserError) as exc, pytest.warns(FinetuneWarning):
         build_model(_cfg(lora=LoraSpec(4, None, ("to_q",), 0.0)), torch.device("cpu"))
     assert "train.lora.targets" in _one_line(exc) and "self_attn.q" in str(exc.value)
+
+
+def test_adapters_on_a_model_from_scratch_train_with_one_warning(recwarn):
+    model = build_model(_cfg(lora=LoraSpec(4, None, ("self_attn.q",), 0.0)), torch.device("cpu"))
+    assert [w.category for w in recwarn.list] == [FinetuneWarning]
+    trained = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert trained and all("self_attn.q.lora_" in n for n in trained)
 
 
 def _trainer(tmp_path: Path, init_from: Path, ckpt: Path, resume: dict | None = None) -> Trainer:
