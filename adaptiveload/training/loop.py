@@ -21,7 +21,7 @@ rows of the per-step table are produced (with groups, each rank's row carries it
 degree and a group's samples count on its first rank's row only).
 
 Micro-batches come through the reader (`training.reader`): each rank's next ones are
-fetched ahead in plan order on background threads while the model computes, and load_r below
+fetched ahead in plan order by background worker processes while the model computes; load_r below
 is the exposed load, the part of the load the step waited for (`load_exposed_s`; the whole
 load is `load_s`).
 
