@@ -13,8 +13,9 @@ from adaptiveload import experiment
 from adaptiveload.data.manifest import load_manifest, write_manifest
 from adaptiveload.data.mixtures import synthesize
 from adaptiveload.errors import UserError
+from adaptiveload.planning.sampler import PlanWarning
 from adaptiveload.training.distributed import Ranks
-from adaptiveload.training.inputs import prepare_data
+from adaptiveload.training.inputs import prepare_data, split_holdout
 from adaptiveload.training.loop import Trainer
 from adaptiveload.training.settings import from_experiment
 
@@ -108,3 +109,10 @@ def test_validation_scores_the_manifests_own_held_out_split(tmp_path, monkeypatc
         with pytest.raises(UserError, match=says):
             prepare_data(bad, from_experiment(bad, "adaptiveload", 0, launch_mode="emulated",
                                               world_size=1))
+
+
+def test_a_held_out_split_nothing_scores_is_a_warning():
+    frame = synthesize("tiny-cpu", 20, 0).assign(split=["val"] * 4 + ["train"] * 16)
+    with pytest.warns(PlanWarning, match="4 samples are held out but train.val_every is 0"):
+        train, held = split_holdout(frame, "val", "m.csv", val_every=0)
+    assert len(train) == 16 and set(held["split"]) == {"val"}
