@@ -83,6 +83,42 @@ def within_cap(used: Any, cap: Any) -> np.ndarray:
     return np.asarray(used) <= np.asarray(cap, dtype=np.float64) * (1 + CAP_TOLERANCE)
 
 
+# The time model is linear in its coefficients below the floor: work = features . coefficients,
+# one row per micro-batch, one column per term. `features` is the one design matrix that
+# prices a pack (`CostModel.pack_time`), fits a calibration (`calibration.fit`) and refits one
+# from a run's rows (`costmodel.refit`).
+TIME_TERMS = ("c0", "c_seq", "a", "b")
+MEMORY_TERMS = ("m_static", "m_tok", "m_seq")
+
+
+def features(count: Any, sum_tokens: Any, sum_tokens_sq: Any) -> np.ndarray:
+    """[..., 4]: the columns of TIME_TERMS for sets of `count` samples whose token counts sum
+    to `sum_tokens` and whose squares sum to `sum_tokens_sq`: 1 (c0, once per micro-batch),
+    n (c_seq, once per sample), ΣS (a, the linear layers) and ΣS² (b, attention per sample).
+    B samples of S tokens are (B, B S, B S²)."""
+    n = np.asarray(count, dtype=np.float64)
+    s = np.asarray(sum_tokens, dtype=np.float64)
+    q = np.asarray(sum_tokens_sq, dtype=np.float64)
+    return np.stack(np.broadcast_arrays(np.ones_like(n), n, s, q), axis=-1)
+
+
+def memory_features(count: Any, sum_tokens: Any) -> np.ndarray:
+    """[..., 3]: the columns of MEMORY_TERMS: 1 (m_static), ΣS (m_tok), n (m_seq)."""
+    n = np.asarray(count, dtype=np.float64)
+    s = np.asarray(sum_tokens, dtype=np.float64)
+    return np.stack(np.broadcast_arrays(np.ones_like(n), s, n), axis=-1)
+
+
+def combine(columns: np.ndarray, coefficients: Any) -> np.ndarray:
+    """Σ_k columns[..., k] coefficients[k], added in column order: every caller that prices a
+    set from `features` gets the same bits (a matrix product may add in another order)."""
+    coef = np.asarray(coefficients, dtype=np.float64)
+    out = columns[..., 0] * coef[0]
+    for k in range(1, coef.size):
+        out = out + columns[..., k] * coef[k]
+    return out
+
+
 @dataclass(frozen=True)
 class CostModel:
     """Fitted step-time and memory model of one model config on one device."""
@@ -111,26 +147,29 @@ class CostModel:
         s = np.asarray(tokens, dtype=np.float64)
         return self.m_static + np.asarray(batch, dtype=np.float64) * (self.m_tok * s + self.m_seq)
 
+    @property
+    def time_coefficients(self) -> np.ndarray:
+        """The coefficients of TIME_TERMS, in their order (the columns of `features`)."""
+        return np.array([getattr(self, k) for k in TIME_TERMS])
+
+    @property
+    def memory_coefficients(self) -> np.ndarray:
+        """The coefficients of MEMORY_TERMS, in their order (the columns of
+        `memory_features`)."""
+        return np.array([getattr(self, k) for k in MEMORY_TERMS])
+
     def pack_time(self, count: Any, sum_tokens: Any, sum_tokens_sq: Any) -> Any:
         """Predicted forward+backward seconds of packs of `count` samples whose token counts
         sum to `sum_tokens` and whose squares sum to `sum_tokens_sq`; broadcasts over arrays.
         An empty pack (count 0) costs nothing: no micro-batch runs."""
-        n = np.asarray(count, dtype=np.float64)
-        work = (
-            self.c0
-            + self.c_seq * n
-            + self.a * np.asarray(sum_tokens, dtype=np.float64)
-            + self.b * np.asarray(sum_tokens_sq, dtype=np.float64)
-        )
-        return np.where(n > 0, np.maximum(self.t_floor, work), 0.0)
+        x = features(count, sum_tokens, sum_tokens_sq)
+        work = combine(x, self.time_coefficients)
+        return np.where(x[..., 1] > 0, np.maximum(self.t_floor, work), 0.0)
 
     def pack_memory(self, count: Any, sum_tokens: Any) -> Any:
         """Predicted peak bytes of packs of `count` samples holding `sum_tokens` tokens in all;
         broadcasts over arrays."""
-        n = np.asarray(count, dtype=np.float64)
-        return self.m_static + self.m_tok * np.asarray(sum_tokens, dtype=np.float64) + (
-            self.m_seq * n
-        )
+        return combine(memory_features(count, sum_tokens), self.memory_coefficients)
 
     def set_time(self, tokens: Any) -> float:
         """`pack_time` of one set of samples, given their token counts."""
