@@ -83,6 +83,14 @@ class Calibration:
         return None if section is None else CommModel.from_dict(section, origin)
 
     @property
+    def rank_speeds(self) -> tuple[float, ...] | None:
+        """Per-rank speed factors a refit measured (`costmodel.refit`): rank r runs a
+        micro-batch in its predicted time / factor, so < 1 is a slower rank; the median rank
+        is 1. None where the file has none (every rank alike)."""
+        speeds = self.extra.get("rank_speeds")
+        return None if speeds is None else tuple(float(v) for v in speeds)
+
+    @property
     def headroom(self) -> float:
         """The fraction of the capacity its budgets left free."""
         return float(self.extra.get("headroom", DEFAULT_HEADROOM))
