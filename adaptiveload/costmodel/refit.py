@@ -32,6 +32,11 @@ the cost model's own (`cost.features`); docs/closed_loop.md derives the fit.
   divided by their median over the ranks with rows, so the median rank has speed 1 and theta
   prices it; ranks without rows keep the prior's factor (else they would pin the median, and
   the ranks of a few rows would absorb the prior's error).
+- **Form.** A term the prior has at 0 stays 0 (c_seq of a floored fit, the floor of a
+  three-term one): the refit moves the calibration's coefficients, it does not add terms its
+  fit left out. On the rows of a few steps, each of one shape, c_seq n and a ΣS are nearly the
+  same column, and a c_seq made up from them prices the short samples the window did not hold
+  many times over.
 - **Floor.** Rows the current fit puts below the prior's floor are floor rows: they leave the
   linear fit and move the floor as the coefficients move (ridge to the prior's floor). A
   prior with no floor (0) keeps none: a floor the prior lacks is not of its form.
@@ -245,15 +250,22 @@ def _fit_time(
     coefficients and the speed factors (module docstring)."""
     theta0 = prior.time_coefficients
     theta, floor, speed = theta0.copy(), prior.t_floor, v0.copy()
+    form = theta0 > 0
     weights = np.ones(t.size)
     for _ in range(IRLS_ROUNDS):
         typical = t * speed[ranks]  # each row's time on a typical rank
         work = combine(x, theta) + offset
         on_floor = (work < floor) if floor > 0 else np.zeros(t.size, dtype=bool)
         fit = ~on_floor & (weights > 0)
-        if fit.any():
-            theta = _ridge(
-                x[fit], typical[fit] - offset[fit], typical[fit], weights[fit], theta0, prior_rows
+        if fit.any():  # the prior's form: a term it has at 0 stays 0
+            theta = np.zeros_like(theta0)
+            theta[form] = _ridge(
+                x[fit][:, form],
+                typical[fit] - offset[fit],
+                typical[fit],
+                weights[fit],
+                theta0[form],
+                prior_rows,
             )
         if floor > 0:
             w = weights * on_floor
