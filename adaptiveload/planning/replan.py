@@ -5,7 +5,7 @@ A `Replanner` is a plan source like a `PlanBuilder` (``replanner(epoch)`` is tha
 plan, on any rank) that also keeps the run's measured micro-batch rows (``observe``) and its
 refits (``refine``). A refit at step k of epoch e fits the cost model from ALL rows observed
 so far against the prior (the builder's calibration; the fit itself is the `refit` callable,
-by default `adaptiveload.costmodel.refine`), so each refit is a pure function of the prior and
+by default `adaptiveload.costmodel.refit.refine`), so each refit is a pure function of the prior and
 the rows: every rank that holds the same rows computes the same coefficients, and a run that
 resumes from a checkpoint holding the rows replans exactly as it would have.
 
@@ -34,12 +34,14 @@ import json
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, replace
+from functools import partial
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from adaptiveload.costmodel import Calibration
+from adaptiveload.costmodel.refit import refine
 from adaptiveload.planning.plan import PREDICTED, Plan
 from adaptiveload.planning.sampler import PlanBuilder, PlanWarning, _outside_the_package
 from adaptiveload.step_table import SP_DEGREE
@@ -56,8 +58,19 @@ def cost_digest(calibration: Calibration | None) -> str | None:
     digest are the same."""
     if calibration is None:
         return None
-    text = json.dumps(calibration.to_dict(), sort_keys=True, default=str)
+    text = json.dumps(_canonical(calibration.to_dict()), sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _canonical(value: Any) -> Any:
+    """Numbers as floats (a file's 40000 and a fit's 40000.0 are one coefficient)."""
+    if isinstance(value, Mapping):
+        return {k: _canonical(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_canonical(v) for v in value]
+    if isinstance(value, (int, float, np.number)) and not isinstance(value, bool):
+        return float(value)
+    return value
 
 
 @dataclass(frozen=True)
@@ -96,9 +109,8 @@ class Replanner:
                 "a closed loop refits a calibration: build the PlanBuilder with "
                 "cost_model=Calibration (a CostModel alone has no budgets to keep)"
             )
-        if refit is None:
-            from adaptiveload.costmodel import refine as refit
-        self.builder, self.refit = builder, refit
+        self.builder = builder
+        self.refit = refit or partial(refine, world_size=builder.world_size)
         self.switches: list[Switch] = []
         self._rows: list[pd.DataFrame] = []
         self._cache: dict[int, Plan] = {}

@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 
 from adaptiveload import metrics
-from adaptiveload.costmodel import Calibration
+from adaptiveload.costmodel import Calibration, SequenceParallel
 from adaptiveload.errors import UserError
 from adaptiveload.planning.replan import ROW_COLUMNS, Refit, Replanner, Switch
 from adaptiveload.planning.sampler import PlanBatchSampler, PlanBuilder
@@ -59,28 +59,36 @@ def refine_mode(value: Any) -> str | int:
 
 
 def speed_factors(calibration: Calibration, world_size: int) -> np.ndarray:
-    """Each rank's speed factor in `calibration` (a rank's time is the model's over its
-    factor; 1 where the calibration has none)."""
-    factors = calibration.extra.get("speed_factors")
-    if not factors:
-        return np.ones(world_size)
-    return np.asarray(factors, dtype=np.float64)[:world_size]
+    """Each rank's speed factor in `calibration` (`Calibration.rank_speeds`: a rank's time is
+    the model's over its factor; 1 where the calibration has none)."""
+    speeds = calibration.rank_speeds
+    out = np.ones(world_size)
+    if speeds:
+        out[: min(len(speeds), world_size)] = speeds[:world_size]
+    return out
 
 
 def predicted_s(calibration: Calibration, rows: pd.DataFrame) -> np.ndarray:
-    """The calibration's compute time of each measured row's micro-batch on its rank."""
+    """The calibration's compute time of each measured row's micro-batch on its rank (rows of
+    a micro-batch's samples: a group's first rank; at degree d with the group's all-to-alls,
+    `SequenceParallel.cost_at`)."""
     n, s, s2 = (rows[c].to_numpy(np.float64) for c in ("samples", "tokens", "tokens_sq"))
     degree = rows[SP_DEGREE].to_numpy(np.int64)
     out = np.empty(len(rows))
     for d in np.unique(degree):
         at = degree == d
-        out[at] = calibration.cost.at_degree(int(d)).pack_time(n[at], s[at], s2[at])
+        cost = calibration.cost
+        if d > 1:
+            cost = SequenceParallel.of(calibration).cost_at(cost, int(d))
+        out[at] = cost.pack_time(n[at], s[at], s2[at])
     ranks = rows["rank"].to_numpy(np.int64)
     return out / speed_factors(calibration, int(ranks.max()) + 1)[ranks]
 
 
 def model_error(calibration: Calibration, rows: pd.DataFrame) -> tuple[float, float]:
-    """(median, 90th percentile) of |predicted - measured| / measured over `rows`."""
+    """(median, 90th percentile) of |predicted - measured| / measured over the micro-batches
+    of `rows` (a group's on its first rank's row)."""
+    rows = rows[rows["samples"].to_numpy() > 0]
     measured = rows["compute_s"].to_numpy(np.float64)
     err = np.abs(predicted_s(calibration, rows) - measured) / measured
     return float(np.median(err)), float(np.percentile(err, 90))
@@ -123,8 +131,7 @@ class ClosedLoop:
         frame = pd.DataFrame(rows)
         if SP_DEGREE not in frame.columns:
             frame[SP_DEGREE] = 1
-        # a sequence-parallel group's samples are on its first rank's row only
-        self.plans.observe(frame.loc[frame["samples"] > 0, list(ROW_COLUMNS)])
+        self.plans.observe(frame[list(ROW_COLUMNS)])  # a group's other ranks' rows too
         position = samplers[0].state_dict()
         at_end = position["step"] == position["num_steps"]
         timed = step + 1 - self.warmup_steps
@@ -146,7 +153,8 @@ class ClosedLoop:
         samplers[0].check_ranks()  # torchrun: every process replanned alike (else it stops)
         after = made.calibration
         residual = model_error(after, window)
-        old, new = predicted_s(before, window), predicted_s(after, window)
+        lead = window[window["samples"].to_numpy() > 0]
+        old, new = predicted_s(before, lead), predicted_s(after, lead)
         moved = float(np.median(np.abs(new - old) / old))
         compute = window.pivot_table(index="step", columns="rank", values="compute_s")
         imbalance = metrics.imbalance_rate(compute.to_numpy())
