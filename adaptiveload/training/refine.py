@@ -58,6 +58,15 @@ def refine_mode(value: Any) -> str | int:
     return int(every)
 
 
+def check_refine(cfg: TrainConfig, calibration: Any) -> None:
+    """UserError unless the run can close its loop: a refit needs a calibration (the prior)."""
+    if cfg.refine != OFF and not isinstance(calibration, Calibration):
+        raise UserError(
+            f"train.refine {cfg.refine!r}: the closed loop refits a calibration and this run "
+            "has none; give calibration.file (or --calibration), or set refine: off"
+        )
+
+
 def speed_factors(calibration: Calibration, world_size: int) -> np.ndarray:
     """Each rank's speed factor in `calibration` (`Calibration.rank_speeds`: a rank's time is
     the model's over its factor; 1 where the calibration has none)."""
@@ -109,13 +118,9 @@ class ClosedLoop:
         cls, cfg: TrainConfig, builder: PlanBuilder, refit: Refit | None = None
     ) -> ClosedLoop | None:
         """The run's closed loop; None with ``train.refine: off``."""
+        check_refine(cfg, builder.cost_model)
         if cfg.refine == OFF:
             return None
-        if not isinstance(builder.cost_model, Calibration):
-            raise UserError(
-                f"train.refine {cfg.refine!r}: the closed loop refits a calibration and this "
-                "run has none; give calibration.file (or --calibration), or set refine: off"
-            )
         return cls(cfg.refine, builder, cfg.warmup_steps, refit)
 
     def after_step(

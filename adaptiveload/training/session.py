@@ -42,6 +42,7 @@ from adaptiveload.training import checkpoint
 from adaptiveload.training.distributed import Ranks, resolve_ranks, timer_of
 from adaptiveload.training.inputs import check_layout, prepare_data, run_identity
 from adaptiveload.training.loop import StepSink, TrainData, Trainer, total_steps
+from adaptiveload.training.refine import check_refine
 from adaptiveload.training.settings import TrainConfig, from_experiment
 from adaptiveload.training.sp_plan import check_groups
 from adaptiveload.training.summary import ln_modulate_impl, run_summary
@@ -99,6 +100,7 @@ def resolve(req: Request) -> Resolved:
     calibration = Calibration.load(cal_path) if cal_path else None
     if calibration is not None:
         calibration.require_model(cfg.model, cal_path)
+    check_refine(cfg, calibration)
     # the pipeline's layout, so a hand-run lands beside the pipeline's runs
     out = req.out or Layout(cfg.experiment).run_dir(cfg.policy, cfg.seed, cfg.kernel)
     return Resolved(exp, cfg, ranks, calibration, Path(out))
