@@ -13,11 +13,15 @@ the cost model's own (`cost.features`); docs/closed_loop.md derives the fit.
 - **Ridge to the prior.** theta minimises the relative squared error of the rows plus the
   prior counted as `prior_rows` rows of the same design (a g-prior):
   Σ_i w_i (x_i . theta / T_i - 1)² + (prior_rows / Σ_i w_i) Σ_i w_i (x_i . (theta - prior) / T_i)²
-  + prior_rows NULL_SPACE Σ_k c_k² (theta_k - prior_k)², with T_i = v_r t_i the row's time on a
-  typical rank and c_k the root mean square of column k / T_i. Unconstrained, the first two
-  give theta = prior + n / (n + prior_rows) (theta_rows - prior), n = Σ w_i and theta_rows the
+  + prior_rows HOLD_ROWS Σ_k c_k² (theta_k - prior_k)², with T_i = v_r t_i the row's time on
+  a typical rank and c_k the root mean square of column k / T_i. Unconstrained, the first two give
+  theta = prior + n / (n + prior_rows) (theta_rows - prior), n = Σ w_i and theta_rows the
   rows' own fit: a handful of rows move the prior little, thousands move it fully, in every
-  direction the rows see; the third holds the directions they do not see at the prior.
+  direction the rows see. The third (one row's worth, HOLD_ROWS) holds what they barely see
+  at the prior: the rows of a few steps dealt by cost hold a narrow range of S, which cannot
+  tell the linear term from attention; without it, noise would set p. It is in the rows'
+  units, not the coefficients' own: a coefficient the prior has far too small (p off by 0.3
+  makes a or b several times smaller) moves as the rows say.
   Coefficients stay >= 0 (non-negative least squares on the stacked system).
 - **Robust.** Iteratively reweighted: Huber weights w_i = min(1, k σ / |r_i|) on the relative
   residuals r_i (σ = 1.4826 x their median absolute deviation, k = `huber`), and a row beyond
@@ -25,7 +29,14 @@ the cost model's own (`cost.features`); docs/closed_loop.md derives the fit.
   outlier of one row, not a new cost.
 - **Speed factors.** v_r = (Σ_i w_i q_i + speed_rows v0_r) / (Σ_i w_i + speed_rows) over rank
   r's rows, q_i = prediction / measured, v0 the prior's factors (1 where it has none); then
-  divided by their median, so the median rank has speed 1 and theta prices it.
+  divided by their median over the ranks with rows, so the median rank has speed 1 and theta
+  prices it; ranks without rows keep the prior's factor (else they would pin the median, and
+  the ranks of a few rows would absorb the prior's error).
+- **Form.** A term the prior has at 0 stays 0 (c_seq of a floored fit, the floor of a
+  three-term one): the refit moves the calibration's coefficients, it does not add terms its
+  fit left out. On the rows of a few steps, each of one shape, c_seq n and a ΣS are nearly the
+  same column, and a c_seq made up from them prices the short samples the window did not hold
+  many times over.
 - **Floor.** Rows the current fit puts below the prior's floor are floor rows: they leave the
   linear fit and move the floor as the coefficients move (ridge to the prior's floor). A
   prior with no floor (0) keeps none: a floor the prior lacks is not of its form.
@@ -59,17 +70,20 @@ from adaptiveload.costmodel.cost import (
 from adaptiveload.errors import UserError
 from adaptiveload.step_table import SP_DEGREE
 
-# how many rows the prior counts as, in every direction of the coefficients, and for each
-# rank's speed factor (module docstring): a rank has a window's rows over N of them
+# how many rows the prior counts as, in every direction of the coefficients (module docstring)
 PRIOR_ROWS = 8.0
-SPEED_PRIOR_ROWS = 2.0
-# the share of a pseudo-row per coefficient that holds what the rows cannot tell apart (c0
-# and c_seq when every micro-batch has as many samples) at the prior
-NULL_SPACE = 0.01
+# how many rows each rank's prior speed counts as: (sigma / tau)^2, a row's timing noise
+# (sigma ~5%) over the spread of speeds a prior allows (tau ~10%): a rank has only a window's
+# rows over N of them, and every step waits for the slowest, so its factor must move fast
+SPEED_PRIOR_ROWS = 0.25
+# the share of `prior_rows` each coefficient's own pull to the prior counts as (the third term)
+HOLD_ROWS = 0.125
 # Huber's constant in units of the residuals' robust spread (95% efficiency under normal noise)
 HUBER_K = 1.345
 # a row whose relative residual is this many spreads out is dropped
 REJECT_SIGMAS = 6.0
+# the fewest rows whose spread can call one of them an outlier
+MIN_ROBUST_ROWS = 8
 # reweighting rounds (fixed: the same rows give the same arithmetic)
 IRLS_ROUNDS = 12
 # the least relative spread the weights assume: noiseless rows do not make every last bit of
@@ -236,15 +250,22 @@ def _fit_time(
     coefficients and the speed factors (module docstring)."""
     theta0 = prior.time_coefficients
     theta, floor, speed = theta0.copy(), prior.t_floor, v0.copy()
+    form = theta0 > 0
     weights = np.ones(t.size)
     for _ in range(IRLS_ROUNDS):
         typical = t * speed[ranks]  # each row's time on a typical rank
         work = combine(x, theta) + offset
         on_floor = (work < floor) if floor > 0 else np.zeros(t.size, dtype=bool)
         fit = ~on_floor & (weights > 0)
-        if fit.any():
-            theta = _ridge(
-                x[fit], typical[fit] - offset[fit], typical[fit], weights[fit], theta0, prior_rows
+        if fit.any():  # the prior's form: a term it has at 0 stays 0
+            theta = np.zeros_like(theta0)
+            theta[form] = _ridge(
+                x[fit][:, form],
+                typical[fit] - offset[fit],
+                typical[fit],
+                weights[fit],
+                theta0[form],
+                prior_rows,
             )
         if floor > 0:
             w = weights * on_floor
@@ -255,7 +276,9 @@ def _fit_time(
         sums = np.bincount(ranks, weights * ratio, minlength=speed.size)
         counts = np.bincount(ranks, weights, minlength=speed.size)
         speed = (sums + speed_rows * v0) / (counts + speed_rows)
-        speed = speed / np.median(speed)
+        seen = counts > 0
+        if seen.any():
+            speed = np.where(seen, speed / np.median(speed[seen]), v0)
     return theta, floor, speed, weights
 
 
@@ -269,9 +292,9 @@ def _ridge(
 ) -> np.ndarray:
     """Non-negative coefficients minimising Σ w_i ((x_i . c - target_i) / scale_i)² plus the
     prior's pseudo-rows (module docstring): `prior_rows` / Σ w_i times the same rows'
-    squared change of prediction from the prior's, and a `NULL_SPACE` share of a row for each
-    coefficient (columns scaled to unit root mean square) that holds directions the rows do
-    not see at the prior. Non-negative least squares on the rows stacked over the prior's."""
+    squared change of prediction from the prior's, and `prior_rows` x HOLD_ROWS rows for each
+    coefficient (columns scaled to unit root mean square).
+    Non-negative least squares on the rows stacked over the prior's."""
     from scipy.optimize import nnls
 
     relative = x / scale[:, None]
@@ -280,17 +303,20 @@ def _ridge(
     rows = relative / c * np.sqrt(weights)[:, None]
     z0 = prior * c
     again = np.sqrt(prior_rows / weights.sum())
-    hold = np.sqrt(prior_rows * NULL_SPACE)
-    a = np.vstack([rows, again * rows, hold * np.eye(c.size)])
-    b = np.concatenate([target / scale * np.sqrt(weights), again * (rows @ z0), hold * z0])
+    hold = np.sqrt(prior_rows * HOLD_ROWS) * np.eye(c.size)
+    a = np.vstack([rows, again * rows, hold])
+    b = np.concatenate([target / scale * np.sqrt(weights), again * (rows @ z0), hold @ z0])
     z, _ = nnls(a, b, maxiter=50 * c.size)
     return z / c
 
 
 def _robust_weights(residual: np.ndarray, huber: float, reject: float) -> np.ndarray:
-    """Huber weights of relative residuals, 0 beyond `reject` spreads (module docstring)."""
+    """Huber weights of relative residuals, 0 beyond `reject` spreads (module docstring); all
+    1 under MIN_ROBUST_ROWS rows, whose spread says nothing."""
+    if residual.size < MIN_ROBUST_ROWS:
+        return np.ones(residual.size)
     spread = max(MIN_SPREAD, 1.4826 * float(np.median(np.abs(residual - np.median(residual)))))
-    size = np.abs(residual) / spread
+    size = np.abs(residual - np.median(residual)) / spread  # a shared bias is no outlier
     weights = np.minimum(1.0, huber / np.maximum(size, 1e-300))
     return np.where(size > reject, 0.0, weights)
 
