@@ -42,6 +42,7 @@ import pandas as pd
 
 from adaptiveload.costmodel import Calibration
 from adaptiveload.costmodel.refit import refine
+from adaptiveload.errors import UserError
 from adaptiveload.planning.plan import PREDICTED, Plan
 from adaptiveload.planning.sampler import PlanBuilder, PlanWarning, _outside_the_package
 from adaptiveload.step_table import SP_DEGREE
@@ -269,12 +270,18 @@ def splice(
     if rest.empty:  # the steps left only repeat (padding): nothing to replan
         return plan
     config = replace(builder.config(epoch), cost_model=calibration, steps_per_epoch=steps - step)
-    part = config.plan(rest.reset_index(drop=True), builder.num_excluded, builder.num_over_capacity)
-    if len_steps(part) != steps - step:
+    try:
+        part = config.plan(
+            rest.reset_index(drop=True), builder.num_excluded, builder.num_over_capacity
+        )
+        why = "" if len_steps(part) == steps - step else f"it plans {len_steps(part)}"
+    except UserError as err:  # the policy refuses the step count asked for
+        why = str(err)
+    if why:
         warnings.warn(
             f"closed loop ({plan.summary['policy']}): the rest of epoch {epoch} from step "
-            f"{step} cannot be planned in its {steps - step} steps with the refit "
-            f"({len_steps(part)}); the epoch keeps its plan, later epochs use the refit",
+            f"{step} cannot be planned in its {steps - step} steps with the refit ({why}); "
+            "the epoch keeps its plan, later epochs use the refit",
             PlanWarning,
             stacklevel=_outside_the_package(),
         )

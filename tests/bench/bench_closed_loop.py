@@ -47,7 +47,7 @@ from adaptiveload.analysis.stats import paired_effect
 from adaptiveload.costmodel import Calibration
 from adaptiveload.io import read_json, write_json
 
-POLICY = "adaptiveload-balanced"
+DEFAULT_POLICY = "adaptiveload-balanced"  # --policy: any policy that plans by cost
 # (a): the default mixture, fewer samples (each run is two epochs), windows of K steps
 SAMPLES_A, WORLD_A, EPOCHS_A, EVERY_A = 200, 4, 2, 4
 # (b): 2 processes, one epoch of the same mixture
@@ -58,13 +58,13 @@ WRONG = {"c0": 2.0, "a": 0.5, "b": 3.0}
 TORCHRUN = Path(sys.executable).parent / "torchrun"
 
 
-def experiment(work: Path, name: str, cal: Calibration, samples: int, world: int, epochs: int,
-               refine: str | dict) -> Path:
+def experiment(work: Path, name: str, cal: Calibration, policy: str, samples: int, world: int,
+               epochs: int, refine: str | dict) -> Path:
     """The default experiment's data and model, with the CPU calibration's budgets given as
     numbers (so a wrong calibration changes the dealing, not the batches)."""
     exp = {
         "name": name,
-        "policies": [POLICY],
+        "policies": [policy],
         "data": {"mixture": "tiny-cpu", "num_samples": samples, "bucketing": "aspect",
                  "grid": "tiny"},
         "model": {"config": "wan2.1-tiny", "kernels": ["eager"]},
@@ -78,8 +78,8 @@ def experiment(work: Path, name: str, cal: Calibration, samples: int, world: int
     return path
 
 
-def train_command(exp: Path, cal: Path, seed: int, out: Path) -> list[str]:
-    return ["-m", "adaptiveload", "train", "--config", str(exp), "--policy", POLICY,
+def train_command(exp: Path, cal: Path, policy: str, seed: int, out: Path) -> list[str]:
+    return ["-m", "adaptiveload", "train", "--config", str(exp), "--policy", policy,
             "--seed", str(seed), "--calibration", str(cal), "--out", str(out), "--no-track"]
 
 
@@ -123,7 +123,8 @@ def run(args: list[str], env: dict[str, str]) -> None:
         raise RuntimeError(done.stderr[-3000:])
 
 
-def part_a(work: Path, cal_path: Path, seeds: list[int], env: dict[str, str]) -> dict:
+def part_a(work: Path, cal_path: Path, policy: str, seeds: list[int], env: dict[str, str]
+           ) -> dict:
     cal = Calibration.load(cal_path)
     wrong = replace(cal, cost=replace(cal.cost, **{k: getattr(cal.cost, k) * f
                                                    for k, f in WRONG.items()}))
@@ -139,9 +140,9 @@ def part_a(work: Path, cal_path: Path, seeds: list[int], env: dict[str, str]) ->
         closed_first = None
         for arm in ("closed", "open", "oracle"):  # the closed run first: its refit step
             path, refine = arms[arm]
-            exp = experiment(work, f"a-{arm}", cal, SAMPLES_A, WORLD_A, EPOCHS_A, refine)
+            exp = experiment(work, f"a-{arm}", cal, policy, SAMPLES_A, WORLD_A, EPOCHS_A, refine)
             out = work / f"a-{arm}-{seed}"
-            run(train_command(exp, path, seed, out), env)
+            run(train_command(exp, path, policy, seed, out), env)
             row = read_run(out, closed_first)
             if arm == "closed":
                 closed_first = row["first_refit_step"] + 1
@@ -152,7 +153,7 @@ def part_a(work: Path, cal_path: Path, seeds: list[int], env: dict[str, str]) ->
     return {
         "setup": {"mixture": "tiny-cpu", "num_samples": SAMPLES_A, "model": "wan2.1-tiny",
                   "world_size": WORLD_A, "launch": "emulated", "epochs": EPOCHS_A,
-                  "warmup_steps": WARMUP, "policy": POLICY, "refine_every": EVERY_A,
+                  "warmup_steps": WARMUP, "policy": policy, "refine_every": EVERY_A,
                   "timer": "thread CPU time per emulated rank",
                   "wrong_model": {"scaled": WRONG, "cost": vars(wrong.cost),
                                   "effective_exponent_221_3740": [
@@ -170,7 +171,8 @@ def burner(core: int) -> subprocess.Popen:
                              "while True: pass"], start_new_session=True)
 
 
-def part_b(work: Path, cal_path: Path, seeds: list[int], env: dict[str, str]) -> dict:
+def part_b(work: Path, cal_path: Path, policy: str, seeds: list[int], env: dict[str, str]
+           ) -> dict:
     cal = Calibration.load(cal_path)
     # each process on its own core: LOCAL_RANK's
     pin = work / "pinned.sh"
@@ -180,14 +182,14 @@ def part_b(work: Path, cal_path: Path, seeds: list[int], env: dict[str, str]) ->
     for seed in seeds:
         closed_first = None
         for arm, refine in (("closed", {"every": EVERY_B}), ("open", "off")):
-            exp = experiment(work, f"b-{arm}", cal, SAMPLES_B, WORLD_B, EPOCHS_B, refine)
+            exp = experiment(work, f"b-{arm}", cal, policy, SAMPLES_B, WORLD_B, EPOCHS_B, refine)
             out = work / f"b-{arm}-{seed}"
             slow = burner(1)
             try:
                 done = subprocess.run(
                     [str(TORCHRUN), "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
                      "--master-port", str(29500 + seed), "--no-python", str(pin),
-                     *train_command(exp, cal_path, seed, out)],
+                     *train_command(exp, cal_path, policy, seed, out)],
                     env=env, capture_output=True, text=True)
             finally:
                 os.killpg(slow.pid, signal.SIGTERM)
@@ -205,7 +207,7 @@ def part_b(work: Path, cal_path: Path, seeds: list[int], env: dict[str, str]) ->
         "setup": {"mixture": "tiny-cpu", "num_samples": SAMPLES_B, "model": "wan2.1-tiny",
                   "world_size": WORLD_B, "launch": "torchrun, gloo, one core per process",
                   "straggler": "a CPU-bound process on rank 1's core during each run",
-                  "epochs": EPOCHS_B, "warmup_steps": WARMUP, "policy": POLICY,
+                  "epochs": EPOCHS_B, "warmup_steps": WARMUP, "policy": policy,
                   "refine_every": EVERY_B, "timer": "wall clock (the slowest process's step)",
                   "prior": "the CPU calibration (no rank speeds)"},
         "runs": runs,
@@ -233,6 +235,7 @@ def main() -> None:
     parser.add_argument("--calibration", default=None)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--parts", nargs="+", default=["a", "b"], choices=["a", "b"])
+    parser.add_argument("--policy", default=DEFAULT_POLICY)
     parser.add_argument("-o", "--out", default="results/benchmarks/closed_loop_cpu.json")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench_closed_loop_"))
@@ -252,10 +255,10 @@ def main() -> None:
     result["load_average_before"] = list(os.getloadavg())
     t0 = time.perf_counter()
     if "a" in args.parts:
-        result["a_wrong_model"] = part_a(work, cal, args.seeds, env)
+        result["a_wrong_model"] = part_a(work, cal, args.policy, args.seeds, env)
         result["load_average_after_a"] = list(os.getloadavg())
     if "b" in args.parts:
-        result["b_straggler"] = part_b(work, cal, args.seeds, env)
+        result["b_straggler"] = part_b(work, cal, args.policy, args.seeds, env)
     result["load_average_after"] = list(os.getloadavg())
     result["elapsed_s"] = time.perf_counter() - t0
     write_json(Path(args.out), result)
