@@ -257,6 +257,7 @@ def main() -> None:
     if "a" in args.parts:
         result["a_wrong_model"] = part_a(work, cal, args.policy, args.seeds, env)
         result["load_average_after_a"] = list(os.getloadavg())
+        write_json(Path(args.out), result)  # (a) kept if (b) fails
     if "b" in args.parts:
         result["b_straggler"] = part_b(work, cal, args.policy, args.seeds, env)
     result["load_average_after"] = list(os.getloadavg())
