@@ -77,14 +77,12 @@ def table(result: dict[str, Any]) -> str:
             f"{s['num_samples']} samples, {s['epochs']} epochs, refit every "
             f"{s['refine_every']} steps, {len(runs['open'])} seeds; {s['timer']}; measured):",
             "",
-            "| arm | step time (s) | after the 1st refit (s) | rank 1's share of the samples "
-            "after it | speed factors (last refit) |",
+            "| arm | step time (s) | after the 1st refit (s) | imbalance after it "
+            "| speed factors (last refit) |",
             "|---|---:|---:|---:|---|",
         ]
         for arm in ("open", "closed"):
-            share = _mean([{"x": r["samples_by_rank_after_first_refit"][1]
-                            / sum(r["samples_by_rank_after_first_refit"])} for r in runs[arm]],
-                          "x")
+            imbalance = _mean(runs[arm], "imbalance_after_first_refit")
             speeds = "–"
             if arm == "closed":
                 speeds = ", ".join(
@@ -92,7 +90,7 @@ def table(result: dict[str, Any]) -> str:
                                                 axis=0))
             out.append(
                 f"| {arm} | {_mean(runs[arm], 'step_time_s'):.3f} "
-                f"| {_mean(runs[arm], 'step_time_after_first_refit_s'):.3f} | {share:.1%} "
+                f"| {_mean(runs[arm], 'step_time_after_first_refit_s'):.3f} | {imbalance:.1%} "
                 f"| {speeds} |")
         st, lo, hi = _effect(b["effects"], "step_time_after_first_refit_s: closed / open")
         out += [
