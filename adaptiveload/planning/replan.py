@@ -270,13 +270,18 @@ def splice(
     if rest.empty:  # the steps left only repeat (padding): nothing to replan
         return plan
     config = replace(builder.config(epoch), cost_model=calibration, steps_per_epoch=steps - step)
-    try:
-        part = config.plan(
-            rest.reset_index(drop=True), builder.num_excluded, builder.num_over_capacity
-        )
-        why = "" if len_steps(part) == steps - step else f"it plans {len_steps(part)}"
-    except UserError as err:  # the policy refuses the step count asked for
-        why = str(err)
+    tokens = rest["tokens"].to_numpy(np.float64)
+    if not np.all(calibration.cost.per_sample_time(tokens) > 0):
+        # a refit of few rows can zero every per-sample term: it cannot price a sample
+        why = "it prices a sample at 0 s: too few rows to tell the per-sample cost"
+    else:
+        try:
+            part = config.plan(
+                rest.reset_index(drop=True), builder.num_excluded, builder.num_over_capacity
+            )
+            why = "" if len_steps(part) == steps - step else f"it plans {len_steps(part)}"
+        except UserError as err:  # the policy refuses the step count asked for
+            why = str(err)
     if why:
         warnings.warn(
             f"closed loop ({plan.summary['policy']}): the rest of epoch {epoch} from step "

@@ -193,11 +193,13 @@ class TrainConfig:
         longer run continues a shorter one), but whether the warm-up is replayed (`epoch`)."""
         data = self.to_dict()
         # the checkpoint by its content, wherever it lies; a run from scratch without LoRA
-        # keeps the fingerprint it had before these fields existed
+        # or a closed loop keeps the fingerprint it had before these fields existed
         del data["init_from"]
         for key in ("init_digest", "lora"):
             if data[key] is None:
                 del data[key]
+        if data["refine"] == "off":
+            del data["refine"]
         data["whole_epoch"] = data.pop("steps") == WHOLE_EPOCH
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 

@@ -198,3 +198,17 @@ def test_sequence_parallel_plans_replan_their_groups(samples):
         kept = replanner.switch(0, 6, replace(device, cost=truth))
     assert not kept.replanned
     pd.testing.assert_frame_equal(replanner(0).table, after)
+
+
+def test_a_refit_that_prices_samples_at_zero_keeps_the_plan(samples):
+    """A refit of few rows that zeroes every per-sample term cannot price a pack: the epoch
+    keeps its plan, with one warning, instead of packing on a cost of 0 s per sample."""
+    replanner = Replanner(
+        PlanBuilder(samples, "adaptiveload-packed", BUDGETS, WORLD, 1, cost_model=PRIOR)
+    )
+    before = replanner(0).table
+    flat = replace(PRIOR, cost=CostModel(c0=0.1, a=0.0, b=0.0))
+    with pytest.warns(PlanWarning, match="prices a sample at 0 s"):
+        made = replanner.switch(0, 2, flat)
+    assert not made.replanned
+    pd.testing.assert_frame_equal(replanner(0).table, before)
