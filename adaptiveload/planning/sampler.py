@@ -24,6 +24,11 @@ makes the next pass start after those steps (a ``set_epoch`` of that same epoch 
 offset). Without ``consumed_steps`` it records the batches the sampler has handed out, which
 with ``num_workers > 0`` runs ahead of the loop by the DataLoader's prefetch. Ranks that
 should hold one plan can compare it with ``check_ranks`` (one all-gather of digests).
+
+Closed loop: over a ``replan.Replanner`` (instead of a PlanBuilder), ``observe(rows)`` takes
+every rank's measured micro-batches of a step and ``refine()`` refits the cost model from all
+of them and replans the batches not yet handed out (the epoch's remaining samples, each once,
+in its remaining steps), mid-pass.
 docs/sampler.md has runnable examples.
 """
 
