@@ -92,7 +92,16 @@ MIN_SPREAD = 1e-3
 # the columns a refit reads (the step table's names)
 ROW_COLUMNS = ("rank", "compute_s", "samples", "tokens", "tokens_sq")
 # the order rows are put in before anything is summed
-CANONICAL_ORDER = ("step", "rank", "samples", "tokens", "tokens_sq", "compute_s")
+CANONICAL_ORDER = (
+    "step",
+    "rank",
+    "samples",
+    "tokens",
+    "tokens_sq",
+    "compute_s",
+    SP_DEGREE,
+    "peak_bytes",
+)
 
 
 def refine(

@@ -163,3 +163,35 @@ def test_rows_without_the_step_tables_columns_are_refused(prior):
                 }
             ),
         )
+
+
+def test_sequence_parallel_rows_refit_the_per_rank_cost(prior):
+    """Groups of 2 ranks: the lead's row holds the set, the follower's none (step table);
+    times are the set at degree 2 with its all-to-alls. The refit reads both ranks' rows at
+    their degree and finds the single-rank coefficients."""
+    from adaptiveload.costmodel import SequenceParallel
+
+    truth = truth_of(prior)
+    at_two = SequenceParallel.of(replace(prior, cost=truth)).cost_at(truth, 2)
+    rng = np.random.default_rng(5)
+    out = []
+    for step in range(30):
+        for lead in range(0, RANKS, 2):
+            s = rng.choice(BUCKETS, size=int(rng.integers(1, 9)))
+            for rank in (lead, lead + 1):
+                seconds = float(at_two.set_time(s)) * (1 + 0.02 * rng.standard_normal())
+                own = rank == lead
+                out.append(
+                    {
+                        "step": step,
+                        "rank": rank,
+                        "compute_s": seconds,
+                        "sp_degree": 2,
+                        "samples": s.size if own else 0,
+                        "tokens": int(s.sum()) if own else 0,
+                        "tokens_sq": int((s * s).sum()) if own else 0,
+                    }
+                )
+    refit = refine(prior, pd.DataFrame(out), world_size=RANKS)
+    assert refit.extra["refit"]["rows"] == len(out)  # followers count, with their group's set
+    assert mix_error(refit.cost, truth) < 0.03 < mix_error(prior.cost, truth)
