@@ -83,9 +83,11 @@ def train_command(exp: Path, cal: Path, policy: str, seed: int, out: Path) -> li
             "--seed", str(seed), "--calibration", str(cal), "--out", str(out), "--no-track"]
 
 
-def read_run(out: Path, first_timed: int | None = None) -> dict[str, float]:
+def read_run(out: Path, cal: Calibration, first_timed: int | None = None) -> dict[str, float]:
     """A run's numbers from its per-step table: over the timed window, and from run step
-    `first_timed` on (the closed loop's first refit's next step), imbalance and step time."""
+    `first_timed` on (the closed loop's first refit's next step), imbalance, step time and
+    each rank's share of the work (its micro-batches priced by the CPU calibration `cal`:
+    the work it was given, whatever its speed)."""
     table = pd.read_parquet(out / "steps.parquet")
     summary = read_json(out / "summary.json")
     timed = table[table["step"] >= WARMUP]
@@ -95,11 +97,16 @@ def read_run(out: Path, first_timed: int | None = None) -> dict[str, float]:
         "step_time_s": float(timed.groupby("step")["step_time_s"].first().mean()),
         "host_load_mean": summary["host_load_mean"],
         "steps": int(timed["step"].nunique()),
+        "imbalance_by_step": [
+            round(metrics.imbalance_rate(row[None, :]), 4)
+            for row in timed.pivot_table(index="step", columns="rank",
+                                         values="compute_s").to_numpy()],
     }
     if "refit" in table.columns:
         ends = table[table["refit"].notna()].groupby("step").first()
         row["refits"] = len(ends)
         row["first_refit_step"] = int(ends.index.min())
+        row["window_end_steps"] = [int(v) for v in ends.index]
         row["model_error_median_by_window"] = ends["model_error_median"].round(4).tolist()
         row["model_error_p90_by_window"] = ends["model_error_p90"].round(4).tolist()
         row["window_imbalance"] = ends["window_imbalance"].round(4).tolist()
@@ -112,8 +119,10 @@ def read_run(out: Path, first_timed: int | None = None) -> dict[str, float]:
         row["imbalance_after_first_refit"] = metrics.imbalance_rate(compute.to_numpy())
         row["step_time_after_first_refit_s"] = float(
             after.groupby("step")["step_time_s"].first().mean())
-        per_rank = after.groupby("rank")["samples"].sum()
-        row["samples_by_rank_after_first_refit"] = per_rank.astype(int).tolist()
+        work = after.assign(work=cal.cost.pack_time(after["samples"], after["tokens"],
+                                                    after["tokens_sq"]))
+        per_rank = work.groupby("rank")["work"].sum()
+        row["work_share_by_rank_after_first_refit"] = (per_rank / per_rank.sum()).round(4).tolist()
     return row
 
 
@@ -143,10 +152,10 @@ def part_a(work: Path, cal_path: Path, policy: str, seeds: list[int], env: dict[
             exp = experiment(work, f"a-{arm}", cal, policy, SAMPLES_A, WORLD_A, EPOCHS_A, refine)
             out = work / f"a-{arm}-{seed}"
             run(train_command(exp, path, policy, seed, out), env)
-            row = read_run(out, closed_first)
+            row = read_run(out, cal, closed_first)
             if arm == "closed":
                 closed_first = row["first_refit_step"] + 1
-                row = read_run(out, closed_first)
+                row = read_run(out, cal, closed_first)
             runs[arm].append({"seed": seed, **row})
             print(f"(a) seed {seed} {arm}: {row}", flush=True)
             shutil.rmtree(out)
@@ -196,10 +205,10 @@ def part_b(work: Path, cal_path: Path, policy: str, seeds: list[int], env: dict[
                 slow.wait()
             if done.returncode:
                 raise RuntimeError(done.stderr[-3000:])
-            row = read_run(out, closed_first)
+            row = read_run(out, cal, closed_first)
             if arm == "closed":
                 closed_first = row["first_refit_step"] + 1
-                row = read_run(out, closed_first)
+                row = read_run(out, cal, closed_first)
             runs[arm].append({"seed": seed, **row})
             print(f"(b) seed {seed} {arm}: {row}", flush=True)
             shutil.rmtree(out)
