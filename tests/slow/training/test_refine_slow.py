@@ -59,8 +59,9 @@ def _replayed_cells(exp: Path, cal: Path, policy: str, world: int, out: Path,
 
 def test_sigkill_and_restart_refits_and_replans_as_before(tmp_path):
     steps, every, kill_after, world = 14, 4, 8, 3
+    # read inline: what a kill leaves of background readers is test_train_resume.py's concern
     exp, cal = _setup(tmp_path, world, steps=steps, warmup_steps=1, checkpoint_every=every,
-                      refine={"every": 2})
+                      refine={"every": 2}, reader_workers=0)
     out = tmp_path / "run"
     command = [sys.executable, "-m", "adaptiveload", "train", "--config", str(exp),
                "--policy", "adaptiveload-balanced", "--seed", "1", "--emulate-world-size",
