@@ -87,6 +87,7 @@ def plan_cmd(
     simulation_steps: o.SimulationSteps = None,
     simulation_summary: o.SimulationSummary = None,
     experiment: o.Experiment = None,
+    val_split: o.ValSplit = None,
 ) -> None:
     """Plan one epoch: which samples form each micro-batch, and which rank runs it when.
 
@@ -94,6 +95,7 @@ def plan_cmd(
     predictions, and with --simulation-steps/--simulation-summary what `adaptiveload simulate`
     would write for it, without simulating it again."""
     from adaptiveload.data.manifest import load_manifest
+    from adaptiveload.training.inputs import split_holdout
 
     flags = {"m_tok": m_tok, "m_mem": m_mem, "m_comp": m_comp, "p": p, "pack_tokens": pack_tokens}
     cal = _calibration(calibration, model)
@@ -103,7 +105,9 @@ def plan_cmd(
                          steps_per_epoch, allreduce_gbps)
     writes = _Outputs(summary, output, simulation_steps, simulation_summary,
                       experiment).checked(cal)
-    bucketed = bucketize(load_manifest(manifest), mode=bucketing, grid=grid,
+    # the rows training plans: a held-out split is scored, never trained on
+    frame, _ = split_holdout(load_manifest(manifest), val_split, manifest, val_every=None)
+    bucketed = bucketize(frame, mode=bucketing, grid=grid,
                          max_frames=max_frames, short_clips=short_clips)
     bucketed = without_over_capacity(bucketed, cal, config.max_degree)  # named, like the rest
     plan = config.plan(bucketed)

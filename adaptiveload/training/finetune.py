@@ -33,10 +33,10 @@ FIELD = "model.init_from"
 _CHUNK = 1 << 24
 
 
-def checkpoint_digest(path: str | os.PathLike[str]) -> str:
-    """sha256 (16 hex digits) of a checkpoint's content: its weight files in order and its
-    config.json, each with its length; not its path or modification time (a copy of the same
-    weights is the same run)."""
+def checkpoint_files(path: str | os.PathLike[str]) -> list[Path]:
+    """The files whose content is a checkpoint's: its weight files in order and its
+    config.json (what `checkpoint_digest` hashes; the pipeline's training jobs take them as
+    inputs, so weights overwritten in place rerun training)."""
     try:
         ckpt = open_checkpoint(path)
     except UserError as exc:
@@ -44,8 +44,15 @@ def checkpoint_digest(path: str | os.PathLike[str]) -> str:
     files = list(ckpt.files)
     if ckpt.path.is_dir() and (ckpt.path / "config.json").exists():
         files.append(ckpt.path / "config.json")
+    return files
+
+
+def checkpoint_digest(path: str | os.PathLike[str]) -> str:
+    """sha256 (16 hex digits) of a checkpoint's content: its weight files in order and its
+    config.json, each with its length; not its path or modification time (a copy of the same
+    weights is the same run)."""
     sha = hashlib.sha256()
-    for file in files:
+    for file in checkpoint_files(path):
         sha.update(f"{file.name}:{file.stat().st_size}\n".encode())
         with Path(file).open("rb") as fh:
             while chunk := fh.read(_CHUNK):

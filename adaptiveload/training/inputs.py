@@ -99,10 +99,11 @@ def prepare_data(
 
 
 def split_holdout(
-    frame: pd.DataFrame, split: str | None, manifest: Path | str | None, val_every: int
+    frame: pd.DataFrame, split: str | None, manifest: Path | str | None, val_every: int | None
 ) -> tuple[pd.DataFrame, pd.DataFrame | None]:
     """(the rows to train on, the held-out rows of `split` or None): `data.val_split` names
-    a value of the manifest's `split` column; its rows are never trained on."""
+    a value of the manifest's `split` column; its rows are never trained on. `val_every`
+    None: the caller scores nothing (`adaptiveload plan`), so no warning that nothing will."""
     if split is None:
         return frame, None
     if "split" not in frame.columns:
