@@ -87,8 +87,13 @@ def test_diffsynth_pth_caches_of_both_trainers_import_and_load(tmp_path):
         {"latents": old, "prompt_emb": {"context": text}, "image_emb": {}},
         tmp_path / "train" / "a.mp4.tensors.pth",
     )
-    shared = {"input_latents": new, "latents": torch.randn_like(new), "height": 48,
-              "tiled": False, "rand_device": torch.device("cpu")}
+    shared = {
+        "input_latents": new,
+        "latents": torch.randn_like(new),
+        "height": 48,
+        "tiled": False,
+        "rand_device": torch.device("cpu"),
+    }
     (tmp_path / "0").mkdir()
     torch.save((shared, {"context": text}, {"context": negative}), tmp_path / "0" / "0.pth")
     torch.save({**shared, "context": text}, tmp_path / "flat.pth")
