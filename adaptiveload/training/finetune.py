@@ -22,9 +22,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from adaptiveload.costmodel import Calibration
 from adaptiveload.errors import UserError
 from adaptiveload.model.architectures import WanConfig, get_config
-from adaptiveload.model.lora import LoraSpec, add_lora, is_lora_key, lora_state
+from adaptiveload.model.lora import LoraSpec, add_lora, is_lora_key, lora_state, spec_record
 from adaptiveload.model.wan import WanModel
 from adaptiveload.model.weights import inspect, load_wan, open_checkpoint
 
@@ -114,6 +115,29 @@ def prepare(model: WanModel, lora: LoraSpec | None, init_from: str) -> nn.Module
             stacklevel=2,
         )
     return add_lora(model, lora)
+
+
+def check_calibration(lora: LoraSpec | None, calibration: Calibration | None) -> None:
+    """One warning when a LoRA run plans with a calibration that timed another step: full
+    training's backward computes every weight's gradient and steps every weight's optimizer
+    state, a LoRA step only the adapters', so the plan's costs and budgets are not of the
+    step this run takes (`adaptiveload calibrate measure --config` on the experiment times
+    its LoRA step)."""
+    if lora is None or calibration is None:
+        return
+    timed = (calibration.extra.get("setup") or {}).get("lora")
+    if timed == spec_record(lora):
+        return
+    what = "full training steps" if timed is None else f"LoRA steps of {timed}"
+    warnings.warn(
+        f"train.lora: the calibration ({calibration.source}, {calibration.device}) timed "
+        f"{what}, not this run's "
+        f"LoRA step {spec_record(lora)}; its costs and budgets are of another step. Measure "
+        "one with `adaptiveload calibrate measure --config` on this experiment (it times the "
+        "step of train.lora), or let the pipeline measure it (calibration.file: null)",
+        FinetuneWarning,
+        stacklevel=2,
+    )
 
 
 def trainable(model: nn.Module) -> list[torch.nn.Parameter]:

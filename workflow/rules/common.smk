@@ -14,7 +14,6 @@ from adaptiveload.io import json_text
 from adaptiveload.calibration.settings import CalibrationConfig
 from adaptiveload.errors import UserError
 from adaptiveload.planning.policies import POLICIES as POLICIES_BY_NAME
-from adaptiveload.training import finetune
 
 EXP = config["name"]
 OUT = pipeline.Layout(EXP)
@@ -114,6 +113,8 @@ def init_files():
     weights overwritten at the same path rerun it. Where they cannot be listed (no such path,
     no checkpoint there) the path itself, which Snakemake reports missing or training
     refuses in one line."""
+    from adaptiveload.training import finetune  # torch: only for a run from a checkpoint
+
     path = config["model"]["init_from"]
     if path == finetune.SCRATCH:
         return []
