@@ -200,12 +200,14 @@ def _own(root: Path) -> list[Clip]:
 
 
 def _musubi(root: Path) -> list[Clip]:
-    clips = []
+    clips, unnamed = [], []
     for path in _files(root, "*.safetensors"):
         if path.stem.endswith("_te"):
             continue
         match = _MUSUBI_LATENT.match(path.stem)
         if match is None:
+            if set(read_header(path)[0]) != {TEXT_KEY}:  # not an embedding (empty_text)
+                unnamed.append(path.name)
             continue
         shapes, _ = read_header(path)
         keys = [k for k in shapes if _MUSUBI_LATENT_KEY.match(k)]
@@ -229,6 +231,14 @@ def _musubi(root: Path) -> list[Clip]:
             )
         clip_id = path.relative_to(root).with_suffix("").as_posix()
         clips.append(Clip(clip_id, path, keys[0], shapes[keys[0]], text, text_keys[0]))
+    if unnamed:  # another tool's files beside the cache, or a naming this importer lacks
+        warnings.warn(
+            f"{root}: {len(unnamed)} .safetensors file(s) not named as musubi-tuner's latent "
+            f"caches (<item>_[<start>-<frames>_]<W>x<H>_<arch>) were left out, e.g. "
+            f"{', '.join(sorted(unnamed)[:3])}",
+            CacheWarning,
+            stacklevel=3,
+        )
     return clips
 
 

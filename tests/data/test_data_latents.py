@@ -58,11 +58,15 @@ def test_musubi_cache_imports_from_headers_with_windows_split_and_shared_text(tm
 
 
 def test_musubi_section_index_names_import(tmp_path):
-    """musubi-tuner's frame-extraction names may carry a section index (`00000-033-01`)."""
+    """musubi-tuner's frame-extraction names may carry a section index (`00000-033-01`); a
+    file of no musubi name is left out with a warning, never silently."""
     musubi_cache(tmp_path, clips=(("cat", 2),))
     latent = next(tmp_path.glob("cat_*_wan.safetensors"))
     latent.rename(tmp_path / "cat_00000-005-01_0048x0032_wan.safetensors")
-    got = import_cache(tmp_path, "musubi").manifest
+    save_text(tmp_path / "empty_text.safetensors", torch.zeros(1, D))  # an embedding: no word
+    save_file({"x": torch.zeros(1)}, tmp_path / "cat_wan.safetensors")
+    with pytest.warns(CacheWarning, match=r"1 \.safetensors file.* left out, e\.g\. cat_wan"):
+        got = import_cache(tmp_path, "musubi").manifest
     assert got["sample_id"].tolist() == ["cat_00000-005-01_0048x0032_wan"]
     assert got["text_path"].str.endswith("cat_wan_te.safetensors").all()
 
