@@ -1,18 +1,18 @@
-"""experiments/finetune.yaml at tiny size, end to end through the Snakemake pipeline: a latent
-cache in musubi-tuner's or DiffSynth-Studio's layout and a pretrained checkpoint, where the
-file expects them (under the working directory), indexed by `adaptiveload manifest import`,
-then `snakemake` on the file with only the sizes changed (micro model, a calibration measured
-on this CPU, a few steps on 2 emulated ranks). The run trains LoRA adapters alone under the
-cost-based plan, scores the cache's own held-out samples and reports its exposed load; a
-rerun does nothing, and weights overwritten at the same `model.init_from` path rerun
-training."""
+"""experiments/finetune.yaml at tiny size, end to end through the Snakemake pipeline: latent
+caches in musubi-tuner's and DiffSynth-Studio's layouts (one run covers both: each folder is
+imported by `adaptiveload manifest import`, the two manifests joined into the one the file
+names) and a pretrained checkpoint, where the file expects them (under the working
+directory), then `snakemake` on the file with only the sizes changed (micro model, a
+calibration measured on this CPU, a few steps on 2 emulated ranks). The run trains LoRA
+adapters alone under the cost-based plan, scores the cache's own held-out samples and
+reports its exposed load; a rerun does nothing, and weights overwritten at the same
+`model.init_from` path rerun training."""
 
 from __future__ import annotations
 
 import json
 
 import pandas as pd
-import pytest
 import torch
 import yaml
 from finetune_setup import CONFIG, pretrained_model, write_pretrained
@@ -22,7 +22,7 @@ from training_setup import adaptiveload, cli_env
 from workflow_setup import copy_workflow, dry_run_jobs, snakemake
 
 from adaptiveload.data.latents import save_text
-from adaptiveload.data.manifest import load_manifest
+from adaptiveload.data.manifest import load_manifest, write_manifest
 from adaptiveload.model.architectures import get_config
 from adaptiveload.model.lora import is_lora_key
 from adaptiveload.model.weights import save_wan
@@ -32,12 +32,12 @@ STEPS, WORLD = 4, 2
 EXPERIMENT = "experiments/finetune.yaml"
 
 
-def _cache(folder, layout: str) -> None:
-    """Ten clips of 1-3 latent frames, each with its caption's embedding, in `layout`."""
+def _cache(folder, layout: str, clips: range) -> None:
+    """Clips of 1-3 latent frames, each with its caption's embedding, in `layout`."""
     cfg = get_config(CONFIG)
-    gen = torch.Generator().manual_seed(0)
+    gen = torch.Generator().manual_seed(clips.start)
     folder.mkdir(parents=True)
-    for i in range(10):
+    for i in clips:
         frames, side = 1 + i % 3, (4, 6)[i % 2]
         latent = torch.randn(cfg.in_dim, frames, side, side, generator=gen)
         text = torch.randn(5, cfg.text_dim, generator=gen)
@@ -54,7 +54,6 @@ def _cache(folder, layout: str) -> None:
                 {"latents": latent[None], "prompt_emb": {"context": text[None]}},
                 folder / f"clip{i}.mp4.tensors.pth",
             )
-    save_text(folder / "empty_text.safetensors", torch.zeros(1, cfg.text_dim))
 
 
 def _tiny(work) -> dict:
@@ -90,28 +89,33 @@ def _tiny(work) -> dict:
     return exp
 
 
-@pytest.mark.parametrize("layout", ["musubi", "diffsynth"])
-def test_the_finetune_experiment_runs_through_the_pipeline_on_either_tools_cache(tmp_path, layout):
+def test_the_finetune_experiment_runs_through_the_pipeline_on_both_tools_caches(tmp_path):
     work = copy_workflow(tmp_path)
     exp = _tiny(work)
-    _cache(work / "data" / "my-cache", layout)
     init = work / exp["model"]["init_from"]
     write_pretrained(init, "original")
-    manifest = exp["data"]["manifest"]
-    made = adaptiveload(
-        "manifest",
-        "import",
-        "data/my-cache",
-        "--layout",
-        layout,
-        "--val-fraction",
-        "0.2",
-        "-o",
-        manifest,
-        env=dict(cli_env(), PYTHONPATH=str(ROOT)),
-        cwd=work,
-    )
-    assert made.returncode == 0, made.stderr[-3000:]
+    cache = work / "data" / "my-cache"
+    parts = []
+    for layout, clips in (("musubi", range(0, 6)), ("diffsynth", range(6, 12))):
+        _cache(cache / layout, layout, clips)
+        made = adaptiveload(
+            "manifest",
+            "import",
+            f"data/my-cache/{layout}",
+            "--layout",
+            layout,
+            "--val-fraction",
+            "0.2",
+            "-o",
+            f"data/my-cache/{layout}.csv",
+            env=dict(cli_env(), PYTHONPATH=str(ROOT)),
+            cwd=work,
+        )
+        assert made.returncode == 0, made.stderr[-3000:]
+        parts.append(load_manifest(cache / f"{layout}.csv"))
+    manifest = work / exp["data"]["manifest"]
+    write_manifest(manifest, pd.concat(parts, ignore_index=True))
+    save_text(cache / "empty_text.safetensors", torch.zeros(1, get_config(CONFIG).text_dim))
 
     run = snakemake(work, "--cores", "2", "--configfile", EXPERIMENT)
     assert run.returncode == 0, (run.stdout + run.stderr)[-6000:]
@@ -120,7 +124,8 @@ def test_the_finetune_experiment_runs_through_the_pipeline_on_either_tools_cache
     out = res / "runs" / "adaptiveload-packed" / "seed0" / "eager"
     steps = pd.read_parquet(out / "steps.parquet")
     assert len(steps) == STEPS * WORLD
-    frame = load_manifest(work / manifest)
+    frame = load_manifest(manifest)
+    assert set(frame["text_key"]) == {"varlen_t5_bf16", "prompt_emb.context"}  # both tools
     held = frame["split"] == "val"
     assert held.any() and steps["val_loss"].notna().any()  # the cache's own held-out samples
     # the plan the pipeline made (and the run executed) is of the training split alone
