@@ -185,6 +185,22 @@ class _Bound:
         return work[inverse], least[inverse]
 
 
+def epoch_seconds(
+    size: np.ndarray, sum_s: np.ndarray, sum_sq: np.ndarray, degree: np.ndarray,
+    cost_model: CostModel | Calibration, n: int, allreduce_gbps: float = DEFAULT_ALLREDUCE_GBPS,
+) -> float:
+    """The predicted epoch seconds `simulate` gives a plan whose (step, rank) cells, step-major,
+    hold `size` samples of Σ S `sum_s` and Σ S² `sum_sq` (0 where a group's other ranks sit)
+    on groups of `degree` (1 but on a group's first rank), without building its tables: a
+    figure of a plan that is not kept (a policy's baseline, ``plan._versus_baseline``)."""
+    calibration = _split(cost_model)[1]
+    grad_bytes = grad_bytes_of(calibration) if calibration is not None else 0.0
+    ar_s = allreduce_seconds(grad_bytes, n, allreduce_gbps)
+    cell = _Cells(size, sum_s, sum_sq, np.zeros((size.size, 3), dtype=np.int64), size, sum_s)
+    compute = _cell_costs(cost_model, cell, degree, n)[0].reshape(-1, n)
+    return float((compute.max(axis=1) + ar_s).sum())
+
+
 def _cell_costs(
     cost_model: CostModel | Calibration, cell: _Cells, degree: np.ndarray, n: int
 ) -> tuple[np.ndarray, np.ndarray]:
