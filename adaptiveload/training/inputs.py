@@ -45,7 +45,8 @@ def prepare_data(
         else synthesize(data["mixture"], data["num_samples"], DATA_SEED)
     )
     bucketed = bucketize(
-        frame, mode=data["bucketing"], grid=data["grid"], max_frames=data["max_frames"]
+        frame, mode=data["bucketing"], grid=data["grid"], max_frames=data["max_frames"],
+        short_clips=data["short_clips"],
     )
     samples = bucketed.samples.reset_index(drop=True)
     budgets = Budgets.resolve(**exp["budgets"], calibration=calibration)
