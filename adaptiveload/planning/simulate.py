@@ -247,14 +247,19 @@ def _step_table(
     compute, memory = _cell_costs(cost_model, cell, degree, n)
     compute = compute.reshape(steps, n)
     t_step = compute.max(axis=1)
-    # what only a measurement has: missing (a Float64 column of NaN input is all NA)
-    empty = pd.array(np.full(steps * n, np.nan), dtype="Float64")
+    # what only a measurement has: missing, each such column an all-NA view of one value
+    # (read-only: writing into a prediction raises; a frame of 15M cells would otherwise hold
+    # 1.6 GB of NA)
+    def empty() -> pd.arrays.FloatingArray:
+        cells = steps * n
+        return pd.arrays.FloatingArray(np.broadcast_to(np.nan, cells), np.broadcast_to(True, cells))
+
     frame = pd.DataFrame(
         {
             "step": np.repeat(np.arange(steps), n),
             "rank": np.tile(np.arange(n), steps),
             "compute_s": compute.ravel(),
-            "compute_wall_s": empty,
+            "compute_wall_s": empty(),
             "wait_s": (t_step[:, None] - compute).ravel(),
             "samples": cell.samples,
             "tokens": cell.tokens,
@@ -262,16 +267,16 @@ def _step_table(
             "frames": cell.shape[:, 0],
             "height": cell.shape[:, 1],
             "width": cell.shape[:, 2],
-            "peak_bytes": empty.copy(),
+            "peak_bytes": empty(),
             "peak_bytes_model": memory,
-            "loss": empty.copy(),
+            "loss": empty(),
             "step_time_s": np.repeat(t_step + allreduce_s, n),
-            "step_wall_s": empty.copy(),
+            "step_wall_s": empty(),
             "lower_bound_s": np.repeat(_step_bounds(table, cost, steps, n, bound), n),
             "padding_samples": cell.padding_samples,
             "padding_tokens": cell.padding_tokens,
             # learning: a measured run's columns, empty in a simulation
-            **{col: empty.copy() for col in ("samples_seen", "host_load_1m", *VAL_COLUMNS)},
+            **{col: empty() for col in ("samples_seen", "host_load_1m", *VAL_COLUMNS)},
         },
         columns=list(STEP_COLUMNS),
         copy=False,  # every column is a fresh array: copying and stacking them cost seconds
