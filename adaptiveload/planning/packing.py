@@ -95,7 +95,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from adaptiveload.costmodel import Calibration, CostModel, EpochLimits, SequenceParallel
+from adaptiveload.costmodel import (
+    CAP_TOLERANCE,
+    Calibration,
+    CostModel,
+    EpochLimits,
+    SequenceParallel,
+)
 from adaptiveload.errors import UserError
 from adaptiveload.planning.budgets import Budgets
 from adaptiveload.planning.dealing import deal_in_windows, narrow, shuffled_by_code
@@ -398,11 +404,75 @@ def _level_steps(
     mean = (total - world_size * float(peak[:pinned].sum())) / (n_packs - pinned * world_size)
     target = np.concatenate([np.repeat(peak[:pinned], world_size),
                              np.full(n_packs - pinned * world_size, max(mean, 0.0))])
-    placed = _lpt_offset(count, types, n_packs, offset, target, offset_share=0.0)
-    if placed is None:
+    offset(n_packs)  # the draw of LPT's offsets, none here: the levels are its targets
+    order = _banded(count, types, offset)
+    candidates = [
+        _lpt_or_strict(count, types, n_packs, np.zeros(n_packs), order, target),
+        _fill_pinned(count, types, np.repeat(peak[:pinned], world_size), n_packs, order),
+    ]
+    best, best_sum = None, float(peak.sum())
+    for placed in candidates:
+        if placed is not None:
+            leveled = float(np.sort(placed[2].load)[::-1][::world_size].sum())
+            if leveled < best_sum:
+                best, best_sum = placed, leveled
+    return best
+
+
+def _fill_pinned(
+    count: np.ndarray, types: _Types, level: np.ndarray, n_packs: int, order: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, _Fill] | None:
+    """`_level_steps`' second way: the packs of the pinned steps (one per entry of `level`,
+    its step's L_k) filled first, costliest samples first, each pack as far as its level
+    and its limits let it (a sample that runs alone into an empty one whose level covers
+    it); then the samples left by LPT into the other packs. Where a limit binds before the
+    level (packs full in compute that a third reference clip fills to L_k but cheaper
+    samples fill short of it), giving the pinned steps the costliest samples moves the most
+    work off the other steps. Both parts take the types in `order` (the levelling pass's
+    draws, so seeds vary the packs here too, and the plans it does not win are the ones the
+    first way makes). None where the rest finds no room."""
+    pinned = level.size
+    empty = _Fill(np.zeros(0, np.int64), np.zeros(0), np.zeros(0, np.int64), np.zeros(0),
+                  np.zeros((types.caps.size, 0)))
+    packs = _Open.start(pinned, 0, types.caps, 0.0, np.zeros(pinned), empty)
+    first = np.cumsum(count) - count
+    pack_of = np.empty(int(count.sum()), dtype=np.int64)
+    place = np.empty_like(pack_of)
+    taken = np.zeros_like(count)
+    for t in order:
+        w = types.w[t]
+        if types.alone[t]:
+            fits = ((packs.size == 0) & (level >= w)).astype(np.int64)
+        else:
+            used = types.use[t] > 0
+            fits = np.floor(np.min(packs.room[used] / types.use[t][used, None], axis=0,
+                                   initial=np.inf))
+            # the level is met exactly where its own pack's samples refill it
+            fits = np.minimum(fits, np.floor((level * (1 + CAP_TOLERANCE) - packs.load) / w))
+            fits = np.clip(fits, 0, count[t]).astype(np.int64)
+        m = int(min(count[t], fits.sum()))
+        if m == 0:
+            continue
+        if types.alone[t]:
+            k = fits & (np.cumsum(fits) <= m)
+        else:
+            k = _place_block(packs.load, packs.room, m, w, types.use[t], fits)
+        at = first[t] + np.arange(m)
+        pack_of[at] = np.repeat(packs.index, k)
+        place[at] = np.repeat(packs.size - np.cumsum(k) + k, k) + np.arange(m)
+        packs.add(k, types, t)
+        if types.alone[t]:
+            packs.room[:, k > 0] = -1.0
+        taken[t] = m
+    rest = count - taken
+    others = _lpt_or_strict(rest, types, n_packs - pinned, np.zeros(n_packs - pinned),
+                            order[rest[order] > 0])
+    if others is None:
         return None
-    leveled = np.sort(placed[2].load)[::-1][::world_size].sum()
-    return placed if leveled < peak.sum() else None
+    within = np.arange(pack_of.size) - np.repeat(first, count)  # a sample's rank in its type
+    at = np.flatnonzero(within >= np.repeat(taken, count))  # those the pinned packs left
+    pack_of[at], place[at] = pinned + others[0], others[1]
+    return pack_of, place, _Fill.concat([packs.fill(pinned, types.caps.size), others[2]])
 
 
 def pack_members(
@@ -431,14 +501,30 @@ def _lpt_offset(
     in a random order within cost bands (module docstring: seeds that vary); where that
     leaves a sample without room, in cost order (strict LPT), before more packs are asked."""
     share = offset_share * offset(n_packs)
+    order = _banded(count, types, offset)
+    if n_packs < _least_packs(count, types):  # after the draws: they never depend on it
+        return None
+    return _lpt_or_strict(count, types, n_packs, share, order, target)
+
+
+def _banded(count: np.ndarray, types: _Types, offset: Callable[[int], np.ndarray]) -> np.ndarray:
+    """The types present in `count`, those that run alone first, then by bands of costs
+    within COST_BAND of each other (a random phase), in random order inside a band."""
     present = np.flatnonzero(count)
     w = types.w[present]
     band = np.floor(np.log(w / w.max()) / np.log(COST_BAND) + offset(1)[0])
-    order = present[np.lexsort((offset(present.size), -band, ~types.alone[present]))]
-    if n_packs < _least_packs(count, types):  # after the draws: they never depend on it
-        return None
+    return present[np.lexsort((offset(present.size), -band, ~types.alone[present]))]
+
+
+def _lpt_or_strict(
+    count: np.ndarray, types: _Types, n_packs: int, share: np.ndarray, order: np.ndarray,
+    target: np.ndarray | float = 0.0,
+) -> tuple[np.ndarray, np.ndarray, _Fill] | None:
+    """`_lpt` of the types in `order`, else (a sample left without room) in cost order."""
     placed = _lpt(count, types, n_packs, share, order, target)
-    return placed if placed is not None else _lpt(count, types, n_packs, share, present, target)
+    if placed is not None:
+        return placed
+    return _lpt(count, types, n_packs, share, np.flatnonzero(count), target)
 
 
 def _least_packs(count: np.ndarray, types: _Types) -> int:
@@ -577,16 +663,20 @@ _FIELDS = ("size", "load", "sum_s", "sum_sq", "used")
 
 
 def _place_block(
-    load: np.ndarray, room: np.ndarray, m: int, w: float, use: np.ndarray
+    load: np.ndarray, room: np.ndarray, m: int, w: float, use: np.ndarray,
+    most: np.ndarray | None = None,
 ) -> np.ndarray | None:
     """How many of m identical samples (cost `w`, limit use `use`) LPT puts in each pack:
-    the m smallest of ``{load_b + k w : k < fits_b}`` (equal ones picked deterministically). With
+    the m smallest of ``{load_b + k w : k < fits_b}`` (equal ones picked deterministically;
+    `most` caps fits_b). With
     ``load_b = w (level_b + frac_b)`` those values sit on integer levels ``level_b + k``
     ordered by ``frac_b`` inside one level, so a count over levels finds the level of
     the m-th value (`_mth_level`). None if the packs have room for fewer than m."""
     used = use > 0  # a limit the samples do not use never stops them
     fits = np.floor(np.min(room[used] / use[used, None], axis=0, initial=np.inf))
     fits = np.clip(fits, 0, m).astype(np.int64)
+    if most is not None:
+        fits = np.minimum(fits, most)
     if fits.sum() < m:
         return None
     x = load / w
