@@ -207,6 +207,10 @@ def _plan(
         config, samples, num_excluded, num_over_capacity
     )
     tokens = buckets.tokens[buckets.of]
+    # the baseline first: its arrays are gone before this plan's tables are built
+    baseline = None
+    if cost_model is not None and pol.baseline is not None:
+        baseline = _baseline(config, samples, num_excluded, num_over_capacity)
     batches, slots, slot_pad = formed.batches, formed.slots, formed.slot_pad
     table, row_sample = _rows(frame, buckets, formed, world_size)
     slot_size = _slot_sizes(formed)
@@ -252,9 +256,11 @@ def _plan(
         summary.update({f"predicted_{k}": sim.summary[k] for k in PREDICTED if k in sim.summary})
         summary["predicted_source"] = "model"
         summary.update({k: sim.summary[k] for k in MEMORY_FIELDS})
-        if pol.baseline is not None:
-            summary.update(_versus_baseline(config, samples, num_excluded, num_over_capacity,
-                                            summary))
+        if baseline is not None and baseline[1] >= summary["num_planned"]:
+            # where the baseline trains fewer of the samples (it excludes what this plan
+            # trains) there is no like-for-like rate
+            summary.update(baseline_policy=baseline[0],
+                           baseline_predicted_samples_per_s=baseline[2])
     return Plan(table=table, summary=summary, simulation=sim)
 
 
@@ -277,15 +283,13 @@ def _form(
     return frame, excluded, over_capacity, buckets, target, formed
 
 
-def _versus_baseline(
-    config: PlanConfig, samples: Any, num_excluded: int | None, num_over_capacity: int | None,
-    summary: dict[str, Any],
-) -> dict[str, Any]:
-    """The predicted samples/s of the policy's baseline (`Policy.baseline`) planning the same
-    samples, for `plan_warnings` to flag a plan slower than it; none where the baseline trains
-    fewer of them (it excludes what this plan trains: no like-for-like rate). Its epoch
-    seconds come from its micro-batches (`simulate.epoch_seconds`, what `simulate` gives its
-    plan), without the tables of a plan nobody keeps."""
+def _baseline(
+    config: PlanConfig, samples: Any, num_excluded: int | None, num_over_capacity: int | None
+) -> tuple[str, int, float]:
+    """The policy's baseline (`Policy.baseline`) planning the same samples: its name, how many
+    of them it trains, its predicted samples/s, for `plan_warnings` to flag a plan slower than
+    it. Its epoch seconds come from its micro-batches (`simulate.epoch_seconds`, what
+    `simulate` gives its plan), without the tables of a plan nobody keeps."""
     base = replace(config, policy=config.policy.baseline)
     _, _, _, buckets, _, formed = _form(base, samples, num_excluded, num_over_capacity)
     batches, slots, n = formed.batches, formed.slots, config.world_size
@@ -298,8 +302,6 @@ def _versus_baseline(
     used = np.unique(slots[real])  # the batches real slots run, each sample's once
     at = np.repeat(batches.start[used] - starts(batches.size[used]), batches.size[used])
     planned = np.unique(batches.order[at + np.arange(at.size)]).size
-    if planned < summary["num_planned"]:
-        return {}
     size = np.where(live, batches.size[batch], 0)
     degree = np.ones(slots.size, dtype=np.int64)
     if formed.slot_degree is not None:
@@ -307,8 +309,7 @@ def _versus_baseline(
     seconds = epoch_seconds(size, np.where(live, sum_s[batch], 0),
                             np.where(live, sum_sq[batch], 0), degree, config.cost_model, n,
                             config.allreduce_gbps)
-    return {"baseline_policy": base.policy.name,
-            "baseline_predicted_samples_per_s": float(size[real].sum()) / seconds}
+    return base.policy.name, planned, float(size[real].sum()) / seconds
 
 
 def _buckets(frame: pd.DataFrame, tokens: np.ndarray) -> Buckets:
