@@ -156,8 +156,8 @@ STAGE_FIELDS: dict[str, tuple[str, ...]] = {
                   "train.activation_checkpointing"),
     # training.settings.from_experiment, training.inputs.prepare_data (the policy, seed and
     # kernel come from the command line; the plan it must reproduce is an input file)
-    "train": ("name", "model.config", "model.batch_layout", "data", "budgets", "plan", "train",
-              "calibration.device", "calibration.file"),
+    "train": ("name", "model.config", "model.batch_layout", "model.init_from", "data",
+              "budgets", "plan", "train", "calibration.device", "calibration.file"),
     "paper_map": ("name", "paper_map"),
 }
 

@@ -54,3 +54,30 @@ def convert(
 
     cfg = convert_checkpoint(src, output, to, config)
     typer.echo(f"wrote {output} ({to} layout, config {cfg.name})")
+
+
+@model_app.command("export", epilog=examples(
+    "adaptiveload model export runs/ft/checkpoints/ckpt-00001000.pt -o wan-ft/transformer",
+    "adaptiveload model export runs/ft/checkpoints/ckpt-00001000.pt -o wan-ft-lora.safetensors "
+    "--lora-only --to original",
+))
+def export(
+    src: Annotated[str, typer.Argument(help="a training checkpoint (ckpt-<step>.pt)")],
+    output: Annotated[str, Opt("-o", "--output", help="new folder (or file with --lora-only)")],
+    to: Annotated[str, Opt(help="layout to write: diffusers | original")] = "diffusers",
+    lora_only: Annotated[bool, Opt(
+        "--lora-only", help="a LoRA run's adapters alone, one .safetensors file (original: "
+        "ComfyUI's names)")] = False,
+) -> None:
+    """Write the model a training run trained: merged into a Wan 2.1 checkpoint in either
+    layout (LoRA adapters folded into the base weights), or a LoRA run's adapters alone in
+    diffusers' or ComfyUI's names (docs/finetune.md)."""
+    from adaptiveload.errors import UserError
+    from adaptiveload.model.weights import LAYOUTS
+
+    if to not in LAYOUTS:
+        raise UserError(f"--to {to!r}: expected one of {', '.join(LAYOUTS)}")
+    from adaptiveload.training.export import export_lora, export_merged
+
+    written = export_lora(src, output, to) if lora_only else export_merged(src, output, to)
+    typer.echo(f"wrote {written} ({to} {'LoRA names' if lora_only else 'layout'})")

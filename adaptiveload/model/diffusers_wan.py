@@ -17,6 +17,13 @@ the adapter's forward is the model's forward with each per-sample step made per 
   torch varlen on CUDA, SDPA per run of equal-length segments elsewhere);
 - unpatchify: per shape group, as diffusers does.
 
+Sequence parallelism (`sp_group`) is the project model's (`sequence_parallel.py`,
+docs/sequence_parallel.md), applied at the same points: after patchify each rank keeps its
+chunk of every segment (tokens, RoPE rows and modulation rows alike), self-attention runs
+head-sharded over whole segments (`SequenceShard.attention`), cross-attention and the FFN on
+the rank's own tokens, and the head's output is gathered so that every rank of the group
+returns every sample's prediction.
+
 A dense tensor runs the model's own forward (the processor then computes dense SDPA, as
 diffusers' default processor does). Numerics are diffusers': its fp32 timestep sinusoid, its
 RoPE in the input dtype (docs/models.md). Memory: the per-token modulation rows cost 28·dim
@@ -35,17 +42,20 @@ from torch.utils.checkpoint import checkpoint
 from adaptiveload.errors import UserError
 from adaptiveload.extras import require
 from adaptiveload.model.attention import attention
-from adaptiveload.model.segments import Segments
+from adaptiveload.model.segments import SegmentLayout, Segments
+from adaptiveload.model.sequence_parallel import SequenceShard, degree_of, shard_over
 
 Latents = torch.Tensor | Sequence[torch.Tensor]
 
 
 class PackedWanAttnProcessor:
     """diffusers' `WanAttnProcessor` (T2V) with the attention call made per segment when the
-    adapter has set `segments` (the packed stream being run), dense otherwise."""
+    adapter has set `segments` (the layout of the packed stream, or of this rank's chunks of
+    it), dense otherwise; self-attention through `shard` when the stream is sharded."""
 
     def __init__(self) -> None:
-        self.segments: Segments | None = None
+        self.segments: SegmentLayout | None = None
+        self.shard: SequenceShard | None = None
 
     def __call__(
         self,
@@ -66,6 +76,8 @@ class PackedWanAttnProcessor:
             query, key = rotate(query, *rotary_emb), rotate(key, *rotary_emb)
         if self.segments is None:  # a dense batch [B, S, heads, head_dim]
             out = attention(query, key, value)
+        elif encoder_hidden_states is None and self.shard is not None:  # over whole segments
+            out = self.shard.attention(query[0], key[0], value[0], None)[None]
         elif encoder_hidden_states is None:  # self-attention over the stream [1, L, ...]
             out = attention(query[0], key[0], value[0], self.segments)[None]
         else:  # cross-attention: the stream's queries, each segment's own context [G, L_k]
@@ -105,13 +117,25 @@ class PackedWan(nn.Module):
         self.processor = PackedWanAttnProcessor()
         transformer.set_attn_processor(self.processor)
 
-    def forward(self, x: Latents, t: torch.Tensor, context: torch.Tensor) -> Latents:
+    def forward(
+        self,
+        x: Latents,
+        t: torch.Tensor,
+        context: torch.Tensor,
+        sp_group: torch.distributed.ProcessGroup | None = None,
+    ) -> Latents:
         """Dense: x [B, C, T', H', W'] -> the model's prediction. Packed: x a list of dense
         latents of different shapes, t [G] and context [G, L, text_dim] for their G samples
-        in list order -> the list of their predictions."""
+        in list order -> the list of their predictions.
+
+        `sp_group`: the sequence-parallel group a packed micro-batch runs over, as for
+        `WanModel` (every rank passes the same samples and gets the same predictions)."""
         model = self.transformer
         if isinstance(x, torch.Tensor):
-            self.processor.segments = None
+            if degree_of(sp_group) > 1:
+                raise ValueError("sequence parallelism shards packed micro-batches only; give "
+                                 "the latents as a list (model.batch_layout: packed)")
+            self.processor.segments = self.processor.shard = None
             return model(x, timestep=t, encoder_hidden_states=context, return_dict=False)[0]
         groups = list(x)
         patch = tuple(model.config.patch_size)
@@ -129,23 +153,37 @@ class PackedWan(nn.Module):
             torch.diff(segments.cu_seqlens).long(),
         )
         temb, proj = temb[token_sample][None], proj[token_sample].unflatten(1, (6, -1))[None]
+        shard = shard_over(segments, sp_group, model.config.num_attention_heads)
+        layout = segments
+        if shard is not None:  # this rank's tokens with their RoPE and modulation rows
+            hidden, temb, proj = (shard.take(v[0])[None] for v in (hidden, temb, proj))
+            rope = tuple(shard.take(r[0])[None] for r in rope)
+            layout = shard.local
         for block in model.blocks:
-            args = (block, segments, hidden, context, proj, rope)
+            args = (block, layout, shard, hidden, context, proj, rope)
             if torch.is_grad_enabled() and model.gradient_checkpointing:
                 hidden = checkpoint(self._block, *args, use_reentrant=False)
             else:
                 hidden = self._block(*args)
-        self.processor.segments = None
+        self.processor.segments = self.processor.shard = None
         shift, scale = (model.scale_shift_table[None] + temb[:, :, None]).chunk(2, dim=2)
         normed = model.norm_out(hidden.float()) * (1 + scale[:, :, 0]) + shift[:, :, 0]
         hidden = model.proj_out(normed.type_as(hidden))
+        if shard is not None:  # every sample whole, on every rank of the group
+            hidden = shard.gather(hidden[0])[None]
         parts = segments.split_groups(hidden[0])
         return [self._unpatchify(p, g, patch) for p, g in zip(parts, grids, strict=True)]
 
-    def _block(self, block: nn.Module, segments: Segments, *args: Any) -> torch.Tensor:
-        """One block with the processor pointed at this stream: also when checkpointing
-        recomputes it in the backward, after the forward has moved on."""
-        self.processor.segments = segments
+    def _block(
+        self,
+        block: nn.Module,
+        segments: SegmentLayout,
+        shard: SequenceShard | None,
+        *args: Any,
+    ) -> torch.Tensor:
+        """One block with the processor pointed at this stream (and shard): also when
+        checkpointing recomputes it in the backward, after the forward has moved on."""
+        self.processor.segments, self.processor.shard = segments, shard
         return block(*args)
 
     def _stream_rope(self, groups: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:

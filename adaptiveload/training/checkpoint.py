@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from adaptiveload.errors import notice
+from adaptiveload.errors import UserError, notice
 from adaptiveload.io import atomic_path, remove_temporaries
 
 FORMAT_VERSION = 2  # 2: weights_only-loadable (RNG states as tensors), run identity
@@ -109,6 +109,14 @@ def _load(path: Path) -> dict[str, Any]:
     if not isinstance(payload, dict) or payload.get("format") != FORMAT_VERSION:
         raise ValueError(f"not a format-{FORMAT_VERSION} adaptiveload checkpoint")
     return payload
+
+
+def load_one(path: Path) -> dict[str, Any]:
+    """The checkpoint file `path`, loaded safely; UserError (one line) if it cannot be used."""
+    try:
+        return _load(Path(path))
+    except (ValueError, OSError) as exc:
+        raise UserError(f"{path}: {exc}; give a ckpt-<step>.pt of a training run") from None
 
 
 def find(directory: Path, identity: str, tidy: bool = True, last: int | None = None) -> Found:

@@ -64,7 +64,7 @@ from adaptiveload.step_table import (
     run_steps,
     timed,
 )
-from adaptiveload.training import checkpoint
+from adaptiveload.training import checkpoint, finetune
 from adaptiveload.training import distributed as dd
 from adaptiveload.training.objective import per_sample_loss, step_generator
 from adaptiveload.training.settings import TrainConfig
@@ -142,19 +142,26 @@ class MicroBatchTiming:
 
 
 def build_model(cfg: TrainConfig, device: torch.device) -> WanModel:
-    """Wan 2.1 with seeded init: every launch mode on one kind of device starts from the same
-    weights. Built on `device` itself: the 1.4B parameters of the 1.3B take tens of seconds
-    to initialize on a CPU, under one on a GPU (where every process of the same seed draws
-    the same weights, and DDP broadcasts rank 0's anyway)."""
+    """Wan 2.1 with seeded init, or the checkpoint of `model.init_from`: every launch mode on
+    one kind of device starts from the same weights; with `train.lora`, seeded adapters on
+    it (`finetune`). Built on `device` itself: the 1.4B parameters of the 1.3B take tens of
+    seconds to initialize on a CPU, under one on a GPU (where every process of the same seed
+    draws the same weights, and DDP broadcasts rank 0's anyway)."""
     torch.manual_seed(cfg.seed)
-    with device:
-        model = WanModel(
-            get_config(cfg.model),
-            ln_modulate_impl=cfg.kernel,
-            activation_checkpointing=cfg.activation_checkpointing,
-            execution=cfg.execution,
+    if cfg.init_from != finetune.SCRATCH:
+        model = finetune.load_pretrained(
+            cfg.init_from, cfg.model, cfg.kernel, cfg.activation_checkpointing
         )
-    return model.to(device)
+        model.execution = cfg.execution
+    else:
+        with device:
+            model = WanModel(
+                get_config(cfg.model),
+                ln_modulate_impl=cfg.kernel,
+                activation_checkpointing=cfg.activation_checkpointing,
+                execution=cfg.execution,
+            )
+    return finetune.prepare(model.to(device), cfg.lora, cfg.init_from)
 
 
 def step_metrics(
@@ -258,7 +265,7 @@ class Trainer:
         self.dtype = next(model.parameters()).dtype
         self.model = dd.wrap(model, self.ranks, self.device, cfg.fsdp, cfg.autocast_dtype)
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
+            finetune.trainable(self.model),
             lr=cfg.optim.lr,
             betas=cfg.optim.betas,
             weight_decay=cfg.optim.weight_decay,
@@ -338,7 +345,11 @@ class Trainer:
     def _restore(self, state: dict[str, Any]) -> None:
         if state["identity"] != self.identity:
             raise UserError(f"{state['path']}: checkpoint of another run identity")
-        dd.load_full_state(self.model, self.optimizer, state["model"], state["optimizer"])
+        if self.cfg.lora is None:
+            dd.load_full_state(self.model, self.optimizer, state["model"], state["optimizer"])
+        else:  # the adapters over the base this run rebuilt (finetune module docstring)
+            finetune.restore_state(dd.unwrap(self.model), state["model"], state["path"])
+            self.optimizer.load_state_dict(state["optimizer"])
         for r, sampler in self.samplers.items():
             sampler.load_state_dict(state["samplers"][r])
         checkpoint.set_rng_state(state["rng"])
@@ -359,7 +370,7 @@ class Trainer:
                 {
                     "identity": self.identity,
                     "config": self.cfg.to_dict(),
-                    "model": model_sd,
+                    "model": finetune.saved_state(model_sd, self.cfg.lora),
                     "optimizer": optim_sd,
                     "samplers": samplers,
                     "rows": self.rows,

@@ -20,9 +20,11 @@ import torch
 from adaptiveload.errors import UserError
 from adaptiveload.experiment import schema_default
 from adaptiveload.model.attention import LAYOUTS, Execution
+from adaptiveload.model.lora import LoraSpec
 from adaptiveload.pipeline import check_world_size
 from adaptiveload.planning.policies import get_policy
 from adaptiveload.step_table import WHOLE_EPOCH, window_kind
+from adaptiveload.training.finetune import SCRATCH, checkpoint_digest
 
 LAUNCH_MODES = ("emulated", "distributed")
 KERNELS = ("eager", "fused")
@@ -97,6 +99,10 @@ class TrainConfig:
     checkpoint_every: int = schema_default("train.checkpoint_every")
     fsdp: bool = schema_default("train.fsdp")
     activation_checkpointing: bool = schema_default("train.activation_checkpointing")
+    init_from: str = schema_default("model.init_from")  # scratch, or a checkpoint's path
+    lora: LoraSpec | None = None  # train.lora; None: every weight trains
+    # init_from's content digest (finetune.checkpoint_digest), read once here; None: scratch
+    init_digest: str | None = field(default=None, init=False)
     optim: OptimConfig = field(default_factory=OptimConfig)
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
 
@@ -113,6 +119,11 @@ class TrainConfig:
             if getattr(self, name) not in allowed:
                 raise UserError(f"{name} '{getattr(self, name)}': expected one of {allowed}")
         self._resolve_precision()
+        if self.init_from != SCRATCH:  # the checkpoint's content, read once: the identity
+            object.__setattr__(self, "init_digest", checkpoint_digest(self.init_from))
+        if self.lora is not None and self.fsdp:
+            raise UserError("train.lora with train.fsdp: not supported (LoRA checkpoints are "
+                            "written unsharded); set train.fsdp: false, the adapters are small")
         check_world_size(self.world_size)
         if not 0 <= self.seed < 2**32:
             raise UserError(f"--seed {self.seed}: must be between 0 and {2**32 - 1}")
@@ -177,6 +188,12 @@ class TrainConfig:
         """Hash of everything that determines the batches and the math: not the step count (a
         longer run continues a shorter one), but whether the warm-up is replayed (`epoch`)."""
         data = self.to_dict()
+        # the checkpoint by its content, wherever it lies; a run from scratch without LoRA
+        # keeps the fingerprint it had before these fields existed
+        del data["init_from"]
+        for key in ("init_digest", "lora"):
+            if data[key] is None:
+                del data[key]
         data["whole_epoch"] = data.pop("steps") == WHOLE_EPOCH
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -218,6 +235,8 @@ def from_experiment(
         checkpoint_every=train["checkpoint_every"],
         fsdp=train["fsdp"],
         activation_checkpointing=train["activation_checkpointing"],
+        init_from=experiment["model"]["init_from"],
+        lora=lora_spec(train["lora"]),
         optim=OptimConfig(
             lr=train["lr"], weight_decay=train["weight_decay"], grad_clip=train["grad_clip"],
             lr_warmup_steps=train["lr_warmup_steps"],
@@ -230,3 +249,11 @@ def from_experiment(
             logit_std=train["logit_std"],
         ),
     )
+
+
+def lora_spec(lora: dict[str, Any] | None) -> LoraSpec | None:
+    """`train.lora` of a validated experiment (its defaults filled in) as a LoraSpec."""
+    if lora is None:
+        return None
+    return LoraSpec(rank=lora["rank"], alpha=lora["alpha"], targets=tuple(lora["targets"]),
+                    dropout=lora["dropout"])

@@ -1,5 +1,6 @@
 """One torchrun process of the sequence-parallel exactness tests
-(tests/slow/model/test_sp_model_slow.py):
+(tests/slow/model/test_sp_model_slow.py), for WanModel and for diffusers' model through
+`PackedWan` (the "diffusers" cases, when diffusers is installed):
 `torchrun --nproc-per-node N tests/support/sp_worker.py OUT` (N = 2 or 4, gloo on CPU).
 
 Each case splits the world into SP groups (a partition such as {1, 1, 2}: ranks 0 and 1
@@ -13,6 +14,7 @@ whether perturbing one sample's latent leaves another's outputs and gradients bi
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -23,6 +25,7 @@ import torch.distributed as dist
 from adaptiveload.data.packed import collate
 from adaptiveload.model.architectures import WanConfig, get_config
 from adaptiveload.model.wan import WanModel
+from adaptiveload.model.weights import layout_config
 
 # 4 heads of 8 (RoPE 4/2/2), so degrees 1, 2 and 4 all divide them; two blocks
 CFG = WanConfig("sp-test", dim=32, ffn_dim=64, num_heads=4, num_layers=2, freq_dim=32,
@@ -42,6 +45,23 @@ def model(impl: str, checkpointing: bool = False) -> WanModel:
     with torch.no_grad():  # Wan zero-inits the head, which would hide every upstream gradient
         m.head.head.weight.normal_(std=0.02)
     return m
+
+
+def diffusers_model(impl: str, checkpointing: bool = False) -> torch.nn.Module:
+    """diffusers' WanTransformer3DModel of CFG, every weight perturbed, in PackedWan (`impl`
+    is WanModel's; diffusers' norms have one implementation)."""
+    import diffusers
+
+    from adaptiveload.model.diffusers_wan import PackedWan
+
+    torch.manual_seed(0)
+    transformer = diffusers.WanTransformer3DModel(**layout_config(CFG, "diffusers"))
+    with torch.no_grad():
+        for p in transformer.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    if checkpointing:
+        transformer.enable_gradient_checkpointing()
+    return PackedWan(transformer)
 
 
 def micro_batch(index: int) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor, list]:
@@ -95,11 +115,12 @@ def isolated(m: WanModel, batch: tuple, group) -> bool:
     return same and not torch.equal(outs[0][1], outs2[0][1])
 
 
-def case(groups: list[list[int]], impl: str, checkpointing: bool, handles: dict) -> dict:
+def case(groups: list[list[int]], impl: str, checkpointing: bool, handles: dict,
+         build=model) -> dict:
     rank = dist.get_rank()
     g = next(i for i, ranks in enumerate(groups) if rank in ranks)
     group = handles[tuple(groups[g])]
-    m = model(impl, checkpointing)
+    m = build(impl, checkpointing)
     batches = [micro_batch(i) for i in range(len(groups))]
     refs = [run(m, b) for b in batches]
     outs, grads = run(m, batches[g], group)
@@ -133,6 +154,9 @@ def refusals(world: int, handles: dict) -> list[str]:
     ]
     if world != 4:  # 2 heads divide a group of two
         tries = tries[1:]
+    if importlib.util.find_spec("diffusers") is not None:
+        tries.append((diffusers_model("eager"), (latents[0], t[:2], context[:2]),
+                      "packed micro-batches only"))
     messages = []
     for m, args, expect in tries:
         try:
@@ -160,6 +184,13 @@ def main(out: Path) -> None:
             results[f"{name} {impl}"] = case(GROUPS[name], impl, False, handles)
     if world == 2:
         results["{2} eager checkpointed"] = case(GROUPS["{2}"], "eager", True, handles)
+    if importlib.util.find_spec("diffusers") is not None:
+        for name in PARTITIONS[world]:
+            results[f"{name} diffusers"] = case(GROUPS[name], "eager", False, handles,
+                                                diffusers_model)
+        if world == 2:
+            results["{2} diffusers checkpointed"] = case(GROUPS["{2}"], "eager", True, handles,
+                                                         diffusers_model)
     report = {"cases": results, "refusals": refusals(world, handles)}
     (out / f"rank{dist.get_rank()}.json").write_text(json.dumps(report, indent=1))
     dist.destroy_process_group()
