@@ -116,7 +116,10 @@ def quality() -> dict[str, Any]:
 def _mean(rows: list[dict[str, Any]]) -> dict[str, Any]:
     keys = ("samples_per_s", "tokens_per_s", "vs_epoch_lower_bound", "excluded", "steps",
             "imbalance_rate", "beyond_measured_memory")
-    return {**{k: float(np.mean([r[k] for r in rows])) for k in keys}, "per_seed": rows}
+    # beyond_measured_memory is None where the calibration measured no memory (a prior)
+    mean = {k: float(np.mean([r[k] for r in rows])) if rows[0][k] is not None else None
+            for k in keys}
+    return {**mean, "per_seed": rows}
 
 
 def _targets(out: dict[str, Any]) -> dict[str, Any]:
