@@ -672,26 +672,28 @@ def _place_block(
     ``load_b = w (level_b + frac_b)`` those values sit on integer levels ``level_b + k``
     ordered by ``frac_b`` inside one level, so a count over levels finds the level of
     the m-th value (`_mth_level`). None if the packs have room for fewer than m."""
-    used = use > 0  # a limit the samples do not use never stops them
-    fits = np.floor(np.min(room[used] / use[used, None], axis=0, initial=np.inf))
-    fits = np.clip(fits, 0, m).astype(np.int64)
+    ratio = np.full(load.size, np.inf)
+    for d in np.flatnonzero(use > 0):  # a limit the samples do not use never stops them
+        np.minimum(ratio, room[d] / use[d], out=ratio)
+    fits = np.clip(np.floor(ratio), 0, m).astype(np.int64)
     if most is not None:
         fits = np.minimum(fits, most)
     if fits.sum() < m:
         return None
-    x = load / w
+    open_ = np.flatnonzero(fits)  # only the packs with room take part
+    fits_open = fits[open_]
+    x = load[open_] / w
     level = np.floor(x)
-    frac = x - level
-    open_ = fits > 0
-    lo = (level - level[open_].min()).astype(np.int64)  # first level of each pack's values
-    end = lo + fits
-    at, below = _mth_level(lo[open_], fits[open_], m)
-    k = np.clip(at - lo, 0, fits)  # every value below that level
+    lo = (level - level.min()).astype(np.int64)  # first level of each pack's values
+    at, below = _mth_level(lo, fits_open, m)
+    k_open = np.clip(at - lo, 0, fits_open)  # every value below that level
     need = m - below
-    tied = np.flatnonzero(open_ & (lo <= at) & (at < end))
+    tied = np.flatnonzero((lo <= at) & (at < lo + fits_open))
     if need < tied.size:
-        tied = tied[np.argpartition(frac[tied], need - 1)[:need]]
-    k[tied] += 1
+        tied = tied[np.argpartition(x[tied] - level[tied], need - 1)[:need]]
+    k_open[tied] += 1
+    k = np.zeros(load.size, dtype=np.int64)
+    k[open_] = k_open
     return k
 
 
