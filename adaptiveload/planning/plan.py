@@ -299,9 +299,13 @@ def _baseline(
     sum_s = np.add.reduceat(tokens, batches.start)
     sum_sq = np.add.reduceat(tokens**2, batches.start)
     real = live & ~formed.slot_pad
-    used = np.unique(slots[real])  # the batches real slots run, each sample's once
+    used = np.zeros(batches.size.size, dtype=bool)  # the batches real slots run
+    used[slots[real]] = True
+    used = np.flatnonzero(used)
     at = np.repeat(batches.start[used] - starts(batches.size[used]), batches.size[used])
-    planned = np.unique(batches.order[at + np.arange(at.size)]).size
+    seen = np.zeros(buckets.of.size, dtype=bool)  # each sample of them once
+    seen[batches.order[at + np.arange(at.size)]] = True
+    planned = int(seen.sum())
     size = np.where(live, batches.size[batch], 0)
     degree = np.ones(slots.size, dtype=np.int64)
     if formed.slot_degree is not None:
