@@ -43,6 +43,11 @@ STEP_COLUMNS = (
     "step_wall_s", "lower_bound_s", "padding_samples", "padding_tokens", "samples_seen",
     "host_load_1m", *VAL_COLUMNS,
 )
+# a measured run's load of each micro-batch (training.reader), on the run's timer: load_s the
+# fetch's own time (the worker's where it was prefetched) and the copy to the device;
+# load_exposed_s the part the step waited for, which it adds to the rank's compute (the rest
+# was hidden behind compute). Trainer tables only: a simulation loads nothing
+LOAD_COLUMNS = ("load_s", "load_exposed_s")
 # the column of the sequence-parallel degree of a micro-batch's group (planning.groups,
 # docs/sequence_parallel.md): in a plan table a row's micro-batch runs on ranks rank ..
 # rank + sp_degree - 1 of its step, `rank` the group's first rank; in a per-step table each

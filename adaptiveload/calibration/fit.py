@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from adaptiveload.costmodel import CostModel
+from adaptiveload.costmodel import TIME_TERMS, CostModel, features, memory_features
 from adaptiveload.errors import UserError
 from adaptiveload.model import analytic
 from adaptiveload.model.architectures import WanConfig
@@ -78,9 +78,11 @@ def fit(
         raise ValueError("need at least 3 points with at least 2 distinct token counts")
     if np.any(t <= 0) or np.any(B < 1) or np.any(S < 1):
         raise ValueError("times must be positive, batch sizes and token counts >= 1")
-    columns = [np.ones_like(S), B * S, B * S * S] + ([B] if per_sample else [])
-    c0, a, b, *rest = _nnls_relative(np.stack(columns, axis=1), t)
-    c_seq = rest[0] if per_sample else 0.0
+    names = TIME_TERMS if per_sample else tuple(k for k in TIME_TERMS if k != "c_seq")
+    columns = features(B, B * S, B * S * S)[:, [TIME_TERMS.index(k) for k in names]]
+    fitted = dict(zip(names, _nnls_relative(columns, t), strict=True))
+    coef = dict.fromkeys(TIME_TERMS, 0.0) | fitted
+    c0, c_seq, a, b = (coef[k] for k in TIME_TERMS)
     r2, worst = _r2_and_worst(c0 + B * (c_seq + a * S + b * S * S), t)
     mem_fit, mem_r2, mem_worst = fit_memory(B, S, mem)
     cost = CostModel(c0=float(c0), a=float(a), b=float(b), c_seq=float(c_seq), **mem_fit)
@@ -96,7 +98,7 @@ def fit_memory(
     m = np.asarray(mem, dtype=np.float64).ravel()
     if m.size != B.size or np.any(m <= 0):
         raise ValueError("mem must have one positive value per point")
-    m_static, m_tok, m_seq = _nnls_relative(np.stack([np.ones_like(S), B * S, B], axis=1), m)
+    m_static, m_tok, m_seq = _nnls_relative(memory_features(B, B * S), m)
     r2, worst = _r2_and_worst(m_static + B * (m_tok * S + m_seq), m)
     return {"m_static": float(m_static), "m_tok": float(m_tok), "m_seq": float(m_seq)}, r2, worst
 
@@ -126,7 +128,7 @@ def _fit_form(form: str, B: np.ndarray, S: np.ndarray, t: np.ndarray) -> CostMod
     """
     from scipy.optimize import least_squares
 
-    three = np.stack([np.ones_like(S), B * S, B * S * S], axis=1)
+    three = features(B, B * S, B * S * S)[:, [TIME_TERMS.index(k) for k in FORMS["three-term"]]]
     c0, a, b = _nnls_relative(three, t)
     if form == "three-term":
         return CostModel(c0=float(c0), a=float(a), b=float(b))

@@ -1,4 +1,4 @@
-"""`adaptiveload manifest synth|probe|describe`: make a manifest, or say what is in one."""
+"""`adaptiveload manifest synth|probe|import|describe`: make a manifest, or say what is in one."""
 
 from __future__ import annotations
 
@@ -65,6 +65,46 @@ def probe(
     write_manifest(out, frame)
     typer.echo(
         f"{out}: {len(frame)} samples from {directory}, {probed.num_skipped} skipped", err=True
+    )
+
+
+@manifest_app.command("import", epilog=examples(
+    "adaptiveload manifest import cache/ --layout musubi -o cache/manifest.csv",
+    "adaptiveload manifest import cache/ --layout diffsynth --windows 3 --window-frames 5 "
+    "--val-fraction 0.05 -o cache/manifest.csv",
+))
+def import_(
+    directory: Annotated[Path, Arg(help="folder of cached latents (searched recursively)")],
+    out: OutFile,
+    layout: Annotated[str, Opt(help="adaptiveload | musubi | diffsynth")] = "adaptiveload",
+    windows: Annotated[int, Opt(help="frame windows per clip, evenly spaced")] = 1,
+    window_frames: Annotated[
+        int | None, Opt(help="latent frames per window (default: the whole clip)")
+    ] = None,
+    val_fraction: Annotated[
+        float, Opt(help="share of clips held out as split 'val' (data.val_split: val)")
+    ] = 0.0,
+    seed: Annotated[int, Opt(help="seed of the held-out choice")] = 0,
+) -> None:
+    """Index a latent cache: one row per sample, shapes from file headers, files left in place."""
+    from adaptiveload.data.importers import CacheWarning, import_cache
+    from adaptiveload.data.manifest import check_manifest_suffix, write_manifest
+
+    check_manifest_suffix(out)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", CacheWarning)
+        imported = import_cache(directory, layout, windows, window_frames, val_fraction, seed)
+    for w in caught:
+        typer.echo(f"warning: {w.message}", err=True)
+    frame = imported.manifest.copy()
+    base = out.resolve().parent
+    for col in ("latent_path", "text_path"):  # relative to the manifest, which resolves them
+        frame[col] = [os.path.relpath(p, base) for p in frame[col]]
+    write_manifest(out, frame)
+    held = int((frame["split"] == "val").sum())
+    typer.echo(
+        f"{out}: {len(frame)} samples from {imported.clips} clips in {directory} ({layout}), "
+        f"{held} held out as split 'val'", err=True,
     )
 
 

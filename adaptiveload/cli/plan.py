@@ -268,3 +268,35 @@ def _read_plan(path: Path) -> pd.DataFrame:
     table = read_table(path, "plan file", "pass a plan table `adaptiveload plan -o` writes")
     check_table(table, str(path))
     return table
+
+
+@app.command("closed-loop", epilog=examples(
+    "adaptiveload closed-loop --config experiments/closed_loop/model.yaml "
+    "-o results/benchmarks/closed_loop_model.json",
+))
+def closed_loop_cmd(
+    config: Annotated[Path, Opt(help="YAML file with a `closed_loop` section")],
+    output: Annotated[Path, Opt("-o", "--output", help="results JSON to write")],
+) -> None:
+    """Open loop, closed loop (refit every window) and oracle on a true device unlike the
+    prior (planning.closed_loop; every number `model`)."""
+    import yaml
+
+    from adaptiveload.planning.closed_loop import experiment
+
+    if not config.exists():
+        raise UserError(f"{config}: file not found; give the experiment file with --config")
+    spec = yaml.safe_load(config.read_text()) or {}
+    if not isinstance(spec.get("closed_loop"), dict):
+        raise UserError(f"{config}: field 'closed_loop' missing; see experiments/closed_loop/")
+    rows = experiment(spec["closed_loop"])
+    write_json(output, {"source": "model", "config": str(config), "spec": spec["closed_loop"],
+                        "rows": rows})
+    for r in rows:
+        after = r["after_first_window"]
+        typer.echo(
+            f"{r['calibration']} {r['mixture']} N={r['world_size']} p{r['p_shift']:+} "
+            f"c0x{r['c0_scale']}: after the first window closed/oracle "
+            f"{after['closed_s'] / after['oracle_s']:.3f}, open/oracle "
+            f"{after['open_s'] / after['oracle_s']:.3f} (model)"
+        )

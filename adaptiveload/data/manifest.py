@@ -2,9 +2,10 @@
 
 Columns: ``sample_id`` (unique string), ``num_frames`` (>= 1; 1 is an image), ``height``,
 ``width`` (pixels) are required; ``fps``, ``path``, ``caption``, ``latent_path`` are optional
-and always present in the returned frame (null where absent). Relative ``path`` and
-``latent_path`` values are resolved against the manifest's directory, so a manifest and its
-files can move together.
+and always present in the returned frame (null where absent); a latent cache's other columns
+(``text_path``, ``latent_key``... : `data.latents`) ride along where present. Relative
+``path``, ``latent_path`` and ``text_path`` values are resolved against the manifest's
+directory, so a manifest and its files can move together.
 
 Validation is vectorised (boolean masks over whole columns): a bad row is reported by number,
 with the first few offenders and a count, in one UserError that names file, column and fix.
@@ -78,6 +79,8 @@ def validate_manifest(
     extra = [c for c in raw.columns if c not in COLUMNS]
     for col in extra:  # unknown columns ride along untouched
         out[col] = raw[col].to_numpy()
+    if base_dir is not None and "text_path" in out.columns:  # the latent cache's (latents.py)
+        out["text_path"] = _resolve(_text(out["text_path"]), base_dir)
     return out
 
 

@@ -104,7 +104,7 @@ from adaptiveload.costmodel import (
 )
 from adaptiveload.errors import UserError
 from adaptiveload.planning.budgets import Budgets
-from adaptiveload.planning.dealing import deal_in_windows, narrow, shuffled_by_code
+from adaptiveload.planning.dealing import deal_in_windows, narrow, rank_speeds, shuffled_by_code
 
 # the device's memory, the limit a sample cannot break even alone at a sequence-parallel
 # degree (`EpochLimits.hard`)
@@ -292,7 +292,8 @@ def make_packs(
         # a step count asked for is kept where one window over the epoch can: no window's
         # share then rounds up to a step of its own (else the plan says so: plan_warnings)
         windows = _pack_windows(order, types, steps, steps, world_size, rng)
-    return _assemble(tokens, windows, types, limits, cost, world_size, rng)
+    speeds = rank_speeds(cost_model, world_size) if degree == 1 else None
+    return _assemble(tokens, windows, types, limits, cost, world_size, rng, speeds)
 
 
 def _pack_windows(
@@ -729,6 +730,7 @@ def _mth_level(lo: np.ndarray, fits: np.ndarray, m: int) -> tuple[int, int]:
 def _assemble(
     tokens: np.ndarray, windows: list[_Window], types: _Types, limits: PackLimits,
     cost: CostModel | None, world_size: int, rng: np.random.Generator,
+    speeds: np.ndarray | None = None,
 ) -> Packs:
     """The windows' packs as one epoch (numbered window by window), every pack given a sample
     where the epoch has enough, the rest padded, all dealt to steps by predicted cost."""
@@ -751,7 +753,7 @@ def _assemble(
     n_pad = int((~real).sum())
     slot_pack[~real] = rng.choice(packs.size.size, n_pad, replace=n_pad > packs.size.size)
     step_window = np.repeat(np.arange(len(windows)), [w.steps for w in windows])
-    deal = deal_in_windows(pack_cost[slot_pack], world_size, step_window, rng)
+    deal = deal_in_windows(pack_cost[slot_pack], world_size, step_window, rng, speeds)
     return Packs(
         order=order, start=start[real], size=packs.size, slots=slot_pack[deal],
         slot_pad=~real[deal], fill=(packs.used / np.asarray(limits.caps)[:, None]).T,

@@ -53,7 +53,7 @@ from adaptiveload.errors import UserError
 from adaptiveload.planning import baselines
 from adaptiveload.planning.batches import Batches, EpochInputs, MicroBatches, bucket_cuts
 from adaptiveload.planning.budgets import MAX_BUDGET, Budgets
-from adaptiveload.planning.dealing import deal_balanced
+from adaptiveload.planning.dealing import deal_balanced, rank_speeds
 from adaptiveload.planning.groups import FIXED_DEGREE, make_groups, widen
 from adaptiveload.planning.packing import make_packs
 
@@ -200,7 +200,9 @@ class BalancedDeal:
             slot_cost, dealt_on = cost.step_time(size, tok), "cost_model"
         else:
             slot_cost, dealt_on = size * tok.astype(float) ** epoch.budgets.p, "B*S^p"
-        return deal_balanced(slot_cost, epoch.world_size, epoch.window_steps, epoch.rng), dealt_on
+        speeds = rank_speeds(epoch.cost_model, epoch.world_size)
+        dealt = deal_balanced(slot_cost, epoch.world_size, epoch.window_steps, epoch.rng, speeds)
+        return dealt, dealt_on
 
 
 class AdaptiveLoadBalanced(BalancedDeal, AdaptiveLoad):

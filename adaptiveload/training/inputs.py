@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from adaptiveload.costmodel import Calibration
@@ -19,7 +21,7 @@ from adaptiveload.io import read_json
 from adaptiveload.model.architectures import get_config
 from adaptiveload.planning.plan import plan_difference
 from adaptiveload.planning.policies import Budgets
-from adaptiveload.planning.sampler import PlanBuilder
+from adaptiveload.planning.sampler import PlanBuilder, PlanWarning
 from adaptiveload.provenance import code_version
 from adaptiveload.training.loop import TrainData
 from adaptiveload.training.settings import TrainConfig
@@ -44,11 +46,13 @@ def prepare_data(
         if manifest
         else synthesize(data["mixture"], data["num_samples"], DATA_SEED)
     )
+    frame, held_out = split_holdout(frame, data["val_split"], manifest, cfg.val_every)
     bucketed = bucketize(
         frame, mode=data["bucketing"], grid=data["grid"], max_frames=data["max_frames"],
         short_clips=data["short_clips"],
     )
     samples = bucketed.samples.reset_index(drop=True)
+    check_cached_shapes(samples, manifest)
     budgets = Budgets.resolve(**exp["budgets"], calibration=calibration)
     builder = PlanBuilder(
         samples, cfg.policy, budgets, cfg.world_size, cfg.seed, cost_model=calibration,
@@ -60,14 +64,16 @@ def prepare_data(
         check_plan(plan, epoch0.summary)
     mcfg = get_config(cfg.model)
     root = data["root"] or (Path(manifest).parent if manifest else None)
-    if cfg.val_every > 0 and builder.samples["latent_path"].notna().any():
+    cached = builder.samples["latent_path"].notna().any()
+    if cfg.val_every > 0 and cached and held_out is None:
         raise UserError(
-            f"train.val_every: {cfg.val_every} on {manifest}, a manifest of cached latents: its "
-            f"held-out samples would be synthetic ({data['content']}), not of your data; set "
-            "train.val_every: 0 (a held-out split of a manifest is not supported yet)"
+            f"train.val_every: {cfg.val_every} on {manifest}, a manifest of cached latents, "
+            "without data.val_split: the held-out samples would be synthetic, not of your "
+            "data; name the manifest's held-out split in data.val_split (adaptiveload "
+            "manifest import --val-fraction makes one), or set train.val_every: 0"
         )
 
-    def dataset_of(frame: pd.DataFrame) -> LatentDataset:
+    def dataset_of(frame: pd.DataFrame, dropout: float = 0.0) -> LatentDataset:
         return LatentDataset(
             frame,
             latent_channels=mcfg.in_dim,
@@ -76,15 +82,79 @@ def prepare_data(
             seed=DATA_SEED,
             content=data["content"],
             root=root,
+            caption_dropout=dropout,
+            empty_text=data["empty_text"],
         )
 
-    validation = (
-        Validator(dataset_of(holdout(builder.samples, cfg.val_per_class)), cfg.objective)
-        if cfg.val_every > 0
-        else None
-    )
+    validation = None
+    if cfg.val_every > 0:  # the user's held-out split, or the synthetic set of the mixture
+        held = (
+            holdout(builder.samples, cfg.val_per_class) if held_out is None
+            else _bucketed_holdout(held_out, data, manifest)
+        )
+        validation = Validator(dataset_of(held), cfg.objective)
     # without the samples over the device's capacity (the builder took them out)
-    return TrainData(builder, dataset_of(builder.samples), calibration, validation)
+    return TrainData(
+        builder, dataset_of(builder.samples, data["caption_dropout"]), calibration, validation
+    )
+
+
+def split_holdout(
+    frame: pd.DataFrame, split: str | None, manifest: Path | str | None, val_every: int
+) -> tuple[pd.DataFrame, pd.DataFrame | None]:
+    """(the rows to train on, the held-out rows of `split` or None): `data.val_split` names
+    a value of the manifest's `split` column; its rows are never trained on."""
+    if split is None:
+        return frame, None
+    if "split" not in frame.columns:
+        raise UserError(
+            f"{manifest}: data.val_split is {split!r} but the manifest has no split column; "
+            "import the cache with --val-fraction, or add a split column"
+        )
+    held = (frame["split"].astype("str") == split).to_numpy()
+    if not held.any() or held.all():
+        what = "no" if not held.any() else "every"
+        raise UserError(
+            f"{manifest}: data.val_split {split!r} matches {what} row of the split column "
+            f"(values: {', '.join(map(str, sorted(frame['split'].dropna().unique())))}); "
+            "name the held-out split"
+        )
+    if val_every == 0:
+        warnings.warn(
+            f"data.val_split {split!r}: {int(held.sum())} samples are held out but "
+            "train.val_every is 0, so nothing scores them", PlanWarning, stacklevel=2,
+        )
+    return frame[~held].reset_index(drop=True), frame[held].reset_index(drop=True)
+
+
+def _bucketed_holdout(
+    held: pd.DataFrame, data: dict[str, Any], manifest: Path | str | None
+) -> pd.DataFrame:
+    out = bucketize(held, mode=data["bucketing"], grid=data["grid"],
+                    max_frames=data["max_frames"]).samples.reset_index(drop=True)
+    if out.empty:
+        raise UserError(f"{manifest}: no sample of data.val_split {data['val_split']!r} fits a "
+                        "bucket; hold out other samples")
+    check_cached_shapes(out, manifest)
+    return out
+
+
+def check_cached_shapes(samples: pd.DataFrame, manifest: Path | str | None) -> None:
+    """UserError unless every cached sample's bucket shape is its own shape: a cached latent
+    cannot be resized, so a bucket that is not its shape fails when it is read (mid-run)."""
+    if "latent_path" not in samples.columns or samples["latent_path"].isna().all():
+        return
+    own = samples[["num_frames", "height", "width"]].to_numpy()
+    bucket = samples[["bucket_frames", "bucket_height", "bucket_width"]].to_numpy()
+    bad = np.flatnonzero((own != bucket).any(axis=1))
+    if bad.size:
+        i = int(bad[0])
+        raise UserError(
+            f"{manifest}: cached sample {samples['sample_id'].iloc[i]!r} of shape "
+            f"{own[i].tolist()} (frames, height, width) lands in bucket {bucket[i].tolist()} "
+            f"({bad.size} such samples); a cached latent cannot be resized: set data.bucketing: "
+            "exact and data.max_frames at least the longest clip"
+        )
 
 
 def check_plan(path: Path, planned: dict[str, Any]) -> None:

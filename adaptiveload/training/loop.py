@@ -20,6 +20,11 @@ ranks are emulated, the wall clock under torchrun) and, beside it, by the wall c
 rows of the per-step table are produced (with groups, each rank's row carries its group's
 degree and a group's samples count on its first rank's row only).
 
+Micro-batches come through the reader (`training.reader`): each rank's next ones are
+fetched ahead in plan order by background worker processes while the model computes; load_r below
+is the exposed load, the part of the load the step waited for (`load_exposed_s`; the whole
+load is `load_s`).
+
 Emulated step time (what the N ranks would take in parallel, minus communication), once per
 clock (`step_time_s` by the timer, `step_wall_s` by the wall clock):
     step_time_s = max_r (load_r + compute_r) + optimizer_s
@@ -36,6 +41,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from collections.abc import Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -49,13 +55,13 @@ import torch
 from adaptiveload import metrics
 from adaptiveload.costmodel import Calibration
 from adaptiveload.data.dataset import LatentDataset
-from adaptiveload.data.packed import collate
 from adaptiveload.errors import UserError
 from adaptiveload.model.architectures import get_config
 from adaptiveload.model.wan import WanModel
 from adaptiveload.planning.sampler import PlanBatch, PlanBatchSampler, PlanBuilder
 from adaptiveload.progress import progress_bar
 from adaptiveload.step_table import (
+    LOAD_COLUMNS,
     SP_DEGREE,
     STEP_COLUMNS,
     VAL_COLUMNS,
@@ -67,6 +73,7 @@ from adaptiveload.step_table import (
 from adaptiveload.training import checkpoint, finetune
 from adaptiveload.training import distributed as dd
 from adaptiveload.training.objective import per_sample_loss, step_generator
+from adaptiveload.training.reader import PlanFeed, make_reader
 from adaptiveload.training.settings import TrainConfig
 from adaptiveload.training.sp_groups import SPGroups
 from adaptiveload.training.sp_plan import Placement, PlanGroups, check_groups
@@ -105,7 +112,8 @@ class TrainResult:
 class Loaded:
     """One rank's micro-batch on the device: its plan indices, where it runs (its group, its
     number in the step, the step's sample count), the model's input in the run's layout, the
-    text context, and how long loading took (run's timer, wall clock)."""
+    text context, and how long loading took: the part the step waited for (run's timer,
+    wall clock) and the whole load (`whole_load_s`, the run's timer where each part ran)."""
 
     indices: PlanBatch
     place: Placement
@@ -113,6 +121,7 @@ class Loaded:
     context: torch.Tensor
     load_s: float
     load_wall_s: float
+    whole_load_s: float = 0.0
 
     @property
     def inputs(self) -> tuple[Any, torch.Tensor]:
@@ -282,6 +291,10 @@ class Trainer:
         if resume is not None:
             self._restore(resume)
         self._iters = {r: iter(s) for r, s in self.samplers.items()}
+        # each rank's next micro-batches, fetched ahead in plan order (training/reader.py)
+        clock = time.thread_time if self.timer == dd.THREAD_TIME else time.perf_counter
+        reader = make_reader(data.dataset, cfg.reader_workers, clock)
+        self.feed = PlanFeed(reader, data.builder, self.samplers, cfg.prefetch_depth)
         lengths = epoch_lengths(cfg, data)
         self.total_steps = run_steps(cfg.steps, cfg.warmup_steps, sum(lengths))
         self.epoch_ends = self._epoch_ends(lengths) if data.validation else set()
@@ -306,8 +319,8 @@ class Trainer:
         largest = int(plan.summary.get("sp_max_degree") or 1)
         degrees = {*self.plans.degrees(0), *(1 << k for k in range(1, largest.bit_length()))}
         if not degrees:
-            return None, STEP_COLUMNS
-        columns = (*STEP_COLUMNS, SP_DEGREE)
+            return None, (*STEP_COLUMNS, *LOAD_COLUMNS)
+        columns = (*STEP_COLUMNS, *LOAD_COLUMNS, SP_DEGREE)
         if not self.ranks.distributed:
             return None, columns
         return SPGroups.build(self.ranks.world_size, degrees), columns
@@ -398,14 +411,20 @@ class Trainer:
         return torch.autocast(self.device.type, dtype=dtype) if dtype else nullcontext()
 
     def _load(self, rank: int) -> Loaded:
-        """`rank`'s next micro-batch on the device, in the run's layout, its load timed."""
+        """`rank`'s next micro-batch on the device, in the run's layout, through the reader.
+        Exposed load: the loop's own time in loading plus the wall time it blocked for a
+        worker still fetching; the whole load: the loop's own time plus the worker's."""
         w0, t0 = self.clock.both()
         indices = self._next_batch(rank)
         place = self.plans.at(indices.info, rank)
-        batch = collate([self.data.dataset[i] for i in indices]).to(self.device, self.dtype)
+        fetched = self.feed.load(rank, indices)
+        batch = fetched.batch.to(self.device, self.dtype)
         x0 = batch.inputs(self.cfg.execution.packed)
         w1, t1 = self.clock.both()
-        return Loaded(indices, place, x0, batch.context, load_s=t1 - t0, load_wall_s=w1 - w0)
+        blocked = fetched.blocked_s  # wall; the thread's CPU time does not count a wait
+        own = t1 - t0 if self.timer == dd.THREAD_TIME else t1 - t0 - blocked
+        return Loaded(indices, place, x0, batch.context, load_s=own + blocked,
+                      load_wall_s=w1 - w0, whole_load_s=own + fetched.fetch_s)
 
     def _run(self, step: int, rank: int, loaded: Loaded) -> Ran:
         """Forward and backward of one micro-batch, its loss scaled for the step's mean
@@ -484,6 +503,8 @@ class Trainer:
             "padding_samples": b if padding else 0,
             "padding_tokens": int(tokens.sum()) if padding else 0,
             SP_DEGREE: place.degree,
+            LOAD_COLUMNS[0]: loaded.whole_load_s,
+            LOAD_COLUMNS[1]: loaded.load_s,
         }
         if not place.leads(rank):  # a group's samples count once, on its first rank's row
             row.update(samples=0, tokens=0, tokens_sq=0, frames=0, height=0, width=0,
@@ -612,6 +633,7 @@ class Trainer:
                 )
         finally:
             bar.close()
+            self.feed.close()
             if self.grad_clock:
                 self.grad_clock.remove()
         table = pd.DataFrame(self.rows, columns=list(self.columns))
@@ -620,5 +642,6 @@ class Trainer:
         return TrainResult(steps=table)
 
     def close(self) -> None:
+        self.feed.close()
         torch.set_num_threads(self._threads_before)
         dd.teardown(self.ranks)

@@ -97,6 +97,9 @@ class TrainConfig:
     val_every: int = schema_default("train.val_every")  # 0: no validation
     val_per_class: int = schema_default("train.val_per_class")
     checkpoint_every: int = schema_default("train.checkpoint_every")
+    # how micro-batches are fetched (training.reader): not the math, so not in the fingerprint
+    reader_workers: int = schema_default("train.reader_workers")
+    prefetch_depth: int = schema_default("train.prefetch_depth")
     fsdp: bool = schema_default("train.fsdp")
     activation_checkpointing: bool = schema_default("train.activation_checkpointing")
     init_from: str = schema_default("model.init_from")  # scratch, or a checkpoint's path
@@ -195,6 +198,7 @@ class TrainConfig:
             if data[key] is None:
                 del data[key]
         data["whole_epoch"] = data.pop("steps") == WHOLE_EPOCH
+        del data["reader_workers"], data["prefetch_depth"]
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -233,6 +237,8 @@ def from_experiment(
         val_every=train["val_every"],
         val_per_class=train["val_per_class"],
         checkpoint_every=train["checkpoint_every"],
+        reader_workers=train["reader_workers"],
+        prefetch_depth=train["prefetch_depth"],
         fsdp=train["fsdp"],
         activation_checkpointing=train["activation_checkpointing"],
         init_from=experiment["model"]["init_from"],

@@ -48,6 +48,19 @@ def test_shipped_experiments_validate():
         experiment.load(path)
 
 
+def test_snakemake_fills_the_schemas_defaults():
+    """The Snakefile validates through Snakemake's own default-filling validator, which
+    recurses into a field's properties even where the value is null: every shipped file and
+    one with each nullable section given must pass it as the package's validator does."""
+    snakemake_utils = pytest.importorskip("snakemake.utils")
+    files = sorted(ROOT.glob("experiments/*.yaml"))
+    configs = [experiment.read_yaml(path, "experiment file") for path in files]
+    configs.append({"name": "x", "train": {"lora": {"rank": 4}}})
+    for config in configs:
+        snakemake_utils.validate(config, str(experiment.SCHEMA_PATH))
+    assert configs[-1]["train"]["lora"]["targets"], "the nested defaults were not filled"
+
+
 @pytest.mark.parametrize(
     ("text", "field"),
     [

@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from training_setup import write_experiment
 
 from adaptiveload import experiment
-from adaptiveload.data.manifest import write_manifest
+from adaptiveload.data.manifest import load_manifest, write_manifest
 from adaptiveload.data.mixtures import synthesize
 from adaptiveload.errors import UserError
+from adaptiveload.planning.sampler import PlanWarning
 from adaptiveload.training.distributed import Ranks
-from adaptiveload.training.inputs import prepare_data
+from adaptiveload.training.inputs import prepare_data, split_holdout
 from adaptiveload.training.loop import Trainer
 from adaptiveload.training.settings import from_experiment
 
@@ -22,8 +24,12 @@ def _run(tmp_path, latent_path: str, **fields):
     torch.set_num_threads(1)
     manifest = tmp_path / "data" / "manifest.csv"
     manifest.parent.mkdir(exist_ok=True)
-    write_manifest(manifest, synthesize("tiny-cpu", 120, 0).assign(latent_path=latent_path))
-    data = {"manifest": str(manifest), **fields.pop("data", {})}
+    # cached latents keep their shape: sizes of a bucket of the exact bucketing
+    rows = synthesize("tiny-cpu", 120, 0).assign(
+        latent_path=latent_path, num_frames=17, height=64, width=64
+    )
+    write_manifest(manifest, rows)
+    data = {"manifest": str(manifest), "bucketing": "exact", **fields.pop("data", {})}
     exp = experiment.load(write_experiment(tmp_path, data=data, **fields))
     return prepare_data(exp, from_experiment(exp, "adaptiveload", 0, launch_mode="emulated",
                                                      world_size=3))
@@ -57,3 +63,56 @@ def test_a_diverged_loss_is_one_line_naming_the_lr(tmp_path):
     finally:
         trainer.close()
     assert "the loss is nan" in str(exc.value) and "lower train.lr (now 10)" in str(exc.value)
+
+
+def _cache(tmp_path, monkeypatch, capsys, n=24):
+    """A cache of this project's layout (latents of two shapes, captions shared by four
+    samples each), indexed by `adaptiveload manifest import` with a held-out share."""
+    from cli_runner import run
+
+    from adaptiveload.data.latents import save_sample, save_text
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    for c in range(n // 4):
+        save_text(cache / f"caption{c}.safetensors", torch.randn(3, 32))
+    for i in range(n):
+        frames, side = (2, 4) if i % 2 else (1, 6)
+        save_sample(cache / f"s{i:02d}.safetensors", torch.randn(16, frames, side, side),
+                    text_file=f"caption{i // 4}.safetensors")
+    manifest = cache / "manifest.csv"
+    code, _, err = run(monkeypatch, capsys, "manifest", "import", str(cache), "-o",
+                       str(manifest), "--val-fraction", "0.25")
+    assert code == 0, err
+    return manifest
+
+
+def test_validation_scores_the_manifests_own_held_out_split(tmp_path, monkeypatch, capsys):
+    manifest = _cache(tmp_path, monkeypatch, capsys)
+    data = {"manifest": str(manifest), "bucketing": "exact", "val_split": "val"}
+    exp = experiment.load(write_experiment(tmp_path, data=data, val_every=2, world_size=1))
+    cfg = from_experiment(exp, "adaptiveload", 0, launch_mode="emulated", world_size=1)
+    prepared = prepare_data(exp, cfg)
+    frame = load_manifest(manifest)
+    held = set(frame.loc[frame["split"] == "val", "sample_id"])
+    assert held and set(prepared.validation.dataset.sample_ids) == held
+    assert not held & set(prepared.builder.samples["sample_id"])  # never trained on
+    item = prepared.validation.dataset[0]  # the user's latent, not a synthetic sample
+    row = frame.set_index("sample_id").loc[item["sample_id"]]
+    assert torch.equal(item["latent"], load_file(row["latent_path"])["latent"])
+    for fields, says in (
+        ({"val_split": "holdout"}, "data.val_split 'holdout' matches no row"),
+        ({"max_frames": 1}, "a cached latent cannot be resized: set data.bucketing: exact"),
+    ):
+        bad = experiment.load(write_experiment(tmp_path, name="bad", data={**data, **fields},
+                                               val_every=2, world_size=1))
+        with pytest.raises(UserError, match=says):
+            prepare_data(bad, from_experiment(bad, "adaptiveload", 0, launch_mode="emulated",
+                                              world_size=1))
+
+
+def test_a_held_out_split_nothing_scores_is_a_warning():
+    frame = synthesize("tiny-cpu", 20, 0).assign(split=["val"] * 4 + ["train"] * 16)
+    with pytest.warns(PlanWarning, match="4 samples are held out but train.val_every is 0"):
+        train, held = split_holdout(frame, "val", "m.csv", val_every=0)
+    assert len(train) == 16 and set(held["split"]) == {"val"}
