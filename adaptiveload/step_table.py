@@ -55,6 +55,18 @@ LOAD_COLUMNS = ("load_s", "load_exposed_s")
 # on its first rank's row (its other ranks' rows hold their own times and no samples).
 # Present only where some group has d > 1, so tables without groups are as they were
 SP_DEGREE = "sp_degree"
+# the closed loop's columns (`training.refine`, train.refine not off), on the rows of the step
+# that ends a window (empty on the others): refit 1.0; model_error_median / _p90 of
+# |predicted - measured| / measured over the window's micro-batches by the coefficients that
+# planned it (measured times against the model); window_imbalance, the mean over the
+# window's steps of imbalance_rate (measured); refit_moved, the median relative change of the
+# window's predictions by the refit (model); speed_factor, the rank's refitted speed (its time
+# is the model's over it); refit_<c>, the refitted time coefficients (REFIT_COEFFICIENTS)
+REFIT_COEFFICIENTS = ("c0", "c_seq", "a", "b", "t_floor")
+REFINE_COLUMNS = (
+    "refit", "model_error_median", "model_error_p90", "window_imbalance", "refit_moved",
+    "speed_factor", *(f"refit_{c}" for c in REFIT_COEFFICIENTS),
+)
 # the columns a table must have to be analysed; a producer may leave the others out
 REQUIRED_STEP_COLUMNS = (
     "step",

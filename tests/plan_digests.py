@@ -104,17 +104,28 @@ def localize(args: list[str], tmp: Path, model: str) -> list[str]:
     return out
 
 
-def digests(experiment: Path) -> dict[str, str]:
-    """plan summary path (under results/) -> plan_digest, for every plan of `experiment`."""
-    from adaptiveload.cli import _register, app
-
+def layered(experiment: Path) -> dict:
+    """The experiment resolved over the default one."""
     try:  # the experiment loader's module was renamed once; either version runs this script
         from adaptiveload.experiment import load_layered
     except ImportError:
         from adaptiveload.config import load_layered  # type: ignore[no-redef]
+    return load_layered(experiment)
+
+
+def user_data_present(experiment: Path) -> bool:
+    """Whether the experiment's data can be planned here: a mixture it synthesizes, or a
+    user's manifest (experiments/finetune.yaml names one the user makes) that exists."""
+    manifest = layered(experiment)["data"].get("manifest")
+    return manifest is None or (REPO / manifest).exists()
+
+
+def digests(experiment: Path) -> dict[str, str]:
+    """plan summary path (under results/) -> plan_digest, for every plan of `experiment`."""
+    from adaptiveload.cli import _register, app
 
     _register()
-    model = load_layered(experiment)["model"]["config"]
+    model = layered(experiment)["model"]["config"]
     found = {}
     with tempfile.TemporaryDirectory() as tmp:
         for args in pipeline_commands(experiment):
@@ -161,6 +172,10 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     found: dict[str, str] = {}
     for experiment in args.experiments:
+        if not user_data_present(experiment.resolve()):
+            print(f"{experiment.name}: skipped (its data.manifest is the user's own, absent)",
+                  file=sys.stderr)
+            continue
         plans = digests(experiment.resolve())
         print(f"{experiment.name}: {len(plans)} plans", file=sys.stderr)
         found.update(plans)

@@ -24,6 +24,11 @@ makes the next pass start after those steps (a ``set_epoch`` of that same epoch 
 offset). Without ``consumed_steps`` it records the batches the sampler has handed out, which
 with ``num_workers > 0`` runs ahead of the loop by the DataLoader's prefetch. Ranks that
 should hold one plan can compare it with ``check_ranks`` (one all-gather of digests).
+
+Closed loop: over a ``replan.Replanner`` (instead of a PlanBuilder), ``observe(rows)`` takes
+every rank's measured micro-batches of a step and ``refine()`` refits the cost model from all
+of them and replans the batches not yet handed out (the epoch's remaining samples, each once,
+in its remaining steps), mid-pass.
 docs/sampler.md has runnable examples.
 """
 
@@ -204,9 +209,10 @@ class PlanBatchSampler(Sampler[list[int]]):
     ) -> None:
         self._builder = plan if callable(plan) and not isinstance(plan, pd.DataFrame) else None
         if sample_index is None:
-            if not isinstance(self._builder, PlanBuilder):
+            samples = getattr(self._builder, "samples", None)
+            if not isinstance(samples, pd.DataFrame):
                 raise ValueError("sample_index is required unless plan is a PlanBuilder")
-            sample_index = self._builder.samples["sample_id"]
+            sample_index = samples["sample_id"]
         self._index, self._positions = _as_index(sample_index)
         self.rank = rank
         self._fixed = None if self._builder else plan
@@ -252,9 +258,10 @@ class PlanBatchSampler(Sampler[list[int]]):
     @property
     def samples(self) -> pd.DataFrame:
         """The bucketed samples a PlanBuilder plans over (its dataset order)."""
-        if not isinstance(self._builder, PlanBuilder):
+        samples = getattr(self._builder, "samples", None)
+        if not isinstance(samples, pd.DataFrame):
             raise AttributeError("samples is known only when the plan comes from a PlanBuilder")
-        return self._builder.samples
+        return samples
 
     @property
     def summary(self) -> dict[str, Any]:
@@ -331,12 +338,15 @@ class PlanBatchSampler(Sampler[list[int]]):
         # DataLoader with workers calls iter() twice and discards the first iterator unstarted.
         start, self._resume = self._resume or 0, None  # a later pass replays from step 0
         token = self._active = object()  # this pass, until it ends or is broken off (closed)
-        self._pass_start = start
+        self._pass_start = slot = start
         try:
-            for slot in range(start, self._total):
+            # the arrays are read at each slot: a `refine` between two batches replans the
+            # slots not yet handed out
+            while slot < self._total:
                 self._pos = slot + 1
                 yield PlanBatch(self._flat[self._bounds[slot] : self._bounds[slot + 1]].tolist(),
                                 self._info(slot))
+                slot += 1
         finally:
             if self._active is token:
                 self._active = None
@@ -392,6 +402,36 @@ class PlanBatchSampler(Sampler[list[int]]):
         if saved["plan_digest"] != here["plan_digest"]:
             raise ValueError(f"state is of another plan: {_differs(saved, here, 'the state')}")
         self._start_at(int(state["step"]))
+
+    def observe(self, rows: Any) -> None:
+        """Closed loop: add measured micro-batch rows to what the next ``refine`` fits (the
+        plan source must be a ``replan.Replanner``). Each row is one rank's micro-batch of a
+        step: ``step, rank, compute_s, samples, tokens, tokens_sq`` (n, Σ S and Σ S² of its
+        samples; ``sp_degree`` optional). Every rank must observe the same rows in the same
+        order (under DDP, all-gather them first: docs/sampler.md), so that every rank refits
+        alike and keeps one plan."""
+        self._closed_loop("observe").observe(rows)
+
+    def refine(self) -> Any:
+        """Closed loop: refit the cost model from every row observed so far and replan the
+        epoch's batches this sampler has not handed out yet (its remaining samples, each
+        once, in its remaining steps; at an epoch's end, the next epoch). Call it at the same
+        point on every rank. Returns the ``replan.Switch`` (the refitted calibration)."""
+        loop = self._closed_loop("refine")
+        step = -(-self._pos // self.batches_per_step)  # the first step not yet handed out
+        made = loop.refine(self.epoch, step)
+        pos, resume, active, start = self._pos, self._resume, self._active, self._pass_start
+        self._load(self.epoch)  # the same epoch's plan, now replanned after `step`
+        self._pos, self._resume, self._active, self._pass_start = pos, resume, active, start
+        return made
+
+    def _closed_loop(self, name: str) -> Any:
+        if not hasattr(self._builder, "refine"):
+            raise ValueError(
+                f"{name}: the plan source has no closed loop; build the sampler from "
+                "Replanner(builder) (adaptiveload.planning.replan)"
+            )
+        return self._builder
 
     def check_ranks(self, group: Any = None) -> None:
         """ValueError on every process if the processes of `group` (default: all) planned

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import time
 from collections.abc import Mapping
 from contextlib import nullcontext
@@ -62,6 +63,7 @@ from adaptiveload.planning.sampler import PlanBatch, PlanBatchSampler, PlanBuild
 from adaptiveload.progress import progress_bar
 from adaptiveload.step_table import (
     LOAD_COLUMNS,
+    REFINE_COLUMNS,
     SP_DEGREE,
     STEP_COLUMNS,
     VAL_COLUMNS,
@@ -74,6 +76,7 @@ from adaptiveload.training import checkpoint, finetune
 from adaptiveload.training import distributed as dd
 from adaptiveload.training.objective import per_sample_loss, step_generator
 from adaptiveload.training.reader import PlanFeed, make_reader
+from adaptiveload.training.refine import ClosedLoop
 from adaptiveload.training.settings import TrainConfig
 from adaptiveload.training.sp_groups import SPGroups
 from adaptiveload.training.sp_plan import Placement, PlanGroups, check_groups
@@ -209,6 +212,9 @@ def step_metrics(
         out.update({f"rank{row['rank']}/{k}": row[k] for k in RANK_METRICS})
         if SP_DEGREE in row:
             out[f"rank{row['rank']}/{SP_DEGREE}"] = row[SP_DEGREE]
+    if _present(rows[0].get("refit")):  # a closed-loop window's end (training.refine)
+        out.update({f"refine/{k}": rows[0][k] for k in REFINE_COLUMNS if k != "speed_factor"})
+        out.update({f"rank{row['rank']}/speed_factor": row["speed_factor"] for row in rows})
     return out
 
 
@@ -262,8 +268,11 @@ class Trainer:
             raise ValueError(
                 f"plan is for {data.builder.world_size} ranks, launch has {self.ranks.world_size}"
             )
+        # train.refine: the plans follow the run's refits (None: the builder's, as planned)
+        self.closed_loop = ClosedLoop.of(cfg, data.builder)
+        self.source = self.closed_loop.plans if self.closed_loop else data.builder
         # each epoch's sequence-parallel groups: every micro-batch's number in its step
-        self.plans = PlanGroups(data.builder, data.builder.world_size)
+        self.plans = PlanGroups(self.source, data.builder.world_size)
         check_groups(data.builder(0).table, cfg, ranks.distributed, "plan")
         self.timer = dd.timer_of(cfg.launch_mode, cfg.device)
         self.clock = dd.Clock(self.device, self.timer)
@@ -281,10 +290,12 @@ class Trainer:
         )
         # fp16 gradients underflow without loss scaling; disabled, the scaler passes through
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=cfg.precision == "fp16")
-        self.samplers = {r: PlanBatchSampler(data.builder, r) for r in self.ranks.local}
+        self.samplers = {r: PlanBatchSampler(self.source, r) for r in self.ranks.local}
         if self.ranks.distributed:  # processes that read their inputs differently stop here
             next(iter(self.samplers.values())).check_ranks()
         self.sp, self.columns = self._sp_groups()
+        if self.closed_loop:
+            self.columns = (*self.columns, *REFINE_COLUMNS)
         self._tokens = data.builder.samples["tokens"].to_numpy(np.int64)  # per dataset index
         self.rows: list[dict[str, Any]] = []
         self.start_step = 0
@@ -294,7 +305,7 @@ class Trainer:
         # each rank's next micro-batches, fetched ahead in plan order (training/reader.py)
         clock = time.thread_time if self.timer == dd.THREAD_TIME else time.perf_counter
         reader = make_reader(data.dataset, cfg.reader_workers, clock)
-        self.feed = PlanFeed(reader, data.builder, self.samplers, cfg.prefetch_depth)
+        self.feed = PlanFeed(reader, self.source, self.samplers, cfg.prefetch_depth)
         lengths = epoch_lengths(cfg, data)
         self.total_steps = run_steps(cfg.steps, cfg.warmup_steps, sum(lengths))
         self.epoch_ends = self._epoch_ends(lengths) if data.validation else set()
@@ -363,6 +374,8 @@ class Trainer:
         else:  # the adapters over the base this run rebuilt (finetune module docstring)
             finetune.restore_state(dd.unwrap(self.model), state["model"], state["path"])
             self.optimizer.load_state_dict(state["optimizer"])
+        if self.closed_loop:  # the refits first: the samplers resume in the refitted plans
+            self.closed_loop.load_state_dict(state["closed_loop"])
         for r, sampler in self.samplers.items():
             sampler.load_state_dict(state["samplers"][r])
         checkpoint.set_rng_state(state["rng"])
@@ -387,6 +400,7 @@ class Trainer:
                     "optimizer": optim_sd,
                     "samplers": samplers,
                     "rows": self.rows,
+                    "closed_loop": self.closed_loop.state_dict() if self.closed_loop else None,
                     "tracking": self.sink.state_dict() if self.sink else {},
                 },
             )
@@ -555,6 +569,7 @@ class Trainer:
             row["step_wall_s"] = step_wall
             row["samples_seen"] = self.seen
             row.update(dict.fromkeys(VAL_COLUMNS))
+            row.update(dict.fromkeys(REFINE_COLUMNS))  # the closed loop's, at a window's end
         return [{k: row[k] for k in self.columns} for row in sorted(rows, key=lambda r: r["rank"])]
 
     # -- the run -------------------------------------------------------------------------------
@@ -595,6 +610,18 @@ class Trainer:
         for row in rows:
             row.update(scores)
 
+    def _refine(self, step: int, rows: list[dict[str, Any]], bar: Any) -> None:
+        """train.refine: the step's rows to the closed loop, which at a window's end refits,
+        replans the samplers and writes the window on `rows` (training.refine)."""
+        if self.closed_loop is None:
+            return
+        note = self.closed_loop.after_step(step, rows, list(self.samplers.values()))
+        if note is None:
+            return
+        self.plans = PlanGroups(self.source, self.ranks.world_size)  # the replanned groups
+        if self.progress and self.ranks.is_main:
+            bar.write(note, file=sys.stderr)
+
     def run(self) -> TrainResult:
         cfg = self.cfg
         self._relog_restored()
@@ -609,6 +636,7 @@ class Trainer:
                 if cfg.steps == WHOLE_EPOCH and step == cfg.warmup_steps:
                     self._replay_epoch()
                 rows = self._step(step)
+                self._refine(step, rows, bar)
                 self._validate(step, rows)
                 logged = step_metrics(rows, self.capacity, cfg.warmup_steps)
                 if not math.isfinite(logged["loss"]):  # every later step would be NaN too
@@ -637,7 +665,8 @@ class Trainer:
             if self.grad_clock:
                 self.grad_clock.remove()
         table = pd.DataFrame(self.rows, columns=list(self.columns))
-        for col in ("peak_bytes", "peak_bytes_model", "loss", *VAL_COLUMNS):
+        refine = REFINE_COLUMNS if self.closed_loop else ()
+        for col in ("peak_bytes", "peak_bytes_model", "loss", *VAL_COLUMNS, *refine):
             table[col] = table[col].astype("Float64")
         return TrainResult(steps=table)
 

@@ -25,6 +25,8 @@ fetched while the loop waits.
 
 from __future__ import annotations
 
+import os
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -111,7 +113,7 @@ class ProcessReader:
             workers,
             mp_context=context,
             initializer=_worker_init,
-            initargs=(dataset, clock.__name__),
+            initargs=(dataset, clock.__name__, os.getpid()),
         )
         self._pending: dict[tuple, Future[Fetched]] = {}
 
@@ -147,11 +149,26 @@ class ProcessReader:
 _WORKER: dict[str, object] = {}
 
 
-def _worker_init(dataset: LatentDataset, clock: str) -> None:
+# how often a worker checks that the trainer that started it is alive (seconds)
+ORPHAN_POLL_S = 0.1
+
+
+def _worker_init(dataset: LatentDataset, clock: str, parent: int) -> None:
     import torch
 
     torch.set_num_threads(1)  # one core's work per worker, beside the loop's
     _WORKER.update(dataset=dataset, clock=getattr(time, clock))
+    threading.Thread(target=_exit_with, args=(parent,), daemon=True).start()
+
+
+def _exit_with(parent: int) -> None:
+    """End this worker once the trainer that started it is gone. A trainer killed outright
+    (SIGKILL, the OOM killer) never shuts its pool down, and a forked worker would live on
+    holding the copies of its files it was born with, the run folder's lock among them, so
+    the restarted trainer could not take the folder."""
+    while os.getppid() == parent:
+        time.sleep(ORPHAN_POLL_S)
+    os._exit(0)
 
 
 def _worker_fetch(indices: PlanBatch) -> tuple:

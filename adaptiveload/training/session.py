@@ -42,6 +42,7 @@ from adaptiveload.training import checkpoint
 from adaptiveload.training.distributed import Ranks, resolve_ranks, timer_of
 from adaptiveload.training.inputs import check_layout, prepare_data, run_identity
 from adaptiveload.training.loop import StepSink, TrainData, Trainer, total_steps
+from adaptiveload.training.refine import check_refine
 from adaptiveload.training.settings import TrainConfig, from_experiment
 from adaptiveload.training.sp_plan import check_groups
 from adaptiveload.training.summary import ln_modulate_impl, run_summary
@@ -99,6 +100,7 @@ def resolve(req: Request) -> Resolved:
     calibration = Calibration.load(cal_path) if cal_path else None
     if calibration is not None:
         calibration.require_model(cfg.model, cal_path)
+    check_refine(cfg, calibration)
     # the pipeline's layout, so a hand-run lands beside the pipeline's runs
     out = req.out or Layout(cfg.experiment).run_dir(cfg.policy, cfg.seed, cfg.kernel)
     return Resolved(exp, cfg, ranks, calibration, Path(out))
@@ -234,21 +236,28 @@ def _train(
             trainer.close()
     if not main:
         return {}
-    summary = run_summary(cfg, result.steps, data.builder, calibration, trainer.capacity)
+    # the plans the run executed: with train.refine, replanned at its refits
+    summary = run_summary(cfg, result.steps, trainer.source, calibration, trainer.capacity)
     plan_summary = data.builder(0).summary
     write_parquet(out / "steps.parquet", result.steps)
     write_json(out / "plan_summary.json", plan_summary)
+    if trainer.closed_loop is not None:  # every refit's calibration: replays the run's plans
+        write_json(out / REFITS, trainer.closed_loop.record())
     write_json(out / "summary.json", summary)  # last of RESULTS: the run is complete
     if sink is not None:
         sink.log_summary(_numeric(summary))
         for name in RESULTS:
             sink.log_artifact(out / name)
+        if trainer.closed_loop is not None:
+            sink.log_artifact(out / REFITS)
         sink.finish()
     return summary
 
 
 # what a finished run leaves in its folder (the pipeline's `train` outputs among them)
 RESULTS = ("steps.parquet", "plan_summary.json", "summary.json")
+# a closed-loop run's refits (train.refine): where each took effect and its calibration
+REFITS = "refits.json"
 
 
 def _retract(out: Path) -> None:
@@ -256,7 +265,7 @@ def _retract(out: Path) -> None:
     they describe an earlier state, and a run stopped before writing its own must not leave
     them looking current (the pipeline would see its outputs up to date and rerun nothing
     while the MLflow run it reopened is RUNNING)."""
-    for name in RESULTS:
+    for name in (*RESULTS, REFITS):
         (out / name).unlink(missing_ok=True)
 
 

@@ -25,6 +25,7 @@ from adaptiveload.pipeline import check_world_size
 from adaptiveload.planning.policies import get_policy
 from adaptiveload.step_table import WHOLE_EPOCH, window_kind
 from adaptiveload.training.finetune import SCRATCH, checkpoint_digest
+from adaptiveload.training.refine import refine_mode
 
 LAUNCH_MODES = ("emulated", "distributed")
 KERNELS = ("eager", "fused")
@@ -94,6 +95,8 @@ class TrainConfig:
     steps: int | str = schema_default("train.steps")  # or WHOLE_EPOCH: one whole epoch timed
     warmup_steps: int = schema_default("train.warmup_steps")
     epochs: int = schema_default("train.epochs")  # whole epochs of `steps: epoch`
+    # the closed loop: "off", "epoch" or K (every K timed steps): training.refine.refine_mode
+    refine: str | int = schema_default("train.refine")
     val_every: int = schema_default("train.val_every")  # 0: no validation
     val_per_class: int = schema_default("train.val_per_class")
     checkpoint_every: int = schema_default("train.checkpoint_every")
@@ -136,6 +139,7 @@ class TrainConfig:
             isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1
         ):
             raise UserError(f"--steps {self.steps!r}: expected a positive count or '{WHOLE_EPOCH}'")
+        refine_mode(self.refine)  # refused here unless one of its forms
         if self.epochs != 1 and self.steps != WHOLE_EPOCH:
             raise UserError(
                 f"train.epochs={self.epochs}: whole epochs need train.steps: {WHOLE_EPOCH} "
@@ -192,11 +196,13 @@ class TrainConfig:
         longer run continues a shorter one), but whether the warm-up is replayed (`epoch`)."""
         data = self.to_dict()
         # the checkpoint by its content, wherever it lies; a run from scratch without LoRA
-        # keeps the fingerprint it had before these fields existed
+        # or a closed loop keeps the fingerprint it had before these fields existed
         del data["init_from"]
         for key in ("init_digest", "lora"):
             if data[key] is None:
                 del data[key]
+        if data["refine"] == "off":
+            del data["refine"]
         data["whole_epoch"] = data.pop("steps") == WHOLE_EPOCH
         del data["reader_workers"], data["prefetch_depth"]
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
@@ -234,6 +240,7 @@ def from_experiment(
         steps=steps if steps is not None else train["steps"],
         warmup_steps=train["warmup_steps"],
         epochs=train["epochs"],
+        refine=refine_mode(train["refine"]),
         val_every=train["val_every"],
         val_per_class=train["val_per_class"],
         checkpoint_every=train["checkpoint_every"],

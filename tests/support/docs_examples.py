@@ -19,6 +19,8 @@ SAMPLER_EXAMPLES = {
     "plain.py": (["resumed after step 3: the remaining"], None, False),
     "accumulate.py": (["optimizer steps"], None, False),
     "ddp.py": (["rank 0/2:", "rank 1/2:"], None, True),
+    "closed_loop.py": (["rank 0/2: 2 epochs", "rank 1/2: 2 epochs", "refit at epoch 0 step 4"],
+                       None, True),
     "accelerate_example.py": (["process 0/2:", "process 1/2:", "resumed after epoch 1 step 3"],
                               "accelerate", True),
     "lightning_example.py": (["process 0: epochs [0, 1] ran its rank's plan; resumed after step 5",

@@ -4,8 +4,14 @@ number of the run but the load times."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
+import pytest
 import torch
 from training_setup import write_experiment
 
@@ -111,3 +117,36 @@ def test_prefetching_changes_no_number_of_the_run_but_load_times(tmp_path):
     inline = tables[0]  # read on the loop's thread: all of the load is exposed
     assert (inline["load_exposed_s"] == inline["load_s"]).all() and (inline["load_s"] > 0).all()
     assert (tables[2]["load_s"] > 0).all() and (tables[2]["load_exposed_s"] >= 0).all()
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process runs (a zombie awaiting its reaper does not)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    return "\nState:\tZ" not in status
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
+def test_workers_end_when_the_trainer_is_killed():
+    """A trainer killed outright never shuts its pool down: its forked workers must not live
+    on (they hold the run folder's lock they were born with, and the restart could not take it)."""
+    script = (
+        "import os, signal, time\n"
+        "from adaptiveload.training.reader import ProcessReader\n"
+        "reader = ProcessReader(None, workers=2, clock=time.perf_counter)\n"
+        "pids = {reader._pool.submit(os.getpid).result() for _ in range(8)}\n"
+        "print(*pids, flush=True)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == -signal.SIGKILL, out.stderr
+    pids = [int(p) for p in out.stdout.split()]
+    assert pids
+    deadline = time.monotonic() + 30
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_alive(p) for p in pids), f"orphaned reader workers {pids}"

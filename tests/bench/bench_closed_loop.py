@@ -1,0 +1,280 @@
+"""Benchmark: the closed loop (train.refine) measured on this CPU, open loop against closed.
+
+Run: nice -n 10 .venv/bin/python tests/bench/bench_closed_loop.py [--calibration FILE]
+     [--seeds 0 1 2] [--parts a b] [-o results/benchmarks/closed_loop_cpu.json]
+
+(a) A wrong cost model. The default experiment's data (tiny-cpu, tiny Wan 2.1, 4 emulated
+    ranks, adaptiveload-balanced), fewer samples, two whole epochs, planned from the CPU
+    calibration with its fixed cost doubled and its exponent raised (a x 0.5, b x 3: the
+    effective exponent over the mixture's lengths goes up by about 0.3): open loop (the wrong
+    model throughout), closed loop (train.refine every K steps from it) and the oracle (the
+    CPU calibration itself, open loop). Every arm has the same budgets (the CPU calibration's)
+    and so the same batches: only how they are dealt to the ranks differs. Timed by each
+    emulated rank's thread CPU time (docs/measurement.md).
+(b) A real straggler. torchrun with 2 processes, each pinned to its own core (taskset), and a
+    CPU-bound process this benchmark starts on rank 1's core before the run and stops after
+    it: rank 1 runs at about half speed. Open loop (the CPU calibration, which knows nothing
+    of the straggler) against closed loop (train.refine every K steps), wall clock (what a
+    step costs under torchrun).
+
+Without --calibration the CPU calibration is measured first (`adaptiveload calibrate measure`
+on the default experiment). Each run is `adaptiveload train` in a subprocess, untracked, and
+is read back from its per-step table; the result file records the host's load before, during
+and after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+import yaml
+from stamp import stamp
+
+from adaptiveload import metrics
+from adaptiveload.analysis.stats import paired_effect
+from adaptiveload.costmodel import Calibration
+from adaptiveload.io import read_json, write_json
+
+DEFAULT_POLICY = "adaptiveload-balanced"  # --policy: any policy that plans by cost
+# (a): the default mixture, fewer samples (each run is two epochs), windows of K steps
+SAMPLES_A, WORLD_A, EPOCHS_A, EVERY_A = 200, 4, 2, 4
+# (b): 2 processes, one epoch of the same mixture
+SAMPLES_B, WORLD_B, EPOCHS_B, EVERY_B = 160, 2, 2, 3
+WARMUP = 2
+# the wrong model of (a): the CPU fit's fixed cost x2, linear term x0.5, attention term x3
+WRONG = {"c0": 2.0, "a": 0.5, "b": 3.0}
+TORCHRUN = Path(sys.executable).parent / "torchrun"
+
+
+def experiment(work: Path, name: str, cal: Calibration, policy: str, samples: int, world: int,
+               epochs: int, refine: str | dict) -> Path:
+    """The default experiment's data and model, with the CPU calibration's budgets given as
+    numbers (so a wrong calibration changes the dealing, not the batches)."""
+    exp = {
+        "name": name,
+        "policies": [policy],
+        "data": {"mixture": "tiny-cpu", "num_samples": samples, "bucketing": "aspect",
+                 "grid": "tiny"},
+        "model": {"config": "wan2.1-tiny", "kernels": ["eager"]},
+        "budgets": {"m_tok": float(cal.m_tok), "m_mem": float(cal.m_mem),
+                    "m_comp": float(cal.m_comp), "p": float(cal.p)},
+        "train": {"world_size": world, "steps": "epoch", "epochs": epochs,
+                  "warmup_steps": WARMUP, "refine": refine, "checkpoint_every": 100000},
+    }
+    path = work / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(exp))
+    return path
+
+
+def train_command(exp: Path, cal: Path, policy: str, seed: int, out: Path) -> list[str]:
+    return ["-m", "adaptiveload", "train", "--config", str(exp), "--policy", policy,
+            "--seed", str(seed), "--calibration", str(cal), "--out", str(out), "--no-track"]
+
+
+def read_run(out: Path, cal: Calibration, first_timed: int | None = None) -> dict[str, float]:
+    """A run's numbers from its per-step table: over the timed window, and from run step
+    `first_timed` on (the closed loop's first refit's next step), imbalance, step time and
+    each rank's share of the work (its micro-batches priced by the CPU calibration `cal`:
+    the work it was given, whatever its speed)."""
+    table = pd.read_parquet(out / "steps.parquet")
+    summary = read_json(out / "summary.json")
+    timed = table[table["step"] >= WARMUP]
+    row = {
+        "samples_per_s": summary["samples_per_s"],
+        "imbalance_rate": summary["imbalance_rate"],
+        "step_time_s": float(timed.groupby("step")["step_time_s"].first().mean()),
+        "host_load_mean": summary["host_load_mean"],
+        "steps": int(timed["step"].nunique()),
+        "imbalance_by_step": [
+            round(metrics.imbalance_rate(row[None, :]), 4)
+            for row in timed.pivot_table(index="step", columns="rank",
+                                         values="compute_s").to_numpy()],
+    }
+    if "refit" in table.columns:
+        ends = table[table["refit"].notna()].groupby("step").first()
+        row["refits"] = len(ends)
+        row["first_refit_step"] = int(ends.index.min())
+        row["window_end_steps"] = [int(v) for v in ends.index]
+        row["model_error_median_by_window"] = ends["model_error_median"].round(4).tolist()
+        row["model_error_p90_by_window"] = ends["model_error_p90"].round(4).tolist()
+        row["window_imbalance"] = ends["window_imbalance"].round(4).tolist()
+        speeds = table[table["refit"].notna()].pivot_table(
+            index="step", columns="rank", values="speed_factor")
+        row["speed_factors_last"] = speeds.iloc[-1].round(3).tolist()
+    if first_timed is not None:
+        after = timed[timed["step"] >= first_timed]
+        compute = after.pivot_table(index="step", columns="rank", values="compute_s")
+        row["imbalance_after_first_refit"] = metrics.imbalance_rate(compute.to_numpy())
+        row["step_time_after_first_refit_s"] = float(
+            after.groupby("step")["step_time_s"].first().mean())
+        work = after.assign(work=cal.cost.pack_time(after["samples"], after["tokens"],
+                                                    after["tokens_sq"]))
+        per_rank = work.groupby("rank")["work"].sum()
+        row["work_share_by_rank_after_first_refit"] = (per_rank / per_rank.sum()).round(4).tolist()
+    return row
+
+
+def run(args: list[str], env: dict[str, str]) -> None:
+    done = subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(done.stderr[-3000:])
+
+
+def part_a(work: Path, cal_path: Path, policy: str, seeds: list[int], env: dict[str, str]
+           ) -> dict:
+    cal = Calibration.load(cal_path)
+    wrong = replace(cal, cost=replace(cal.cost, **{k: getattr(cal.cost, k) * f
+                                                   for k, f in WRONG.items()}))
+    wrong_path = work / "wrong.json"
+    write_json(wrong_path, wrong.to_dict())
+    arms = {
+        "open": (wrong_path, "off"),
+        "closed": (wrong_path, {"every": EVERY_A}),
+        "oracle": (cal_path, "off"),
+    }
+    runs: dict[str, list[dict]] = {arm: [] for arm in arms}
+    for seed in seeds:
+        closed_first = None
+        for arm in ("closed", "open", "oracle"):  # the closed run first: its refit step
+            path, refine = arms[arm]
+            exp = experiment(work, f"a-{arm}", cal, policy, SAMPLES_A, WORLD_A, EPOCHS_A, refine)
+            out = work / f"a-{arm}-{seed}"
+            run(train_command(exp, path, policy, seed, out), env)
+            row = read_run(out, cal, closed_first)
+            if arm == "closed":
+                closed_first = row["first_refit_step"] + 1
+                row = read_run(out, cal, closed_first)
+            runs[arm].append({"seed": seed, **row})
+            print(f"(a) seed {seed} {arm}: {row}", flush=True)
+            shutil.rmtree(out)
+    return {
+        "setup": {"mixture": "tiny-cpu", "num_samples": SAMPLES_A, "model": "wan2.1-tiny",
+                  "world_size": WORLD_A, "launch": "emulated", "epochs": EPOCHS_A,
+                  "warmup_steps": WARMUP, "policy": policy, "refine_every": EVERY_A,
+                  "timer": "thread CPU time per emulated rank",
+                  "wrong_model": {"scaled": WRONG, "cost": vars(wrong.cost),
+                                  "effective_exponent_221_3740": [
+                                      cal.cost.effective_exponent(221, 3740),
+                                      wrong.cost.effective_exponent(221, 3740)]},
+                  "cpu_calibration": {"cost": vars(cal.cost), "p": cal.p}},
+        "runs": runs,
+        "effects": effects(runs, "samples_per_s", "imbalance_after_first_refit"),
+    }
+
+
+def burner(core: int) -> subprocess.Popen:
+    """A CPU-bound process on `core` (its own session: stopped with its group)."""
+    return subprocess.Popen(["taskset", "-c", str(core), sys.executable, "-c",
+                             "while True: pass"], start_new_session=True)
+
+
+def part_b(work: Path, cal_path: Path, policy: str, seeds: list[int], env: dict[str, str]
+           ) -> dict:
+    cal = Calibration.load(cal_path)
+    # each process on its own core: LOCAL_RANK's
+    pin = work / "pinned.sh"
+    pin.write_text(f'#!/bin/sh\nexec taskset -c "$LOCAL_RANK" {sys.executable} "$@"\n')
+    pin.chmod(0o755)
+    runs: dict[str, list[dict]] = {"open": [], "closed": []}
+    for seed in seeds:
+        closed_first = None
+        for arm, refine in (("closed", {"every": EVERY_B}), ("open", "off")):
+            exp = experiment(work, f"b-{arm}", cal, policy, SAMPLES_B, WORLD_B, EPOCHS_B, refine)
+            out = work / f"b-{arm}-{seed}"
+            slow = burner(1)
+            try:
+                done = subprocess.run(
+                    [str(TORCHRUN), "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+                     "--master-port", str(29500 + seed), "--no-python", str(pin),
+                     *train_command(exp, cal_path, policy, seed, out)],
+                    env=env, capture_output=True, text=True)
+            finally:
+                os.killpg(slow.pid, signal.SIGTERM)
+                slow.wait()
+            if done.returncode:
+                raise RuntimeError(done.stderr[-3000:])
+            row = read_run(out, cal, closed_first)
+            if arm == "closed":
+                closed_first = row["first_refit_step"] + 1
+                row = read_run(out, cal, closed_first)
+            runs[arm].append({"seed": seed, **row})
+            print(f"(b) seed {seed} {arm}: {row}", flush=True)
+            shutil.rmtree(out)
+    return {
+        "setup": {"mixture": "tiny-cpu", "num_samples": SAMPLES_B, "model": "wan2.1-tiny",
+                  "world_size": WORLD_B, "launch": "torchrun, gloo, one core per process",
+                  "straggler": "a CPU-bound process on rank 1's core during each run",
+                  "epochs": EPOCHS_B, "warmup_steps": WARMUP, "policy": policy,
+                  "refine_every": EVERY_B, "timer": "wall clock (the slowest process's step)",
+                  "prior": "the CPU calibration (no rank speeds)"},
+        "runs": runs,
+        "effects": effects(runs, "step_time_s", "step_time_after_first_refit_s"),
+    }
+
+
+def effects(runs: dict[str, list[dict]], *keys: str) -> dict:
+    """Closed over open (and over the oracle where there is one), paired by seed: the ratio's
+    geometric mean and its 95% t interval (log scale), measured."""
+    out = {}
+    for key in keys:
+        for base in ("open", "oracle"):
+            if base not in runs:
+                continue
+            e = paired_effect(np.array([r[key] for r in runs["closed"]]),
+                              np.array([r[key] for r in runs[base]]), ratio=True)
+            out[f"{key}: closed / {base}"] = {"ratio": e.estimate, "ci95": [e.ci_low, e.ci_high],
+                                              "n": e.n}
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--calibration", default=None)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--parts", nargs="+", default=["a", "b"], choices=["a", "b"])
+    parser.add_argument("--policy", default=DEFAULT_POLICY)
+    parser.add_argument("-o", "--out", default="results/benchmarks/closed_loop_cpu.json")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="bench_closed_loop_"))
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    cal = Path(args.calibration) if args.calibration else work / "calibration.json"
+    if args.calibration is None:
+        run(["-m", "adaptiveload", "calibrate", "measure", "--config",
+             "experiments/default.yaml", "-o", str(cal), "--quiet"], env)
+    result = stamp(
+        "closed_loop_cpu", "measured",
+        "train.refine measured on this CPU: (a) a wrong cost model, open vs closed loop vs "
+        "the CPU-calibrated oracle, thread CPU time of emulated ranks; (b) torchrun with a "
+        "straggler the benchmark starts on one process's core, wall clock. A loaded machine "
+        "moves every time: load averages recorded.",
+        torch=torch.__version__,
+    )
+    result["load_average_before"] = list(os.getloadavg())
+    t0 = time.perf_counter()
+    if "a" in args.parts:
+        result["a_wrong_model"] = part_a(work, cal, args.policy, args.seeds, env)
+        result["load_average_after_a"] = list(os.getloadavg())
+        write_json(Path(args.out), result)  # (a) kept if (b) fails
+    if "b" in args.parts:
+        result["b_straggler"] = part_b(work, cal, args.policy, args.seeds, env)
+    result["load_average_after"] = list(os.getloadavg())
+    result["elapsed_s"] = time.perf_counter() - t0
+    write_json(Path(args.out), result)
+    shutil.rmtree(work)
+    print(f"wrote {args.out} in {result['elapsed_s']:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
