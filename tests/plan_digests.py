@@ -25,7 +25,12 @@ matched and paper_1gpu since, baselines.yaml at 5 seeds) the plans of the packed
 sequence-parallel policies changed on purpose (caps that may be filled exactly, seeds that vary
 which token counts share a pack, step levelling): of the 888 plans in both files, the 236 of
 adaptiveload-packed, adaptiveload-sp and adaptiveload-sp-fixed changed and the 652 of every
-other policy were identical.
+other policy were identical. Then (964 plans) 13 changed on purpose, the ones where step
+levelling's second way (the pinned steps filled with the costliest samples first,
+`packing._fill_pinned`) levels the steps better than the first: 12 of adaptiveload-packed
+(convergence's two matched seeds, m_comp_sweep at M_comp x 0.5, matched's 14B simulation,
+the 14B long-clip simulations of paper_14b and sp) and 1 of adaptiveload-sp-fixed (sp's 14B
+at N = 256); the other 951 were identical (the planner's speed-ups changed none).
 
 A refactor that must not change any plan is checked by running this before and after it: the
 plan commands come from the pipeline itself (`snakemake -n -p -F` per experiment file, so the

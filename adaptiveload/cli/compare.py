@@ -13,7 +13,9 @@ from adaptiveload.data.bucketing import (
     DEFAULT_GRID,
     DEFAULT_MAX_FRAMES,
     DEFAULT_MODE,
+    DEFAULT_SHORT_CLIPS,
     cut_note,
+    stills_warning,
 )
 from adaptiveload.errors import UserError
 from adaptiveload.planning.plan import FREE
@@ -57,6 +59,7 @@ def compare_cmd(
     bucketing: o.Bucketing = DEFAULT_MODE,
     grid: o.Grid = DEFAULT_GRID,
     max_frames: o.MaxFrames = DEFAULT_MAX_FRAMES,
+    short_clips: o.ShortClips = DEFAULT_SHORT_CLIPS,
     output: Annotated[Path | None, Opt("-o", "--output", help="also write it as JSON")] = None,
     strict: o.Strict = False,
 ) -> None:
@@ -72,7 +75,8 @@ def compare_cmd(
     from adaptiveload.planning.compare import CompareConfig, compare_policies, comparison_rows
     from adaptiveload.planning.plan import plan_warnings, without_over_capacity
 
-    bucketed, origin = _bucketed(manifest, mixture, num_samples, bucketing, grid, max_frames)
+    bucketed, origin = _bucketed(manifest, mixture, num_samples, bucketing, grid, max_frames,
+                                 short_clips)
     tokens = bucketed.samples["tokens"].to_numpy()
     cal = _cost_model(calibration, prior, model, tokens, origin)
     cal, source = _budgets(cal, budgets_file, prior, capacity_gb, headroom, tokens)
@@ -85,8 +89,9 @@ def compare_cmd(
     for s in summaries:
         found = plan_warnings(s, bucketed.excluded_ids.tolist())
         report_warnings(f"plan ({s['policy']})", found, strict)
+    report_warnings("compare", [w for w in (stills_warning(bucketed.samples),) if w], strict)
     report_note(cut_note(bucketed.samples))
-    data = {"origin": origin, "bucketing": bucketing, "grid": grid}
+    data = {"origin": origin, "bucketing": bucketing, "grid": grid, "short_clips": short_clips}
     report = _report(config, bucketed, data, calibration, prior, source, summaries)
     if output is not None:
         write_json(output, report)
@@ -108,7 +113,8 @@ def _report(
     derivation = cal.extra.get("budgets") or {}
     counts = {"num_samples": bucketed.num_samples, "num_excluded": bucketed.num_excluded}
     return {
-        "data": {"origin": data["origin"], **counts, **{k: data[k] for k in ("bucketing", "grid")}},
+        "data": {"origin": data["origin"], **counts,
+                 **{k: data[k] for k in ("bucketing", "grid", "short_clips")}},
         "world_size": config.world_size,
         "seed": config.seed,
         "steps_per_epoch": config.steps_per_epoch,
@@ -148,7 +154,7 @@ def _budgets(
 
 def _bucketed(
     manifest: Path | None, mixture: str | None, num_samples: int, bucketing: str, grid: str,
-    max_frames: int,
+    max_frames: int, short_clips: str,
 ) -> tuple[Any, str]:
     """The data to compare on, bucketed, and how to name it."""
     from adaptiveload.data.bucketing import bucketize
@@ -161,7 +167,9 @@ def _bucketed(
         frame, origin = load_manifest(manifest), str(manifest)
     else:
         frame, origin = synthesize(mixture, num_samples, 0), f"mixture {mixture} (n={num_samples})"
-    return bucketize(frame, mode=bucketing, grid=grid, max_frames=max_frames), origin
+    bucketed = bucketize(frame, mode=bucketing, grid=grid, max_frames=max_frames,
+                         short_clips=short_clips)
+    return bucketed, origin
 
 
 def _cost_model(

@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from adaptiveload.errors import UserError
+from adaptiveload.experiment import schema_default
 from adaptiveload.tokens import FRAME_STEP, PIXEL_STEP, token_count
 
 MODES = ("aspect", "exact")
@@ -32,7 +33,7 @@ MODES = ("aspect", "exact")
 # down to 4k+1 (5, 9 or 13 frames: 2 to 4 latent frames, motion kept), a rung below the
 # ladder's. Clips of 2-4 frames have no 4k+1 length above 1 and are stills either way.
 SHORT_CLIPS = ("still", "video")
-DEFAULT_SHORT_CLIPS = "still"
+DEFAULT_SHORT_CLIPS = schema_default("data.short_clips")
 BUCKET_COLUMNS = ("bucket_frames", "bucket_height", "bucket_width", "tokens")
 
 
@@ -296,9 +297,9 @@ def stills_warning(samples: pd.DataFrame) -> str | None:
     return (
         f"{int(still.sum())} of {len(samples)} samples are clips of {frames.min()}-"
         f"{frames.max()} frames below the grid's first video rung: they train as 1-frame "
-        f"stills ({int((frames - 1).sum()):,} frames lost); short_clips='video' "
-        "(adaptiveload plan --short-clips video) keeps those of 5 frames or more as clips of "
-        "their own 4k+1 frames"
+        f"stills ({int((frames - 1).sum()):,} frames lost); short_clips: video (the "
+        "experiment's data section; --short-clips video of plan and compare) keeps those of 5 "
+        "frames or more as clips of their own 4k+1 frames"
     )
 
 

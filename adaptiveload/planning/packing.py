@@ -95,7 +95,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from adaptiveload.costmodel import Calibration, CostModel, EpochLimits, SequenceParallel
+from adaptiveload.costmodel import (
+    CAP_TOLERANCE,
+    Calibration,
+    CostModel,
+    EpochLimits,
+    SequenceParallel,
+)
 from adaptiveload.errors import UserError
 from adaptiveload.planning.budgets import Budgets
 from adaptiveload.planning.dealing import deal_in_windows, narrow, rank_speeds, shuffled_by_code
@@ -112,6 +118,8 @@ COST_BAND = 1.25
 # a step counts as pinned above the others (`_level_steps`) when its costliest pack exceeds
 # the mean pack of the rest by more than this share
 LEVEL_MARGIN = 0.01
+# samples over half a cap by more than this share cannot share a pack (`_least_packs`)
+HALF_MARGIN = 1e-9
 
 
 @dataclass(frozen=True)
@@ -221,8 +229,7 @@ class _Fill:
 
     @classmethod
     def concat(cls, fills: list[_Fill]) -> _Fill:
-        return cls(*(np.concatenate([getattr(f, k) for f in fills], axis=-1)
-                     for k in ("size", "load", "sum_s", "sum_sq", "used")))
+        return cls(*(np.concatenate([getattr(f, k) for f in fills], axis=-1) for k in _FIELDS))
 
     def take(self, packs: np.ndarray) -> _Fill:
         return _Fill(self.size[packs], self.load[packs], self.sum_s[packs],
@@ -398,11 +405,75 @@ def _level_steps(
     mean = (total - world_size * float(peak[:pinned].sum())) / (n_packs - pinned * world_size)
     target = np.concatenate([np.repeat(peak[:pinned], world_size),
                              np.full(n_packs - pinned * world_size, max(mean, 0.0))])
-    placed = _lpt_offset(count, types, n_packs, offset, target, offset_share=0.0)
-    if placed is None:
+    offset(n_packs)  # the draw of LPT's offsets, none here: the levels are its targets
+    order = _banded(count, types, offset)
+    candidates = [
+        _lpt_or_strict(count, types, n_packs, np.zeros(n_packs), order, target),
+        _fill_pinned(count, types, np.repeat(peak[:pinned], world_size), n_packs, order),
+    ]
+    best, best_sum = None, float(peak.sum())
+    for placed in candidates:
+        if placed is not None:
+            leveled = float(np.sort(placed[2].load)[::-1][::world_size].sum())
+            if leveled < best_sum:
+                best, best_sum = placed, leveled
+    return best
+
+
+def _fill_pinned(
+    count: np.ndarray, types: _Types, level: np.ndarray, n_packs: int, order: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, _Fill] | None:
+    """`_level_steps`' second way: the packs of the pinned steps (one per entry of `level`,
+    its step's L_k) filled first, costliest samples first, each pack as far as its level
+    and its limits let it (a sample that runs alone into an empty one whose level covers
+    it); then the samples left by LPT into the other packs. Where a limit binds before the
+    level (packs full in compute that a third reference clip fills to L_k but cheaper
+    samples fill short of it), giving the pinned steps the costliest samples moves the most
+    work off the other steps. Both parts take the types in `order` (the levelling pass's
+    draws, so seeds vary the packs here too, and the plans it does not win are the ones the
+    first way makes). None where the rest finds no room."""
+    pinned = level.size
+    empty = _Fill(np.zeros(0, np.int64), np.zeros(0), np.zeros(0, np.int64), np.zeros(0),
+                  np.zeros((types.caps.size, 0)))
+    packs = _Open.start(pinned, 0, types.caps, 0.0, np.zeros(pinned), empty)
+    first = np.cumsum(count) - count
+    pack_of = np.empty(int(count.sum()), dtype=np.int64)
+    place = np.empty_like(pack_of)
+    taken = np.zeros_like(count)
+    for t in order:
+        w = types.w[t]
+        if types.alone[t]:
+            fits = ((packs.size == 0) & (level >= w)).astype(np.int64)
+        else:
+            used = types.use[t] > 0
+            fits = np.floor(np.min(packs.room[used] / types.use[t][used, None], axis=0,
+                                   initial=np.inf))
+            # the level is met exactly where its own pack's samples refill it
+            fits = np.minimum(fits, np.floor((level * (1 + CAP_TOLERANCE) - packs.load) / w))
+            fits = np.clip(fits, 0, count[t]).astype(np.int64)
+        m = int(min(count[t], fits.sum()))
+        if m == 0:
+            continue
+        if types.alone[t]:
+            k = fits & (np.cumsum(fits) <= m)
+        else:
+            k = _place_block(packs.load, packs.room, m, w, types.use[t], fits)
+        at = first[t] + np.arange(m)
+        pack_of[at] = np.repeat(packs.index, k)
+        place[at] = np.repeat(packs.size - np.cumsum(k) + k, k) + np.arange(m)
+        packs.add(k, types, t)
+        if types.alone[t]:
+            packs.room[:, k > 0] = -1.0
+        taken[t] = m
+    rest = count - taken
+    others = _lpt_or_strict(rest, types, n_packs - pinned, np.zeros(n_packs - pinned),
+                            order[rest[order] > 0])
+    if others is None:
         return None
-    leveled = np.sort(placed[2].load)[::-1][::world_size].sum()
-    return placed if leveled < peak.sum() else None
+    within = np.arange(pack_of.size) - np.repeat(first, count)  # a sample's rank in its type
+    at = np.flatnonzero(within >= np.repeat(taken, count))  # those the pinned packs left
+    pack_of[at], place[at] = pinned + others[0], others[1]
+    return pack_of, place, _Fill.concat([packs.fill(pinned, types.caps.size), others[2]])
 
 
 def pack_members(
@@ -431,12 +502,40 @@ def _lpt_offset(
     in a random order within cost bands (module docstring: seeds that vary); where that
     leaves a sample without room, in cost order (strict LPT), before more packs are asked."""
     share = offset_share * offset(n_packs)
+    order = _banded(count, types, offset)
+    if n_packs < _least_packs(count, types):  # after the draws: they never depend on it
+        return None
+    return _lpt_or_strict(count, types, n_packs, share, order, target)
+
+
+def _banded(count: np.ndarray, types: _Types, offset: Callable[[int], np.ndarray]) -> np.ndarray:
+    """The types present in `count`, those that run alone first, then by bands of costs
+    within COST_BAND of each other (a random phase), in random order inside a band."""
     present = np.flatnonzero(count)
     w = types.w[present]
     band = np.floor(np.log(w / w.max()) / np.log(COST_BAND) + offset(1)[0])
-    order = present[np.lexsort((offset(present.size), -band, ~types.alone[present]))]
+    return present[np.lexsort((offset(present.size), -band, ~types.alone[present]))]
+
+
+def _lpt_or_strict(
+    count: np.ndarray, types: _Types, n_packs: int, share: np.ndarray, order: np.ndarray,
+    target: np.ndarray | float = 0.0,
+) -> tuple[np.ndarray, np.ndarray, _Fill] | None:
+    """`_lpt` of the types in `order`, else (a sample left without room) in cost order."""
     placed = _lpt(count, types, n_packs, share, order, target)
-    return placed if placed is not None else _lpt(count, types, n_packs, share, present, target)
+    if placed is not None:
+        return placed
+    return _lpt(count, types, n_packs, share, np.flatnonzero(count), target)
+
+
+def _least_packs(count: np.ndarray, types: _Types) -> int:
+    """The fewest packs `count[t]` samples of each type need at least, beyond the volume:
+    one each for the samples that run alone, and, under each limit, one each for the samples
+    that use more than half its cap (no two of them share a pack; a margin of HALF_MARGIN
+    keeps a rounding from letting them). LPT into fewer packs fails, so it is not tried:
+    long clips at a sequence-parallel degree need more packs than their volume."""
+    large = (types.use > types.caps * (0.5 * (1 + HALF_MARGIN))) & ~types.alone[:, None]
+    return int(count[types.alone].sum() + (count[:, None] * large).sum(axis=0).max(initial=0))
 
 
 def _lpt(
@@ -448,67 +547,154 @@ def _lpt(
     (samples listed in type order), and what each pack holds; None if a sample finds no room.
     LPT compares each pack's load less its `target` plus `share` of the work left per pack
     (this block's included), an offset that shrinks to a share of the last block's (module
-    docstring: seeds that vary)."""
-    fill = _Fill.zeros(n_packs, types.use.shape[1])
-    size = fill.size
-    room = np.repeat(types.caps[:, None], n_packs, axis=1)  # [limits, packs]
+    docstring: seeds that vary).
+
+    Each block looks only at the packs still open (`_Open`): a pack closed by a sample that
+    runs alone, or left without room for the least use of every type still to come, is
+    dropped from the arrays the blocks scan. Long clips close most packs early (one or two
+    samples fill them), so later blocks scan a fraction of the packs; the packs a block would
+    find no room in are exactly those, so the plan is the one a scan of all packs makes."""
     pack_of = np.empty(int(count.sum()), dtype=np.int64)
-    place = np.empty_like(pack_of)
+    place = np.zeros_like(pack_of)
     first = np.cumsum(count) - count  # where each type's samples start in type order
     left = float((count * types.w).sum())
-    for t in order:
-        load = fill.load - target + share * (left / n_packs)
+    # the types that run alone (first in `order`) take one empty pack each, in pack order:
+    # packs 0, 1, ... (every pack is empty before them), each then closed
+    lead = order[: int(types.alone[order].sum())]
+    if count[lead].sum() > n_packs:
+        return None
+    alone_pack = 0
+    for t in lead:
         left -= count[t] * types.w[t]
         m = int(count[t])
-        if types.alone[t]:  # one per empty pack, which it closes
-            k = (size == 0) & (np.cumsum(size == 0) <= m)
-            k = k.astype(np.int64) if k.sum() == m else None
-        else:
-            k = _place_block(load, room, m, types.w[t], types.use[t])
+        pack_of[first[t] : first[t] + m] = np.arange(alone_pack, alone_pack + m)
+        alone_pack += m
+    lone = np.repeat(lead, count[lead])  # the type of each pack a sample runs alone in
+    closed = _Fill(np.ones(lone.size, dtype=np.int64), types.w[lone], types.tokens[lone],
+                   types.tokens[lone].astype(np.float64) ** 2, types.use[lone].T.copy())
+    packs = _Open.start(n_packs, alone_pack, types.caps, target, share, closed)
+    # the least use of each limit over the types after each block
+    rest = order[lead.size :]
+    least = np.minimum.accumulate(types.use[rest][::-1], axis=0)[::-1]
+    least = np.vstack([least[1:], np.full((1, least.shape[1]), np.inf)])
+    for i, t in enumerate(rest):
+        load = packs.load - packs.target + packs.share * (left / n_packs)
+        left -= count[t] * types.w[t]
+        m = int(count[t])
+        k = _place_block(load, packs.room, m, types.w[t], types.use[t])
         if k is None:
             return None
         done = first[t]
-        pack_of[done : done + m] = np.repeat(np.arange(n_packs), k)
+        pack_of[done : done + m] = np.repeat(packs.index, k)
         # a sample's place: its pack's size before the block, plus its rank among the block's
-        place[done : done + m] = np.repeat(size - np.cumsum(k) + k, k) + np.arange(m)
-        size += k
-        fill.load[:] += k * types.w[t]
-        fill.sum_s[:] += k * types.tokens[t]
-        fill.sum_sq[:] += k * float(types.tokens[t]) ** 2
+        place[done : done + m] = np.repeat(packs.size - np.cumsum(k) + k, k) + np.arange(m)
+        packs.add(k, types, t)
+        packs = packs.without_full(least[i])
+    return pack_of, place, packs.fill(n_packs, types.use.shape[1])
+
+
+@dataclass
+class _Open:
+    """`_lpt`'s packs still open: their `index` among all packs, what each holds (as
+    `_Fill`'s fields), its `room` under each limit, LPT's `target` and `share` for it; the
+    packs closed so far in `closed` (their index, what they hold) until `fill` puts all
+    together."""
+
+    index: np.ndarray
+    size: np.ndarray
+    load: np.ndarray
+    sum_s: np.ndarray
+    sum_sq: np.ndarray
+    used: np.ndarray
+    room: np.ndarray
+    target: np.ndarray | float
+    share: np.ndarray
+    closed: list[tuple[np.ndarray, _Fill]]
+
+    @classmethod
+    def start(cls, n_packs: int, first: int, caps: np.ndarray, target: np.ndarray | float,
+              share: np.ndarray, closed: _Fill) -> _Open:
+        """Packs `first` .. `n_packs` - 1 open and empty; those before it `closed`."""
+        empty = _Fill.zeros(n_packs - first, caps.size)
+        return cls(np.arange(first, n_packs), empty.size, empty.load, empty.sum_s,
+                   empty.sum_sq, empty.used, np.repeat(caps[:, None], n_packs - first, axis=1),
+                   target if np.isscalar(target) else target[first:], share[first:],
+                   [(np.arange(first), closed)])
+
+    def add(self, k: np.ndarray, types: _Types, t: int) -> None:
+        """In place: k[b] samples of type `t` into open pack b."""
+        self.size += k
+        self.load += k * types.w[t]
+        self.sum_s += k * types.tokens[t]
+        self.sum_sq += k * float(types.tokens[t]) ** 2
         added = types.use[t][:, None] * k
-        fill.used[:] += added
-        room -= added
-        if types.alone[t]:
-            room[:, k > 0] = -1.0
-    return pack_of, place, fill
+        self.used += added
+        self.room -= added
+
+    def without_full(self, least: np.ndarray) -> _Open:
+        """These packs less those without room for `least` (each limit's least use by any
+        type still to place): no later block puts a sample in them. Room r for a use u >= l
+        is at most r / l (division rounds monotonically), so r / l < 1 leaves none."""
+        binds = np.isfinite(least) & (least > 0)
+        if not binds.any():
+            return self
+        full = (self.room[binds] / least[binds, None] < 1).any(axis=0)
+        if full.sum() * 8 < full.size:  # a few: not worth the copies yet
+            return self
+        keep = ~full
+        self.closed.append((self.index[full], self._fill(full)))
+        target = self.target if np.isscalar(self.target) else self.target[keep]
+        return _Open(self.index[keep], *(getattr(self._fill(keep), f) for f in _FIELDS),
+                     self.room[:, keep], target, self.share[keep], self.closed)
+
+    def _fill(self, at: np.ndarray) -> _Fill:
+        return _Fill(self.size[at], self.load[at], self.sum_s[at], self.sum_sq[at],
+                     self.used[:, at])
+
+    def fill(self, n_packs: int, n_limits: int) -> _Fill:
+        """What every pack holds, open or closed, by pack index."""
+        out = _Fill.zeros(n_packs, n_limits)
+        for index, part in [*self.closed, (self.index, self._fill(slice(None)))]:
+            for f in _FIELDS:
+                getattr(out, f)[..., index] = getattr(part, f)
+        return out
+
+
+_FIELDS = ("size", "load", "sum_s", "sum_sq", "used")
 
 
 def _place_block(
-    load: np.ndarray, room: np.ndarray, m: int, w: float, use: np.ndarray
+    load: np.ndarray, room: np.ndarray, m: int, w: float, use: np.ndarray,
+    most: np.ndarray | None = None,
 ) -> np.ndarray | None:
     """How many of m identical samples (cost `w`, limit use `use`) LPT puts in each pack:
-    the m smallest of ``{load_b + k w : k < fits_b}`` (equal ones picked deterministically). With
+    the m smallest of ``{load_b + k w : k < fits_b}`` (equal ones picked deterministically;
+    `most` caps fits_b). With
     ``load_b = w (level_b + frac_b)`` those values sit on integer levels ``level_b + k``
     ordered by ``frac_b`` inside one level, so a count over levels finds the level of
     the m-th value (`_mth_level`). None if the packs have room for fewer than m."""
-    used = use > 0  # a limit the samples do not use never stops them
-    fits = np.floor(np.min(room[used] / use[used, None], axis=0, initial=np.inf))
-    fits = np.clip(fits, 0, m).astype(np.int64)
+    ratio = np.full(load.size, np.inf)
+    for d in np.flatnonzero(use > 0):  # a limit the samples do not use never stops them
+        np.minimum(ratio, room[d] / use[d], out=ratio)
+    fits = np.clip(np.floor(ratio), 0, m).astype(np.int64)
+    if most is not None:
+        fits = np.minimum(fits, most)
     if fits.sum() < m:
         return None
-    x = load / w
+    open_ = np.flatnonzero(fits)  # only the packs with room take part
+    fits_open = fits[open_]
+    x = load[open_] / w
     level = np.floor(x)
-    frac = x - level
-    open_ = fits > 0
-    lo = (level - level[open_].min()).astype(np.int64)  # first level of each pack's values
-    end = lo + fits
-    at, below = _mth_level(lo[open_], fits[open_], m)
-    k = np.clip(at - lo, 0, fits)  # every value below that level
+    lo = (level - level.min()).astype(np.int64)  # first level of each pack's values
+    at, below = _mth_level(lo, fits_open, m)
+    k_open = np.clip(at - lo, 0, fits_open)  # every value below that level
     need = m - below
-    tied = np.flatnonzero(open_ & (lo <= at) & (at < end))
+    tied = np.flatnonzero((lo <= at) & (at < lo + fits_open))
     if need < tied.size:
-        tied = tied[np.argpartition(frac[tied], need - 1)[:need]]
-    k[tied] += 1
+        tied = tied[np.argpartition(x[tied] - level[tied], need - 1)[:need]]
+    k_open[tied] += 1
+    k = np.zeros(load.size, dtype=np.int64)
+    k[open_] = k_open
     return k
 
 

@@ -73,6 +73,7 @@ from adaptiveload.planning.simulate import (
     DEFAULT_ALLREDUCE_GBPS,
     MEMORY_FIELDS,
     Simulation,
+    epoch_seconds,
     simulate,
 )
 from adaptiveload.step_table import SP_DEGREE
@@ -202,17 +203,14 @@ def _plan(
     pol, budgets, cost_model = config.policy, config.budgets, config.cost_model
     world_size, seed, epoch = config.world_size, config.seed, config.epoch
     window_steps, steps_per_epoch = config.window_steps, config.steps_per_epoch
-    frame, excluded, over_capacity = _unpack(
-        samples, num_excluded, num_over_capacity, cost_model, config.max_degree
+    frame, excluded, over_capacity, buckets, target, formed = _form(
+        config, samples, num_excluded, num_over_capacity
     )
-    rng = np.random.default_rng([seed, epoch])
-    tokens = frame["tokens"].to_numpy(np.int64)
-    buckets = _buckets(frame, tokens)
-
-    target = _target_steps(steps_per_epoch, buckets, budgets, world_size)
-    formed = pol.micro_batches(
-        EpochInputs(buckets, tokens, budgets, cost_model, world_size, window_steps, rng, target)
-    )
+    tokens = buckets.tokens[buckets.of]
+    # the baseline first: its arrays are gone before this plan's tables are built
+    baseline = None
+    if cost_model is not None and pol.baseline is not None:
+        baseline = _baseline(config, samples, num_excluded, num_over_capacity)
     batches, slots, slot_pad = formed.batches, formed.slots, formed.slot_pad
     table, row_sample = _rows(frame, buckets, formed, world_size)
     slot_size = _slot_sizes(formed)
@@ -258,25 +256,64 @@ def _plan(
         summary.update({f"predicted_{k}": sim.summary[k] for k in PREDICTED if k in sim.summary})
         summary["predicted_source"] = "model"
         summary.update({k: sim.summary[k] for k in MEMORY_FIELDS})
-        if pol.baseline is not None:
-            summary.update(_versus_baseline(config, samples, num_excluded, num_over_capacity,
-                                            summary))
+        if baseline is not None and baseline[1] >= summary["num_planned"]:
+            # where the baseline trains fewer of the samples (it excludes what this plan
+            # trains) there is no like-for-like rate
+            summary.update(baseline_policy=baseline[0],
+                           baseline_predicted_samples_per_s=baseline[2])
     return Plan(table=table, summary=summary, simulation=sim)
 
 
-def _versus_baseline(
-    config: PlanConfig, samples: Any, num_excluded: int | None, num_over_capacity: int | None,
-    summary: dict[str, Any],
-) -> dict[str, Any]:
-    """The predicted samples/s of the policy's baseline (`Policy.baseline`) planning the same
-    samples, for `plan_warnings` to flag a plan slower than it; none where the baseline trains
-    fewer of them (it excludes what this plan trains: no like-for-like rate)."""
-    base = replace(config, policy=config.policy.baseline).plan(
-        samples, num_excluded, num_over_capacity).summary
-    if base["num_planned"] < summary["num_planned"]:
-        return {}
-    return {"baseline_policy": base["policy"],
-            "baseline_predicted_samples_per_s": base["predicted_samples_per_s"]}
+def _form(
+    config: PlanConfig, samples: Any, num_excluded: int | None, num_over_capacity: int | None
+) -> tuple[pd.DataFrame, int, int, Buckets, int | None, MicroBatches]:
+    """The samples `config` plans (`_unpack`), the excluded and over-capacity counts, their
+    buckets, the steps asked for and the policy's micro-batches, formed and dealt."""
+    frame, excluded, over_capacity = _unpack(
+        samples, num_excluded, num_over_capacity, config.cost_model, config.max_degree
+    )
+    rng = np.random.default_rng([config.seed, config.epoch])
+    tokens = frame["tokens"].to_numpy(np.int64)
+    buckets = _buckets(frame, tokens)
+    target = _target_steps(config.steps_per_epoch, buckets, config.budgets, config.world_size)
+    formed = config.policy.micro_batches(
+        EpochInputs(buckets, tokens, config.budgets, config.cost_model, config.world_size,
+                    config.window_steps, rng, target)
+    )
+    return frame, excluded, over_capacity, buckets, target, formed
+
+
+def _baseline(
+    config: PlanConfig, samples: Any, num_excluded: int | None, num_over_capacity: int | None
+) -> tuple[str, int, float]:
+    """The policy's baseline (`Policy.baseline`) planning the same samples: its name, how many
+    of them it trains, its predicted samples/s, for `plan_warnings` to flag a plan slower than
+    it. Its epoch seconds come from its micro-batches (`simulate.epoch_seconds`, what
+    `simulate` gives its plan), without the tables of a plan nobody keeps."""
+    base = replace(config, policy=config.policy.baseline)
+    _, _, _, buckets, _, formed = _form(base, samples, num_excluded, num_over_capacity)
+    batches, slots, n = formed.batches, formed.slots, config.world_size
+    live = slots >= 0  # a group's other ranks hold -1
+    batch = np.where(live, slots, 0)
+    tokens = buckets.tokens[buckets.of][batches.order]
+    sum_s = np.add.reduceat(tokens, batches.start)
+    sum_sq = np.add.reduceat(tokens**2, batches.start)
+    real = live & ~formed.slot_pad
+    used = np.zeros(batches.size.size, dtype=bool)  # the batches real slots run
+    used[slots[real]] = True
+    used = np.flatnonzero(used)
+    at = np.repeat(batches.start[used] - starts(batches.size[used]), batches.size[used])
+    seen = np.zeros(buckets.of.size, dtype=bool)  # each sample of them once
+    seen[batches.order[at + np.arange(at.size)]] = True
+    planned = int(seen.sum())
+    size = np.where(live, batches.size[batch], 0)
+    degree = np.ones(slots.size, dtype=np.int64)
+    if formed.slot_degree is not None:
+        degree = np.maximum(formed.slot_degree, 1)
+    seconds = epoch_seconds(size, np.where(live, sum_s[batch], 0),
+                            np.where(live, sum_sq[batch], 0), degree, config.cost_model, n,
+                            config.allreduce_gbps)
+    return base.policy.name, planned, float(size[real].sum()) / seconds
 
 
 def _buckets(frame: pd.DataFrame, tokens: np.ndarray) -> Buckets:

@@ -49,6 +49,7 @@ from adaptiveload.data.bucketing import (
     DEFAULT_GRID,
     DEFAULT_MAX_FRAMES,
     DEFAULT_MODE,
+    DEFAULT_SHORT_CLIPS,
     bucketize,
     cut_note,
     stills_warning,
@@ -232,6 +233,7 @@ class PlanBatchSampler(Sampler[list[int]]):
         bucketing: str = DEFAULT_MODE,
         grid: str = DEFAULT_GRID,
         max_frames: int = DEFAULT_MAX_FRAMES,
+        short_clips: str = DEFAULT_SHORT_CLIPS,
         cost_model: CostModel | Calibration | None = None,
     ) -> PlanBatchSampler:
         """Validate `manifest` (a UserError names column, row and fix), bucketize and plan it.
@@ -244,7 +246,8 @@ class PlanBatchSampler(Sampler[list[int]]):
         default window; a ``PlanBuilder`` takes every planning option.
         """
         frame = validate_manifest(manifest, origin="from_manifest: manifest", frame=True)
-        bucketed = bucketize(frame, mode=bucketing, grid=grid, max_frames=max_frames)
+        bucketed = bucketize(frame, mode=bucketing, grid=grid, max_frames=max_frames,
+                             short_clips=short_clips)
         builder = PlanBuilder(
             bucketed.samples, policy, budgets, world_size, seed,
             cost_model=cost_model, num_excluded=bucketed.num_excluded,

@@ -185,6 +185,22 @@ class _Bound:
         return work[inverse], least[inverse]
 
 
+def epoch_seconds(
+    size: np.ndarray, sum_s: np.ndarray, sum_sq: np.ndarray, degree: np.ndarray,
+    cost_model: CostModel | Calibration, n: int, allreduce_gbps: float = DEFAULT_ALLREDUCE_GBPS,
+) -> float:
+    """The predicted epoch seconds `simulate` gives a plan whose (step, rank) cells, step-major,
+    hold `size` samples of Σ S `sum_s` and Σ S² `sum_sq` (0 where a group's other ranks sit)
+    on groups of `degree` (1 but on a group's first rank), without building its tables: a
+    figure of a plan that is not kept (a policy's baseline, ``plan._versus_baseline``)."""
+    calibration = _split(cost_model)[1]
+    grad_bytes = grad_bytes_of(calibration) if calibration is not None else 0.0
+    ar_s = allreduce_seconds(grad_bytes, n, allreduce_gbps)
+    cell = _Cells(size, sum_s, sum_sq, np.zeros((size.size, 3), dtype=np.int64), size, sum_s)
+    compute = _cell_costs(cost_model, cell, degree, n)[0].reshape(-1, n)
+    return float((compute.max(axis=1) + ar_s).sum())
+
+
 def _cell_costs(
     cost_model: CostModel | Calibration, cell: _Cells, degree: np.ndarray, n: int
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -231,14 +247,19 @@ def _step_table(
     compute, memory = _cell_costs(cost_model, cell, degree, n)
     compute = compute.reshape(steps, n)
     t_step = compute.max(axis=1)
-    # what only a measurement has: missing (a Float64 column of NaN input is all NA)
-    empty = pd.array(np.full(steps * n, np.nan), dtype="Float64")
+    # what only a measurement has: missing, each such column an all-NA view of one value
+    # (read-only: writing into a prediction raises; a frame of 15M cells would otherwise hold
+    # 1.6 GB of NA)
+    def empty() -> pd.arrays.FloatingArray:
+        cells = steps * n
+        return pd.arrays.FloatingArray(np.broadcast_to(np.nan, cells), np.broadcast_to(True, cells))
+
     frame = pd.DataFrame(
         {
             "step": np.repeat(np.arange(steps), n),
             "rank": np.tile(np.arange(n), steps),
             "compute_s": compute.ravel(),
-            "compute_wall_s": empty,
+            "compute_wall_s": empty(),
             "wait_s": (t_step[:, None] - compute).ravel(),
             "samples": cell.samples,
             "tokens": cell.tokens,
@@ -246,18 +267,19 @@ def _step_table(
             "frames": cell.shape[:, 0],
             "height": cell.shape[:, 1],
             "width": cell.shape[:, 2],
-            "peak_bytes": empty.copy(),
+            "peak_bytes": empty(),
             "peak_bytes_model": memory,
-            "loss": empty.copy(),
+            "loss": empty(),
             "step_time_s": np.repeat(t_step + allreduce_s, n),
-            "step_wall_s": empty.copy(),
+            "step_wall_s": empty(),
             "lower_bound_s": np.repeat(_step_bounds(table, cost, steps, n, bound), n),
             "padding_samples": cell.padding_samples,
             "padding_tokens": cell.padding_tokens,
             # learning: a measured run's columns, empty in a simulation
-            **{col: empty.copy() for col in ("samples_seen", "host_load_1m", *VAL_COLUMNS)},
+            **{col: empty() for col in ("samples_seen", "host_load_1m", *VAL_COLUMNS)},
         },
         columns=list(STEP_COLUMNS),
+        copy=False,  # every column is a fresh array: copying and stacking them cost seconds
     )
     if SP_DEGREE in table.columns:  # each rank's group degree (a rank of a group: the group's)
         lead = np.flatnonzero(degree > 1)

@@ -50,7 +50,8 @@ def prepare_data(
     )
     frame, held_out = split_holdout(frame, data["val_split"], manifest, cfg.val_every)
     bucketed = bucketize(
-        frame, mode=data["bucketing"], grid=data["grid"], max_frames=data["max_frames"]
+        frame, mode=data["bucketing"], grid=data["grid"], max_frames=data["max_frames"],
+        short_clips=data["short_clips"],
     )
     samples = bucketed.samples.reset_index(drop=True)
     check_cached_shapes(samples, manifest)

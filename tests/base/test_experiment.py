@@ -3,7 +3,14 @@ import torch
 from repo_paths import ROOT
 
 from adaptiveload import experiment
-from adaptiveload.data.bucketing import DEFAULT_GRID, DEFAULT_MAX_FRAMES, DEFAULT_MODE, GRIDS, MODES
+from adaptiveload.data.bucketing import (
+    DEFAULT_GRID,
+    DEFAULT_MAX_FRAMES,
+    DEFAULT_MODE,
+    GRIDS,
+    MODES,
+    SHORT_CLIPS,
+)
 from adaptiveload.data.dataset import CONTENTS
 from adaptiveload.errors import UserError
 from adaptiveload.model.attention import LAYOUTS
@@ -148,6 +155,7 @@ def test_schema_copies_of_code_constants():
     assert experiment.schema_default("simulate.bucketing") == DEFAULT_MODE
     assert experiment.schema_default("simulate.grid") == DEFAULT_GRID
     assert experiment.schema_default("data.max_frames") == DEFAULT_MAX_FRAMES
+    assert data["short_clips"]["enum"] == list(SHORT_CLIPS)  # its default: bucketing reads it
     assert data["content"]["enum"] == list(CONTENTS)
     assert experiment.schema_default("data.content") == CONTENTS[0]  # noise: nothing changes
     for field in ("train", "simulate", "paper_map"):

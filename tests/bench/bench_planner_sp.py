@@ -3,13 +3,18 @@ beside excluding the samples beyond one device (adaptiveload-packed).
 
 1. Plan quality (`model`): the two setups of experiments/sp.yaml (Wan 2.1 14B's analytic H200
    prior on long-clips-121; the measured H200 1.3B calibration at a 40 GB device on
-   long-clips-161), 20,000 samples, seeds 0-2, N = 16, 64, 256: samples/s and tokens/s over
-   the whole epoch (every sample a plan trains, once), vs_epoch_lower_bound (the bound over
-   groups), excluded samples, steps, groups per degree. -> results/benchmarks/sp_plans.json
-2. Planner time (measured): `build_plan` of 1M samples on 1,024 ranks (its predicted metrics
-   included), each case in a fresh process, best of 3, the machine's load average beside it:
-   SP and packed on long-clips-161 (40 GB) and on paper-mixed (the H200's own capacity, where
-   no sample needs a group and SP plans as packed). -> results/benchmarks/planning_sp.json
+   long-clips-161), 20,000 samples, seeds 0-2, N = 16, 64, 256, 1,024: samples/s and
+   tokens/s over the whole epoch (every sample a plan trains, once), vs_epoch_lower_bound (the
+   bound over groups), excluded samples, steps, groups per degree, micro-batches flagged
+   beyond the calibration's measured memory (a flag is false where the largest per-rank
+   tokens are within the measured point). -> results/benchmarks/sp_plans.json
+2. Planner time and memory (measured): `build_plan` of 1M samples on 1,024 ranks (its
+   predicted metrics and, for SP, its baseline's samples/s included), each case in a fresh
+   process, best of 3 by the planning thread's CPU time (wall clock and the machine's load
+   average beside it): SP and packed on long-clips-161 (40 GB) and on paper-mixed (the H200's
+   own capacity, where no sample needs a group and SP plans as packed); SP of 10M samples on
+   4,096 ranks of long-clips-161, once, for its peak RSS (the process's ru_maxrss: the
+   manifest and one plan). -> results/benchmarks/planning_sp.json
 
 Run: .venv/bin/python tests/bench/bench_planner_sp.py [--quality-only | --speed-only]
 """
@@ -47,9 +52,10 @@ SETUPS = (
     ("h200-wan2.1-t2v-1.3b-paper-mixed", "h200-wan2.1-t2v-1.3b-measured", "paper-mixed", "wan",
      81, None),
 )
-WORLD_SIZES = (16, 64, 256)
+WORLD_SIZES = (16, 64, 256, 1024)
 SEEDS = (0, 1, 2)
-TARGETS = {"vs_epoch_lower_bound_max": 1.05, "plan_1m_n1024_s": 2.0}
+TARGETS = {"vs_epoch_lower_bound_max": 1.05, "plan_1m_n1024_s": 2.0,
+           "peak_rss_bytes": 4 * 1024**3}
 NOTE = (
     "Plan quality is `model`: predictions of the named calibrations (the 14B's analytic H200 "
     "prior; the 1.3B's measured H200 calibration with its budgets derived again for a 40 GB "
@@ -57,8 +63,10 @@ NOTE = (
     "InfiniBand across); no step was run. samples/s is over the whole epoch: the samples a "
     "plan trains (the excluding plan trains fewer: the costliest ones are those it leaves "
     "out). Planner times are `measured` on the development machine (2 CPU cores shared with "
-    "other jobs: the load average is beside each), wall clock of one build_plan call with "
-    "the calibration (its predicted metrics included), best of 3."
+    "other jobs: the load average is beside each): one build_plan call with the calibration "
+    "(its predicted metrics included), the planning thread's CPU time (time.thread_time, "
+    "what the targets are judged on: under load the wall clock also counts waiting for a "
+    "core) and the wall clock beside it, best of 3."
 )
 
 
@@ -82,6 +90,9 @@ def _row(bucketed: Any, cal: Calibration, policy: str, n: int) -> dict[str, Any]
         "vs_epoch_lower_bound": sim["vs_epoch_lower_bound"], "excluded": s["num_excluded"],
         "planned": s["num_planned"], "steps": s["steps"], "groups": s.get("sp_groups"),
         "imbalance_rate": s["predicted_imbalance_rate"],
+        "beyond_measured_memory": s["micro_batches_beyond_measured_memory"],
+        "max_micro_batch_tokens": s["max_micro_batch_tokens"],
+        "memory_measured_tokens": s["memory_measured_tokens"],
     }
 
 
@@ -104,8 +115,11 @@ def quality() -> dict[str, Any]:
 
 def _mean(rows: list[dict[str, Any]]) -> dict[str, Any]:
     keys = ("samples_per_s", "tokens_per_s", "vs_epoch_lower_bound", "excluded", "steps",
-            "imbalance_rate")
-    return {**{k: float(np.mean([r[k] for r in rows])) for k in keys}, "per_seed": rows}
+            "imbalance_rate", "beyond_measured_memory")
+    # beyond_measured_memory is None where the calibration measured no memory (a prior)
+    mean = {k: float(np.mean([r[k] for r in rows])) if rows[0][k] is not None else None
+            for k in keys}
+    return {**mean, "per_seed": rows}
 
 
 def _targets(out: dict[str, Any]) -> dict[str, Any]:
@@ -118,51 +132,70 @@ def _targets(out: dict[str, Any]) -> dict[str, Any]:
             t[f"{name}/N={n}/sp_vs_exclusion_samples_per_s"] = (
                 sp[n]["samples_per_s"] / packed[n]["samples_per_s"] - 1)
             t[f"{name}/N={n}/sp_excluded_zero"] = sp[n]["excluded"] == 0
+            # a micro-batch flagged beyond the measured memory while every rank holds fewer
+            # tokens than the largest measured point would be a false flag
+            t[f"{name}/N={n}/sp_no_false_beyond_measured_flag"] = all(
+                r["beyond_measured_memory"] in (0, None)
+                or r["max_micro_batch_tokens"] > r["memory_measured_tokens"]
+                for p in (SP, FIXED) for r in by[p][n]["per_seed"]
+            )
         for n in ("16", "64"):
             t[f"{name}/N={n}/vs_epoch_lower_bound_le_1.05"] = (
                 sp[n]["vs_epoch_lower_bound"] <= TARGETS["vs_epoch_lower_bound_max"])
     return t
 
 
-def time_case(name: str, policy: str, repeats: int) -> dict[str, Any]:
-    """One case in this process: the manifest, then `repeats` plans of 1M samples on 1,024."""
-    bucketed, cal = _setup(name, 1_000_000, 0)
+def time_case(
+    name: str, policy: str, samples: int, world_size: int, repeats: int
+) -> dict[str, Any]:
+    """One case in this process: the manifest, then `repeats` plans of `samples` samples on
+    `world_size` ranks (each dropped before the next: the peak RSS is the manifest and one
+    plan, what each rank of a node holds)."""
+    bucketed, cal = _setup(name, samples, 0)
     budgets = Budgets.resolve(calibration=cal)
     times, steps = [], None
     for _ in range(repeats):
         load = os.getloadavg()[0]
-        t0 = time.perf_counter()
-        plan = build_plan(bucketed, policy, budgets, 1024, seed=0, cost_model=cal)
-        times.append((time.perf_counter() - t0, load))
+        t0, c0 = time.perf_counter(), time.thread_time()
+        plan = build_plan(bucketed, policy, budgets, world_size, seed=0, cost_model=cal)
+        times.append((time.thread_time() - c0, time.perf_counter() - t0, load))
         steps = plan.summary["steps"]
         del plan
-    best = min(times)
     return {
-        "setup": name, "policy": policy, "samples": 1_000_000, "world_size": 1024,
-        "steps": steps, "best_s": round(best[0], 3), "times_s": [round(t, 3) for t, _ in times],
-        "load_average_1min": [round(x, 2) for _, x in times],
+        "setup": name, "policy": policy, "samples": samples, "world_size": world_size,
+        "steps": steps, "best_cpu_s": round(min(t[0] for t in times), 3),
+        "best_wall_s": round(min(t[1] for t in times), 3), "cpu_s": [round(t[0], 3) for t in times],
+        "wall_s": [round(t[1], 3) for t in times],
+        "load_average_1min": [round(t[2], 2) for t in times],
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
     }
 
 
 def speed(repeats: int) -> dict[str, Any]:
-    out = stamp("planner time: build_plan of 1M samples on 1,024 ranks, SP vs packed",
-                "measured", NOTE)
-    out.update(repeats=repeats, cases=[], cpu_count=os.cpu_count())
-    for name in (SETUPS[1][0], SETUPS[2][0]):
-        for policy in (PACKED, SP):
-            cmd = [sys.executable, __file__, "--case", name, policy, "--repeats", str(repeats)]
-            done = subprocess.run(cmd, capture_output=True, text=True, check=True)
-            row = json.loads(done.stdout.strip().splitlines()[-1])
-            print(row, flush=True)
-            out["cases"].append(row)
-    by = {(c["setup"], c["policy"]): c for c in out["cases"]}
-    out["ratio_sp_over_packed"] = {
-        name: round(by[name, SP]["best_s"] / by[name, PACKED]["best_s"], 3)
+    out = stamp("planner time and memory: build_plan, SP vs packed", "measured", NOTE)
+    out.update(repeats=repeats, cases=[], cpu_count=os.cpu_count(),
+               judged_on="best_cpu_s (the planning thread's CPU time; wall beside it)")
+    cases = [(name, policy, 1_000_000, 1024, repeats) for name in (SETUPS[1][0], SETUPS[2][0])
+             for policy in (PACKED, SP)]
+    cases.append((SETUPS[1][0], SP, 10_000_000, 4096, 1))  # memory: one plan is enough
+    for name, policy, samples, n, times in cases:
+        cmd = [sys.executable, __file__, "--case", name, policy, str(samples), str(n),
+               "--repeats", str(times)]
+        done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+        row = json.loads(done.stdout.strip().splitlines()[-1])
+        print(row, flush=True)
+        out["cases"].append(row)
+    by = {(c["setup"], c["policy"], c["samples"]): c for c in out["cases"]}
+    out["ratio_sp_over_packed_cpu"] = {
+        name: round(by[name, SP, 1_000_000]["best_cpu_s"] / by[name, PACKED, 1_000_000]
+                    ["best_cpu_s"], 3)
         for name in (SETUPS[1][0], SETUPS[2][0])
     }
-    out["targets"] = {f"{name}/plan_1m_n1024_le_2s": by[name, SP]["best_s"] <= 2.0
-                      for name in (SETUPS[1][0], SETUPS[2][0])}
+    out["targets"] = {f"{name}/plan_1m_n1024_cpu_le_2s": by[name, SP, 1_000_000]["best_cpu_s"]
+                      <= TARGETS["plan_1m_n1024_s"] for name in (SETUPS[1][0], SETUPS[2][0])}
+    big = by[SETUPS[1][0], SP, 10_000_000]
+    out["targets"][f"{SETUPS[1][0]}/plan_10m_n4096_peak_rss_le_4gb"] = (
+        big["peak_rss_bytes"] <= TARGETS["peak_rss_bytes"])
     return out
 
 
@@ -172,11 +205,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--quality-only", action="store_true")
     parser.add_argument("--speed-only", action="store_true")
-    parser.add_argument("--case", nargs=2, metavar=("SETUP", "POLICY"),
+    parser.add_argument("--case", nargs=4, metavar=("SETUP", "POLICY", "SAMPLES", "N"),
                         help="(internal) time one case in this process, print it as JSON")
     args = parser.parse_args()
     if args.case:
-        print(json.dumps(time_case(*args.case, args.repeats)))
+        name, policy, samples, n = args.case
+        print(json.dumps(time_case(name, policy, int(samples), int(n), args.repeats)))
         return
     out_dir = Path(args.out_dir)
     if not args.speed_only:

@@ -89,6 +89,21 @@ def test_compare_with_a_prior_honours_capacity(data, monkeypatch, capsys, tmp_pa
     assert [s["policy"] for s in reports["80"]["policies"]] == ["equal-token", "adaptiveload"]
 
 
+def test_compare_keeps_short_clips_as_video_where_asked(data, monkeypatch, capsys):
+    """`compare` buckets as `plan` and the sampler do: short clips are stills by default,
+    said once; --short-clips video keeps them as clips, and nothing is said."""
+    said = {}
+    for choice in ("still", "video"):
+        code, _, err = run(
+            monkeypatch, capsys, "compare", "--manifest", str(data / "mine.csv"),
+            "--world-size", "8", "--calibration", "h200-wan2.1-t2v-1.3b",
+            "--policies", "equal-token", "--short-clips", choice,
+        )
+        assert code == 0, err
+        said[choice] = "below the grid's first video rung" in err
+    assert said == {"still": True, "video": False}
+
+
 def test_plan_reads_the_budgets_file_and_its_p(data, tmp_path, monkeypatch, capsys):
     """`budgets` derives p for the user's data; `plan --calibration` used the file's own p
     (that of the mix the calibration was made for), and could not read the budgets back."""

@@ -446,6 +446,23 @@ def test_clips_cut_to_their_bucket_are_said():
     assert (row.bucket_frames, row.bucket_height, row.bucket_width) == (81, 720, 1280)
 
 
+def test_short_clips_train_as_video_where_chosen():
+    """Short clips on a ladder whose first video rung is above them: stills by default (the
+    schema's data.short_clips), said in one PlanWarning; short_clips='video' keeps each as a
+    clip of its own 4k+1 frames, without it."""
+    rows = synthesize("video-only", 40, seed=0)
+    rows.loc[:9, "num_frames"] = 12
+    with pytest.warns(PlanWarning, match=r"10 of 40 samples are clips of 12-12 frames"):
+        still = PlanBatchSampler.from_manifest(rows, "adaptiveload", BUDGETS, 1, 0, seed=0)
+    assert (still.samples["bucket_frames"].iloc[:10] == 1).all()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        video = PlanBatchSampler.from_manifest(rows, "adaptiveload", BUDGETS, 1, 0, seed=0,
+                                               short_clips="video")
+    assert (video.samples["bucket_frames"].iloc[:10] == 9).all()
+    assert not any("stills" in str(w.message) for w in caught)
+
+
 def test_messages_that_name_the_fix(manifest, tmp_path):
     """ids read as NaN by pd.read_csv were refused as '(empty)' without a hint; a `tokens`
     column was overwritten silently; True passed as a frame count; Budgets(m_tok="6144")

@@ -15,8 +15,8 @@ rule plan:
         summary=OUT.plan("{policy}", "{seed}", "{level}"),
     params:
         flags=["--world-size", config["train"]["world_size"], *bucket_flags(config["data"]),
-               *budget_flags(), "--allreduce-gbps", config["train"]["allreduce_gbps"],
-               *val_split_flags()],
+               "--short-clips", config["data"]["short_clips"], *budget_flags(),
+               "--allreduce-gbps", config["train"]["allreduce_gbps"], *val_split_flags()],
         steps=step_mode,
     log:
         f"{LOGS}/plan/{{level}}{{policy}}/seed{{seed}}.log",
