@@ -584,10 +584,13 @@ def _lpt(
         k = _place_block(load, packs.room, m, types.w[t], types.use[t])
         if k is None:
             return None
-        done = first[t]
-        pack_of[done : done + m] = np.repeat(packs.index, k)
+        done, at = first[t], np.flatnonzero(k)  # the packs that take some of the block
+        took = k[at]
+        pack_of[done : done + m] = np.repeat(packs.index[at], took)
         # a sample's place: its pack's size before the block, plus its rank among the block's
-        place[done : done + m] = np.repeat(packs.size - np.cumsum(k) + k, k) + np.arange(m)
+        place[done : done + m] = np.repeat(packs.size[at] - np.cumsum(took) + took, took) + (
+            np.arange(m)
+        )
         packs.add(k, types, t)
         packs = packs.without_full(least[i])
     return pack_of, place, packs.fill(n_packs, types.use.shape[1])
@@ -622,14 +625,17 @@ class _Open:
                    [(np.arange(first), closed)])
 
     def add(self, k: np.ndarray, types: _Types, t: int) -> None:
-        """In place: k[b] samples of type `t` into open pack b."""
-        self.size += k
-        self.load += k * types.w[t]
-        self.sum_s += k * types.tokens[t]
-        self.sum_sq += k * float(types.tokens[t]) ** 2
+        """In place: k[b] samples of type `t` into open pack b. Only the packs that take some
+        are touched: a block of m samples lands in at most m of the open packs."""
+        at = np.flatnonzero(k)
+        k = k[at]
+        self.size[at] += k
+        self.load[at] += k * types.w[t]
+        self.sum_s[at] += k * types.tokens[t]
+        self.sum_sq[at] += k * float(types.tokens[t]) ** 2
         added = types.use[t][:, None] * k
-        self.used += added
-        self.room -= added
+        self.used[:, at] += added
+        self.room[:, at] -= added
 
     def without_full(self, least: np.ndarray) -> _Open:
         """These packs less those without room for `least` (each limit's least use by any
