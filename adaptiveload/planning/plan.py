@@ -303,27 +303,26 @@ def _baseline(
     `simulate` gives its plan), without the tables of a plan nobody keeps."""
     base = replace(config, policy=config.policy.baseline)
     _, _, _, buckets, _, formed = _form(base, samples, num_excluded, num_over_capacity)
-    batches, slots, n = formed.batches, formed.slots, config.world_size
-    live = slots >= 0  # a group's other ranks hold -1
-    batch = np.where(live, slots, 0)
+    batches, n = formed.batches, config.world_size
+    live = np.flatnonzero(formed.slots >= 0)  # a group's other ranks hold -1
+    batch = formed.slots[live]
     tokens = buckets.tokens[buckets.of][batches.order]
     sum_s = np.add.reduceat(tokens, batches.start)
     sum_sq = np.add.reduceat(tokens**2, batches.start)
-    real = live & ~formed.slot_pad
+    real = ~formed.slot_pad[live]
     used = np.zeros(batches.size.size, dtype=bool)  # the batches real slots run
-    used[slots[real]] = True
+    used[batch[real]] = True
     used = np.flatnonzero(used)
     at = np.repeat(batches.start[used] - starts(batches.size[used]), batches.size[used])
     seen = np.zeros(buckets.of.size, dtype=bool)  # each sample of them once
     seen[batches.order[at + np.arange(at.size)]] = True
     planned = int(seen.sum())
-    size = np.where(live, batches.size[batch], 0)
-    degree = np.ones(slots.size, dtype=np.int64)
+    size = batches.size[batch]
+    degree = np.ones(live.size, dtype=np.int64)
     if formed.slot_degree is not None:
-        degree = np.maximum(formed.slot_degree, 1)
-    seconds = epoch_seconds(size, np.where(live, sum_s[batch], 0),
-                            np.where(live, sum_sq[batch], 0), degree, config.cost_model, n,
-                            config.allreduce_gbps)
+        degree = np.maximum(formed.slot_degree[live], 1)
+    seconds = epoch_seconds(live // n, formed.slots.size // n, size, sum_s[batch],
+                            sum_sq[batch], degree, config.cost_model, n, config.allreduce_gbps)
     return base.policy.name, planned, float(size[real].sum()) / seconds
 
 
