@@ -151,9 +151,10 @@ class Layout:
 # stage that reads a field not listed fails at once (`experiment.load` keeps to the view).
 STAGE_FIELDS: dict[str, tuple[str, ...]] = {
     # CalibrationConfig.from_experiment: the measured model, the token mix, the grid and
-    # budget rules, and whether training checkpoints activations (the steps it times)
+    # budget rules, whether training checkpoints activations and trains LoRA adapters (the
+    # steps it times)
     "calibrate": ("name", "model.config", "data", "calibration",
-                  "train.activation_checkpointing"),
+                  "train.activation_checkpointing", "train.lora"),
     # training.settings.from_experiment, training.inputs.prepare_data (the policy, seed and
     # kernel come from the command line; the plan it must reproduce is an input file)
     "train": ("name", "model.config", "model.batch_layout", "model.init_from", "data",

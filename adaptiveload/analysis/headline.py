@@ -69,9 +69,10 @@ def _range(values: pd.Series, fmt: str) -> str:
 
 
 def speedup(row: pd.Series | None) -> str:
-    """'×1.45 [1.37, 1.53]' (measured) or '×1.55 (1.54–1.56)' (model, seed range)."""
+    """'×1.45 [1.37, 1.53]' (measured) or '×1.55 (1.54–1.56)' (model, seed range); empty
+    where no comparison was made (an experiment without the baseline's runs)."""
     if row is None:
-        return "baseline"
+        return ""
     text = f"×{row['estimate']:.2f}"
     if row["test"] == SEED_RANGE:
         return text + (f" ({row['seed_min']:.2f}–{row['seed_max']:.2f})"

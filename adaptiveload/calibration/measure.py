@@ -26,6 +26,7 @@ from adaptiveload.costmodel import Calibration
 from adaptiveload.errors import UserError
 from adaptiveload.model import analytic
 from adaptiveload.model.architectures import WanConfig, get_config
+from adaptiveload.model.lora import LoraSpec, add_lora, spec_record
 from adaptiveload.model.wan import WanModel, count_parameters
 from adaptiveload.provenance import device_name, measurement_provenance
 
@@ -66,14 +67,22 @@ def _checked_grid(
 
 
 def _model_with_optimizer_state(
-    cfg: WanConfig, device: torch.device, activation_checkpointing: bool, seed: int
+    cfg: WanConfig,
+    device: torch.device,
+    activation_checkpointing: bool,
+    seed: int,
+    lora: LoraSpec | None = None,
 ) -> WanModel:
     """The model on `device` with AdamW state allocated, as in real training (lr 0 leaves the
-    weights alone)."""
+    weights alone); with `lora`, adapters on a frozen base and state for them alone, as a
+    LoRA run trains (its backward computes no weight gradients of the base)."""
     torch.manual_seed(seed)
     model = WanModel(cfg, activation_checkpointing=activation_checkpointing).to(device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=0.0)
-    for p in model.parameters():
+    if lora is not None:
+        model = add_lora(model, lora)
+    trained = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trained, lr=0.0)
+    for p in trained:
         p.grad = torch.zeros_like(p)
     optimizer.step()
     model.zero_grad(set_to_none=True)
@@ -105,7 +114,9 @@ def calibrate(cfg: CalibrationConfig, progress: bool = True) -> Calibration:
     if timer == "cpu" and torch.get_num_threads() != 1:
         raise UserError("timer 'cpu' needs --device cpu and --threads 1")
 
-    model = _model_with_optimizer_state(arch, dev, cfg.activation_checkpointing, cfg.seed)
+    model = _model_with_optimizer_state(
+        arch, dev, cfg.activation_checkpointing, cfg.seed, cfg.lora
+    )
     process_warmup_s = warm_up_process(model, points[0], dev, PROCESS_WARMUP_STEPS, cfg.seed)
     measured, packs = measure_grid(model, points, dev, cfg.grid, cfg.seed, progress=progress,
                                    timer=timer)
@@ -118,6 +129,8 @@ def calibrate(cfg: CalibrationConfig, progress: bool = True) -> Calibration:
     additivity = held_out(cal.cost, packs, memory_measured=dev.type == "cuda", timer=timer)
     if additivity:
         cal.extra["additivity"] = additivity
+    # the step timed: a LoRA run's or full training's (training warns on a mismatch)
+    cal.extra.setdefault("setup", {})["lora"] = spec_record(cfg.lora)
     if cfg.validation.micro_batches:
         cal.extra["validation"] = validate_plans(
             model, cal, mix, dev, cfg.validation, cfg.grid, cfg.seed, timer, progress

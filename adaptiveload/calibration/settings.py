@@ -26,7 +26,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from adaptiveload.calibration.grid import latent_grid, validate_grid
 from adaptiveload.costmodel import DEFAULT_HEADROOM
@@ -34,6 +34,9 @@ from adaptiveload.data.bucketing import DEFAULT_MAX_FRAMES, DEFAULT_MODE, GRIDS,
 from adaptiveload.errors import UserError, int_list
 from adaptiveload.experiment import schema_default
 from adaptiveload.model.architectures import get_config
+
+if TYPE_CHECKING:
+    from adaptiveload.model.lora import LoraSpec
 
 TIMERS = ("auto", "wall", "cpu")
 DEVICES = ("cpu", "cuda")
@@ -207,6 +210,8 @@ class CalibrationConfig:
     timer: str = _section("timer")
     max_loo: float | None = _section("max_loo_error")
     activation_checkpointing: bool = schema_default("train.activation_checkpointing")
+    # train.lora: time the step of a LoRA run (adapters' gradients and optimizer state only)
+    lora: LoraSpec | None = None
     seed: int = 0
     validation: PlanValidation = field(default_factory=PlanValidation)
 
@@ -229,6 +234,8 @@ class CalibrationConfig:
     def from_experiment(cls, exp: dict[str, Any]) -> CalibrationConfig:
         """The calibration an experiment's `model`, `data`, `calibration` and `train` sections
         ask for (a validated experiment: `experiment.load`, or Snakemake's config)."""
+        from adaptiveload.model.lora import lora_spec  # torch, only when measuring
+
         cal, data = exp["calibration"], exp["data"]
         return cls(
             model=exp["model"]["config"],
@@ -250,6 +257,8 @@ class CalibrationConfig:
             max_loo=cal["max_loo_error"],
             # measure the step training runs: with its activation checkpointing or without
             activation_checkpointing=exp["train"]["activation_checkpointing"],
+            # and of the weights it trains: a LoRA run's backward and optimizer are cheaper
+            lora=lora_spec(exp["train"]["lora"]),
         )
 
     def clock(self) -> tuple[str, int | None]:

@@ -73,7 +73,7 @@ def compare_cmd(
     """
     from adaptiveload.io import write_json
     from adaptiveload.planning.compare import CompareConfig, compare_policies, comparison_rows
-    from adaptiveload.planning.plan import plan_warnings, without_over_capacity
+    from adaptiveload.planning.plan import without_over_capacity
 
     bucketed, origin = _bucketed(manifest, mixture, num_samples, bucketing, grid, max_frames,
                                  short_clips)
@@ -86,16 +86,23 @@ def compare_cmd(
     # the header counts what every plan leaves out (one of fewer ranks per sample, more)
     bucketed = without_over_capacity(bucketed, cal, config.max_degree)
     summaries = compare_policies(bucketed, config)
-    for s in summaries:
-        found = plan_warnings(s, bucketed.excluded_ids.tolist())
-        report_warnings(f"plan ({s['policy']})", found, strict)
-    report_warnings("compare", [w for w in (stills_warning(bucketed.samples),) if w], strict)
-    report_note(cut_note(bucketed.samples))
+    _warn(summaries, bucketed, strict)
     data = {"origin": origin, "bucketing": bucketing, "grid": grid, "short_clips": short_clips}
     report = _report(config, bucketed, data, calibration, prior, source, summaries)
     if output is not None:
         write_json(output, report)
     typer.echo(_text(report, comparison_rows(summaries)))
+
+
+def _warn(summaries: list[dict[str, Any]], bucketed: Any, strict: bool) -> None:
+    """Each plan's warnings under its policy's name, then those of the data (once for all)."""
+    from adaptiveload.planning.plan import plan_warnings
+
+    for s in summaries:
+        found = plan_warnings(s, bucketed.excluded_ids.tolist())
+        report_warnings(f"plan ({s['policy']})", found, strict)
+    report_warnings("compare", [w for w in (stills_warning(bucketed.samples),) if w], strict)
+    report_note(cut_note(bucketed.samples))
 
 
 def _report(

@@ -20,6 +20,11 @@ Manifest = Annotated[Path, Opt(help="manifest CSV/Parquet (adaptiveload manifest
 Policy = Annotated[str, Opt(help=f"one of: {', '.join(POLICIES)}")]
 Seed = Annotated[int, Opt(help="plan seed (with the epoch, seeds all shuffles)")]
 Epoch = Annotated[int, Opt(help="epoch to plan")]
+ValSplit = Annotated[
+    str | None,
+    Opt(help="the manifest's held-out split (data.val_split): its rows are not planned, as "
+        "training leaves them out"),
+]
 Summary = Annotated[Path | None, Opt(help="plan summary JSON to write")]
 Table = Annotated[Path | None, Opt("-o", "--output", help="plan table (Parquet) to write")]
 SimulationSteps = Annotated[

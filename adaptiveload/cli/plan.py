@@ -87,14 +87,13 @@ def plan_cmd(
     simulation_steps: o.SimulationSteps = None,
     simulation_summary: o.SimulationSummary = None,
     experiment: o.Experiment = None,
+    val_split: o.ValSplit = None,
 ) -> None:
     """Plan one epoch: which samples form each micro-batch, and which rank runs it when.
 
     With a calibration the plan is simulated once through its cost model: the summary's
     predictions, and with --simulation-steps/--simulation-summary what `adaptiveload simulate`
     would write for it, without simulating it again."""
-    from adaptiveload.data.manifest import load_manifest
-
     flags = {"m_tok": m_tok, "m_mem": m_mem, "m_comp": m_comp, "p": p, "pack_tokens": pack_tokens}
     cal = _calibration(calibration, model)
     cal = read_budgets(budgets_file, cal) if budgets_file is not None else cal
@@ -103,7 +102,7 @@ def plan_cmd(
                          steps_per_epoch, allreduce_gbps)
     writes = _Outputs(summary, output, simulation_steps, simulation_summary,
                       experiment).checked(cal)
-    bucketed = bucketize(load_manifest(manifest), mode=bucketing, grid=grid,
+    bucketed = bucketize(_training_rows(manifest, val_split), mode=bucketing, grid=grid,
                          max_frames=max_frames, short_clips=short_clips)
     bucketed = without_over_capacity(bucketed, cal, config.max_degree)  # named, like the rest
     plan = config.plan(bucketed)
@@ -116,6 +115,14 @@ def plan_cmd(
     report_note(cut_note(bucketed.samples))
     writes.write(plan, info)
     typer.echo(_plan_line(plan.summary, config.policy))
+
+
+def _training_rows(manifest: Path, val_split: str | None) -> pd.DataFrame:
+    """The manifest's rows training plans: a held-out split is scored, never trained on."""
+    from adaptiveload.data.manifest import load_manifest
+    from adaptiveload.training.inputs import split_holdout
+
+    return split_holdout(load_manifest(manifest), val_split, manifest, val_every=None)[0]
 
 
 def plan_config(

@@ -8,12 +8,18 @@ Layouts (as each tool documents and writes them):
 
 - ``adaptiveload``: ``*.safetensors`` with ``latent`` [C, F', H', W'] and either ``context``
   or the metadata entry ``text_file`` naming a shared embedding file (key ``context``).
-- ``musubi`` (musubi-tuner, Wan): latents ``<item>_[<start>-<frames>_]<W>x<H>_<arch>.safetensors``
+- ``musubi`` (musubi-tuner, Wan): latents
+  ``<item>_[<start>-<frames>[-<section>]_]<W>x<H>_<arch>.safetensors``
   with the key ``latents_<F>x<H>x<W>_<dtype>``; the text encoder output, shared by every latent
   of the item, in ``<item>_<arch>_te.safetensors`` under ``varlen_t5_<dtype>``.
-- ``diffsynth`` (DiffSynth-Studio, Wan): ``torch.save`` dicts, ``<video>.tensors.pth`` with
-  ``latents`` and ``prompt_emb`` → ``context``, or the newer ``<n>.pth`` of its data-process
-  task with ``input_latents`` and ``context``; a leading batch dimension of 1 is dropped.
+- ``diffsynth`` (DiffSynth-Studio, Wan): ``torch.save`` files. Its first Wan trainer's
+  ``<video>.tensors.pth``: a dict with ``latents`` and ``prompt_emb`` → ``context``. Its
+  newer trainer's ``--task sft:data_process`` output ``<rank>/<n>.pth``: the pipeline's
+  inputs, a tuple (shared, positive prompt, negative prompt) with ``input_latents`` in the
+  first and ``context`` in the second (``0.input_latents``, ``1.context``), or the same keys
+  in one dict. There ``latents`` is the noise training starts from, not the clip: the
+  clip's ``input_latents`` is taken wherever it exists. A leading batch dimension of 1 is
+  dropped.
 
 Options: several frame windows per clip (`windows` windows of `window_frames` latent frames,
 evenly spaced over the clip; all of a clip's windows share its text), and a held-out split
@@ -47,14 +53,16 @@ LAYOUTS = ("adaptiveload", "musubi", "diffsynth")
 TRAIN_SPLIT, VAL_SPLIT = "train", "val"
 # musubi-tuner's names: latent and text-encoder cache files, and their tensor keys
 _MUSUBI_LATENT = re.compile(
-    r"^(?P<item>.+?)(?:_(?P<start>\d{5})-(?P<frames>\d{3}))?_(?P<w>\d{4})x(?P<h>\d{4})"
+    r"^(?P<item>.+?)(?:_(?P<start>\d{5})-(?P<frames>\d{3})(?:-(?P<section>\d+))?)?"
+    r"_(?P<w>\d{4})x(?P<h>\d{4})"
     r"_(?P<arch>[A-Za-z0-9.]+)$"
 )
 _MUSUBI_LATENT_KEY = re.compile(r"^latents_\d+x\d+x\d+_[A-Za-z0-9]+$")
 _MUSUBI_TEXT_KEY = re.compile(r"^varlen_t5_[A-Za-z0-9]+$")
 # DiffSynth-Studio's keys, older and newer trainers
-_DIFFSYNTH_LATENT_KEYS = ("latents", "input_latents")
-_DIFFSYNTH_TEXT_KEYS = ("prompt_emb.context", "context")
+# (in order: where a file has input_latents, its latents are the noise, not the clip)
+_DIFFSYNTH_LATENT_KEYS = ("input_latents", "0.input_latents", "latents")
+_DIFFSYNTH_TEXT_KEYS = ("prompt_emb.context", "context", "1.context")
 
 
 class CacheWarning(UserWarning):
@@ -192,12 +200,14 @@ def _own(root: Path) -> list[Clip]:
 
 
 def _musubi(root: Path) -> list[Clip]:
-    clips = []
+    clips, unnamed = [], []
     for path in _files(root, "*.safetensors"):
         if path.stem.endswith("_te"):
             continue
         match = _MUSUBI_LATENT.match(path.stem)
         if match is None:
+            if set(read_header(path)[0]) != {TEXT_KEY}:  # not an embedding (empty_text)
+                unnamed.append(path.name)
             continue
         shapes, _ = read_header(path)
         keys = [k for k in shapes if _MUSUBI_LATENT_KEY.match(k)]
@@ -221,6 +231,14 @@ def _musubi(root: Path) -> list[Clip]:
             )
         clip_id = path.relative_to(root).with_suffix("").as_posix()
         clips.append(Clip(clip_id, path, keys[0], shapes[keys[0]], text, text_keys[0]))
+    if unnamed:  # another tool's files beside the cache, or a naming this importer lacks
+        warnings.warn(
+            f"{root}: {len(unnamed)} .safetensors file(s) not named as musubi-tuner's latent "
+            f"caches (<item>_[<start>-<frames>_]<W>x<H>_<arch>) were left out, e.g. "
+            f"{', '.join(sorted(unnamed)[:3])}",
+            CacheWarning,
+            stacklevel=3,
+        )
     return clips
 
 

@@ -215,7 +215,9 @@ def _torch_load(path: Path, mmap: bool) -> Any:
 
 
 def _flatten(obj: Any, prefix: str = "") -> dict[str, torch.Tensor]:
-    """Tensors of nested dicts (and lists or tuples of dicts, merged) under dotted keys."""
+    """Tensors of nested dicts, lists and tuples under dotted keys, a list's item under its
+    index (``0.input_latents``): merging the items would let one item's key hide another's
+    (DiffSynth-Studio saves its positive and negative prompt's inputs side by side)."""
     if isinstance(obj, torch.Tensor):
         return {prefix.rstrip("."): obj}
     out: dict[str, torch.Tensor] = {}
@@ -223,7 +225,6 @@ def _flatten(obj: Any, prefix: str = "") -> dict[str, torch.Tensor]:
         for k, v in obj.items():
             out.update(_flatten(v, f"{prefix}{k}."))
     elif isinstance(obj, (list, tuple)):
-        for v in obj:
-            if isinstance(v, dict):
-                out.update(_flatten(v, prefix))
+        for i, v in enumerate(obj):
+            out.update(_flatten(v, f"{prefix}{i}."))
     return out

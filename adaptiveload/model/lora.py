@@ -28,7 +28,8 @@ for the names). A `.alpha` tensor per module (kohya/ComfyUI files) and the `lora
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -63,6 +64,25 @@ class LoraSpec:
     @property
     def lora_alpha(self) -> float:
         return float(self.rank if self.alpha is None else self.alpha)
+
+
+def lora_spec(lora: Mapping[str, Any] | None) -> LoraSpec | None:
+    """`train.lora` of a validated experiment (its defaults filled in) as a LoraSpec: what
+    training adapts and what calibration times (`adaptiveload calibrate` measures the LoRA
+    step of an experiment that trains one)."""
+    if lora is None:
+        return None
+    return LoraSpec(
+        rank=lora["rank"],
+        alpha=lora["alpha"],
+        targets=tuple(lora["targets"]),
+        dropout=lora["dropout"],
+    )
+
+
+def spec_record(spec: LoraSpec | None) -> dict[str, Any] | None:
+    """A LoraSpec as JSON (a calibration's `setup.lora`: the step it timed), None for none."""
+    return None if spec is None else {**asdict(spec), "targets": list(spec.targets)}
 
 
 def is_lora_key(name: str) -> bool:

@@ -46,10 +46,6 @@ from torch.utils.data import Dataset, Sampler, default_collate
 
 from adaptiveload.costmodel import Calibration, CostModel
 from adaptiveload.data.bucketing import (
-    DEFAULT_GRID,
-    DEFAULT_MAX_FRAMES,
-    DEFAULT_MODE,
-    DEFAULT_SHORT_CLIPS,
     bucketize,
     cut_note,
     stills_warning,
@@ -230,11 +226,8 @@ class PlanBatchSampler(Sampler[list[int]]):
         seed: int,
         *,
         sample_index: SampleIndex | None = None,
-        bucketing: str = DEFAULT_MODE,
-        grid: str = DEFAULT_GRID,
-        max_frames: int = DEFAULT_MAX_FRAMES,
-        short_clips: str = DEFAULT_SHORT_CLIPS,
         cost_model: CostModel | Calibration | None = None,
+        **bucketing: Any,
     ) -> PlanBatchSampler:
         """Validate `manifest` (a UserError names column, row and fix), bucketize and plan it.
 
@@ -243,11 +236,11 @@ class PlanBatchSampler(Sampler[list[int]]):
         own order (``manifest["sample_id"]`` for a dataset over the manifest's rows) or a
         mapping sample_id -> index. Excluded and oversize samples are reported once, in one
         PlanWarning line, and counted in ``sampler.summary``. Balanced policies deal within the
-        default window; a ``PlanBuilder`` takes every planning option.
+        default window; a ``PlanBuilder`` takes every planning option. `bucketing`:
+        ``bucketize``'s options (mode, grid, max_frames, short_clips), its defaults where absent.
         """
         frame = validate_manifest(manifest, origin="from_manifest: manifest", frame=True)
-        bucketed = bucketize(frame, mode=bucketing, grid=grid, max_frames=max_frames,
-                             short_clips=short_clips)
+        bucketed = bucketize(frame, **bucketing)
         builder = PlanBuilder(
             bucketed.samples, policy, budgets, world_size, seed,
             cost_model=cost_model, num_excluded=bucketed.num_excluded,

@@ -22,9 +22,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from adaptiveload.costmodel import Calibration
 from adaptiveload.errors import UserError
 from adaptiveload.model.architectures import WanConfig, get_config
-from adaptiveload.model.lora import LoraSpec, add_lora, is_lora_key, lora_state
+from adaptiveload.model.lora import LoraSpec, add_lora, is_lora_key, lora_state, spec_record
 from adaptiveload.model.wan import WanModel
 from adaptiveload.model.weights import inspect, load_wan, open_checkpoint
 
@@ -33,10 +34,10 @@ FIELD = "model.init_from"
 _CHUNK = 1 << 24
 
 
-def checkpoint_digest(path: str | os.PathLike[str]) -> str:
-    """sha256 (16 hex digits) of a checkpoint's content: its weight files in order and its
-    config.json, each with its length; not its path or modification time (a copy of the same
-    weights is the same run)."""
+def checkpoint_files(path: str | os.PathLike[str]) -> list[Path]:
+    """The files whose content is a checkpoint's: its weight files in order and its
+    config.json (what `checkpoint_digest` hashes; the pipeline's training jobs take them as
+    inputs, so weights overwritten in place rerun training)."""
     try:
         ckpt = open_checkpoint(path)
     except UserError as exc:
@@ -44,8 +45,15 @@ def checkpoint_digest(path: str | os.PathLike[str]) -> str:
     files = list(ckpt.files)
     if ckpt.path.is_dir() and (ckpt.path / "config.json").exists():
         files.append(ckpt.path / "config.json")
+    return files
+
+
+def checkpoint_digest(path: str | os.PathLike[str]) -> str:
+    """sha256 (16 hex digits) of a checkpoint's content: its weight files in order and its
+    config.json, each with its length; not its path or modification time (a copy of the same
+    weights is the same run)."""
     sha = hashlib.sha256()
-    for file in files:
+    for file in checkpoint_files(path):
         sha.update(f"{file.name}:{file.stat().st_size}\n".encode())
         with Path(file).open("rb") as fh:
             while chunk := fh.read(_CHUNK):
@@ -107,6 +115,29 @@ def prepare(model: WanModel, lora: LoraSpec | None, init_from: str) -> nn.Module
             stacklevel=2,
         )
     return add_lora(model, lora)
+
+
+def check_calibration(lora: LoraSpec | None, calibration: Calibration | None) -> None:
+    """One warning when a LoRA run plans with a calibration that timed another step: full
+    training's backward computes every weight's gradient and steps every weight's optimizer
+    state, a LoRA step only the adapters', so the plan's costs and budgets are not of the
+    step this run takes (`adaptiveload calibrate measure --config` on the experiment times
+    its LoRA step)."""
+    if lora is None or calibration is None:
+        return
+    timed = (calibration.extra.get("setup") or {}).get("lora")
+    if timed == spec_record(lora):
+        return
+    what = "full training steps" if timed is None else f"LoRA steps of {timed}"
+    warnings.warn(
+        f"train.lora: the calibration ({calibration.source}, {calibration.device}) timed "
+        f"{what}, not this run's "
+        f"LoRA step {spec_record(lora)}; its costs and budgets are of another step. Measure "
+        "one with `adaptiveload calibrate measure --config` on this experiment (it times the "
+        "step of train.lora), or let the pipeline measure it (calibration.file: null)",
+        FinetuneWarning,
+        stacklevel=2,
+    )
 
 
 def trainable(model: nn.Module) -> list[torch.nn.Parameter]:

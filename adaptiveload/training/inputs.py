@@ -23,6 +23,7 @@ from adaptiveload.planning.plan import plan_difference
 from adaptiveload.planning.policies import Budgets
 from adaptiveload.planning.sampler import PlanBuilder, PlanWarning
 from adaptiveload.provenance import code_version
+from adaptiveload.training.finetune import check_calibration
 from adaptiveload.training.loop import TrainData
 from adaptiveload.training.settings import TrainConfig
 from adaptiveload.training.validation import Validator, holdout
@@ -39,6 +40,7 @@ def prepare_data(
 ) -> TrainData:
     """A user manifest (or the experiment's named mixture), bucketized and planned; with
     `plan` (a plan summary JSON), checked to be the plan that file describes."""
+    check_calibration(cfg.lora, calibration)  # a LoRA run planned with full training's costs
     data = exp["data"]
     manifest = manifest or data["manifest"]
     frame = (
@@ -100,10 +102,11 @@ def prepare_data(
 
 
 def split_holdout(
-    frame: pd.DataFrame, split: str | None, manifest: Path | str | None, val_every: int
+    frame: pd.DataFrame, split: str | None, manifest: Path | str | None, val_every: int | None
 ) -> tuple[pd.DataFrame, pd.DataFrame | None]:
     """(the rows to train on, the held-out rows of `split` or None): `data.val_split` names
-    a value of the manifest's `split` column; its rows are never trained on."""
+    a value of the manifest's `split` column; its rows are never trained on. `val_every`
+    None: the caller scores nothing (`adaptiveload plan`), so no warning that nothing will."""
     if split is None:
         return frame, None
     if "split" not in frame.columns:

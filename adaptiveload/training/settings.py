@@ -20,7 +20,7 @@ import torch
 from adaptiveload.errors import UserError
 from adaptiveload.experiment import schema_default
 from adaptiveload.model.attention import LAYOUTS, Execution
-from adaptiveload.model.lora import LoraSpec
+from adaptiveload.model.lora import LoraSpec, lora_spec
 from adaptiveload.pipeline import check_world_size
 from adaptiveload.planning.policies import get_policy
 from adaptiveload.step_table import WHOLE_EPOCH, window_kind
@@ -262,11 +262,3 @@ def from_experiment(
             logit_std=train["logit_std"],
         ),
     )
-
-
-def lora_spec(lora: dict[str, Any] | None) -> LoraSpec | None:
-    """`train.lora` of a validated experiment (its defaults filled in) as a LoraSpec."""
-    if lora is None:
-        return None
-    return LoraSpec(rank=lora["rank"], alpha=lora["alpha"], targets=tuple(lora["targets"]),
-                    dropout=lora["dropout"])

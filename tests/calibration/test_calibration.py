@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 
 import numpy as np
 import pytest
@@ -234,3 +235,28 @@ def test_memory_points_join_the_memory_fit_and_an_oom_one_is_kept_out():
     assert [p["status"] for p in cal.extra["memory_points"]] == ["ok", "oom"]
     assert cal.cost.m_tok == pytest.approx(cost["m_tok"], rel=1e-6)
     assert cal.extra["fit"]["num_points"] == len(grid)  # the time fit: the grid alone
+
+
+def test_a_lora_experiment_is_calibrated_on_its_lora_step_and_training_checks_it():
+    """`train.lora` reaches the measurement (adapters on a frozen base, optimizer state for
+    them alone), the file records the step it timed, and a LoRA run planned with another
+    step's calibration is warned once; with its own, nothing is said."""
+    pytest.importorskip("peft")
+    from adaptiveload.experiment import validate
+    from adaptiveload.model.lora import spec_record
+    from adaptiveload.training.finetune import FinetuneWarning, check_calibration
+
+    exp = validate({"name": "x", "model": {"config": "wan2.1-micro"},
+                    "calibration": {"batch_sizes": [1, 2], "tokens": [16, 64, 256, 512, 1024], "repeats": 2,
+                                    "warmup": 0, "capacity_gb": 0.005, "max_loo_error": 10},
+                    "train": {"lora": {"rank": 4}}}, "test")
+    cfg = CalibrationConfig.from_experiment(exp)
+    assert cfg.lora is not None and cfg.lora.rank == 4
+    cal = calibrate(cfg, progress=False)
+    assert cal.extra["setup"]["lora"] == spec_record(cfg.lora)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_calibration(cfg.lora, cal)  # the step it times: silent
+    full = Calibration.from_dict({**cal.to_dict(), "setup": {"lora": None}})
+    with pytest.warns(FinetuneWarning, match=r"train\.lora: .* timed full training steps"):
+        check_calibration(cfg.lora, full)

@@ -110,3 +110,23 @@ def test_pack_tokens_caps_every_pack(plan_inputs):
     table = pd.read_parquet(out.with_suffix(".parquet"))
     sums = table.groupby("batch_id").agg(n=("tokens", "size"), s=("tokens", "sum"))
     assert (sums.loc[sums["n"] > 1, "s"] <= 60000).all()
+
+
+def test_plan_leaves_the_held_out_split_out_as_training_does(
+    plan_inputs, tmp_path, monkeypatch, capsys
+):
+    """`--val-split` (the pipeline passes data.val_split): those rows are scored by training,
+    never trained on, so the plan `train --plan` checks must not hold them."""
+    from cli_runner import run
+
+    from adaptiveload.data.manifest import load_manifest, write_manifest
+
+    frame = load_manifest(plan_inputs["manifest"])
+    frame["split"] = ["val" if i % 8 == 0 else "train" for i in range(len(frame))]
+    manifest, summary = tmp_path / "split.parquet", tmp_path / "summary.json"
+    write_manifest(manifest, frame)
+    args = ["--manifest", str(manifest), "--policy", "equal-token", "--world-size", "4"]
+    args += ["--seed", "0", "--m-tok", "80000", "--summary", str(summary)]
+    code, _, err = run(monkeypatch, capsys, "plan", *args, "--val-split", "val")
+    assert code == 0, err
+    assert json.loads(summary.read_text())["num_samples"] == len(frame) - len(frame) // 8

@@ -57,6 +57,20 @@ def test_musubi_cache_imports_from_headers_with_windows_split_and_shared_text(tm
     assert torch.equal(item["context"][:3], text) and item["context"][3:].abs().sum() == 0
 
 
+def test_musubi_section_index_names_import(tmp_path):
+    """musubi-tuner's frame-extraction names may carry a section index (`00000-033-01`); a
+    file of no musubi name is left out with a warning, never silently."""
+    musubi_cache(tmp_path, clips=(("cat", 2),))
+    latent = next(tmp_path.glob("cat_*_wan.safetensors"))
+    latent.rename(tmp_path / "cat_00000-005-01_0048x0032_wan.safetensors")
+    save_text(tmp_path / "empty_text.safetensors", torch.zeros(1, D))  # an embedding: no word
+    save_file({"x": torch.zeros(1)}, tmp_path / "cat_wan.safetensors")
+    with pytest.warns(CacheWarning, match=r"1 \.safetensors file.* left out, e\.g\. cat_wan"):
+        got = import_cache(tmp_path, "musubi").manifest
+    assert got["sample_id"].tolist() == ["cat_00000-005-01_0048x0032_wan"]
+    assert got["text_path"].str.endswith("cat_wan_te.safetensors").all()
+
+
 def test_musubi_cache_without_its_text_encoder_output_is_refused(tmp_path):
     musubi_cache(tmp_path, clips=(("cat", 2),))
     (tmp_path / "cat_wan_te.safetensors").unlink()
@@ -65,25 +79,39 @@ def test_musubi_cache_without_its_text_encoder_output_is_refused(tmp_path):
 
 
 def test_diffsynth_pth_caches_of_both_trainers_import_and_load(tmp_path):
-    """`<video>.tensors.pth` (latents, prompt_emb.context) and the newer `<n>.pth`
-    (input_latents, context), batch dim 1, read with weights_only: no 'header too large'."""
+    """`<video>.tensors.pth` (latents, prompt_emb.context), the newer trainer's
+    `sft:data_process` output `<rank>/<n>.pth` (a tuple: shared inputs with input_latents and
+    the noise under latents, the positive prompt's context, the negative's), and the same
+    keys in one dict; batch dim 1, read with weights_only: no 'header too large'. The clip is
+    input_latents, never the noise."""
     old, new = torch.randn(1, C, 2, 4, 4), torch.randn(1, C, 1, 6, 2)
-    text = torch.randn(1, 5, D)
+    text, negative = torch.randn(1, 5, D), torch.randn(1, 5, D)
     (tmp_path / "train").mkdir()
     torch.save(
         {"latents": old, "prompt_emb": {"context": text}, "image_emb": {}},
         tmp_path / "train" / "a.mp4.tensors.pth",
     )
-    torch.save({"input_latents": new, "context": text}, tmp_path / "0.pth")
+    shared = {
+        "input_latents": new,
+        "latents": torch.randn_like(new),
+        "height": 48,
+        "tiled": False,
+        "rand_device": torch.device("cpu"),
+    }
+    (tmp_path / "0").mkdir()
+    torch.save((shared, {"context": text}, {"context": negative}), tmp_path / "0" / "0.pth")
+    torch.save({**shared, "context": text}, tmp_path / "flat.pth")
     got = import_cache(tmp_path, "diffsynth").manifest.set_index("sample_id")
     assert got.loc["train/a.mp4", ["num_frames", "height", "width"]].tolist() == [5, 32, 32]
-    assert got.loc["0", "latent_key"] == "input_latents"
+    assert got.loc["0/0", ["latent_key", "text_key"]].tolist() == ["0.input_latents", "1.context"]
+    assert got.loc["flat", ["latent_key", "text_key"]].tolist() == ["input_latents", "context"]
     assert got.loc["train/a.mp4", "text_key"] == "prompt_emb.context"
     ds = dataset(got.reset_index())
     by_id = {ds.sample_ids[i]: ds[i] for i in range(len(ds))}
     assert torch.equal(by_id["train/a.mp4"]["latent"], old[0])
-    assert torch.equal(by_id["0"]["latent"], new[0])
-    assert torch.equal(by_id["0"]["context"][:5], text[0])
+    for sample in ("0/0", "flat"):
+        assert torch.equal(by_id[sample]["latent"], new[0])
+        assert torch.equal(by_id[sample]["context"][:5], text[0])
 
 
 def test_a_misnamed_text_embedding_is_an_error_naming_file_and_keys(tmp_path):

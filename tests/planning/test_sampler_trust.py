@@ -410,7 +410,7 @@ def test_over_capacity_samples_are_excluded_and_named(manifest):
     with pytest.warns(PlanWarning) as caught:
         sampler = PlanBatchSampler.from_manifest(
             rows, "adaptiveload", Budgets.resolve(calibration=cal), WORLD, 0, seed=0,
-            bucketing="exact", cost_model=cal,
+            mode="exact", cost_model=cal,
         )
     ids = rows["sample_id"]
     summary = sampler.summary

@@ -4,6 +4,7 @@ from, and Snakemake on it (the package itself is the installed one)."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -28,3 +29,15 @@ def copy_workflow(dest: Path) -> Path:
         shutil.copytree(ROOT / folder, dest / folder)
     shutil.copy(TINY, dest / "experiments" / "tiny.yaml")
     return dest
+
+
+def dry_run_jobs(dry_run: subprocess.CompletedProcess) -> dict[str, int]:
+    """Rule -> job count of a dry run's "Job stats" table ({} for "Nothing to be done")."""
+    text = dry_run.stdout + dry_run.stderr
+    assert dry_run.returncode == 0, text[-3000:]
+    table = re.search(r"Job stats:\n.*?\n-+\s+-+\n(.*?)\n\s*total", text, re.S)
+    if table is None:
+        assert "Nothing to be done" in text, text[-3000:]
+        return {}
+    rows = (line.split() for line in table.group(1).splitlines())
+    return {rule: int(count) for rule, count in rows if rule != "all"}

@@ -12,6 +12,7 @@ from adaptiveload import jobshell, pipeline
 from adaptiveload.analysis.tables import kernel_measurements
 from adaptiveload.io import json_text
 from adaptiveload.calibration.settings import CalibrationConfig
+from adaptiveload.errors import UserError
 from adaptiveload.planning.policies import POLICIES as POLICIES_BY_NAME
 
 EXP = config["name"]
@@ -105,6 +106,29 @@ def budget_flags():
         if value not in ("auto", None):
             flags += [f"--{name.replace('_', '-')}", value]
     return flags
+
+
+def init_files():
+    """The files of model.init_from's checkpoint (weights, config.json), inputs of training:
+    weights overwritten at the same path rerun it. Where they cannot be listed (no such path,
+    no checkpoint there) the path itself, which Snakemake reports missing or training
+    refuses in one line."""
+    from adaptiveload.training import finetune  # torch: only for a run from a checkpoint
+
+    path = config["model"]["init_from"]
+    if path == finetune.SCRATCH:
+        return []
+    try:
+        return [str(f) for f in finetune.checkpoint_files(path)]
+    except UserError:
+        return [path]
+
+
+def val_split_flags():
+    """--val-split of a manifest with a held-out split (data.val_split): the plan leaves its
+    rows out, as training does."""
+    split = config["data"]["val_split"]
+    return ["--val-split", split] if split is not None else []
 
 
 # ---------------------------------------------------------------- simulations and sweeps

@@ -16,7 +16,7 @@ rule plan:
     params:
         flags=["--world-size", config["train"]["world_size"], *bucket_flags(config["data"]),
                "--short-clips", config["data"]["short_clips"], *budget_flags(),
-               "--allreduce-gbps", config["train"]["allreduce_gbps"]],
+               "--allreduce-gbps", config["train"]["allreduce_gbps"], *val_split_flags()],
         steps=step_mode,
     log:
         f"{LOGS}/plan/{{level}}{{policy}}/seed{{seed}}.log",

@@ -14,6 +14,7 @@ rule train:
         plan=OUT.plan("{policy}", "{seed}", "{level}"),
         store=STORE,
         kernel=lambda w: KERNEL_BUILD if w.kernel == "fused" else [],
+        init=init_files(),
     output:
         steps=f"{OUT.run_dir('{policy}', '{seed}', '{kernel}', '{level}')}/steps.parquet",
         summary=f"{OUT.run_dir('{policy}', '{seed}', '{kernel}', '{level}')}/summary.json",

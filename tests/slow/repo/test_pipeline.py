@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -17,6 +16,7 @@ import yaml
 from fault_setup import alive, descendants
 from repo_paths import ROOT
 from workflow_setup import copy_workflow, snakemake
+from workflow_setup import dry_run_jobs as _jobs
 
 from adaptiveload.tracking.store import experiment_name
 
@@ -196,18 +196,6 @@ def test_a_second_experiment_file_of_the_same_name_is_refused(tmp_path):
 
 
 # -- faults: the pipeline never ends in a false success -------------------------------------
-def _jobs(dry_run: subprocess.CompletedProcess) -> dict[str, int]:
-    """Rule -> job count of a dry run's "Job stats" table ({} for "Nothing to be done")."""
-    text = dry_run.stdout + dry_run.stderr
-    assert dry_run.returncode == 0, text[-3000:]
-    table = re.search(r"Job stats:\n.*?\n-+\s+-+\n(.*?)\n\s*total", text, re.S)
-    if table is None:
-        assert "Nothing to be done" in text, text[-3000:]
-        return {}
-    rows = (line.split() for line in table.group(1).splitlines())
-    return {rule: int(count) for rule, count in rows if rule != "all"}
-
-
 _ANALYSIS = {"aggregate": 1, "stats": 1, "tables": 1, "figures": 1, "landing": 1, "record": 1}
 _TRAINING = {"train": 4, "tracking_check": 1, **_ANALYSIS}
 # one edit per section of the experiment -> the jobs it reruns (2 policies x 2 seeds)
