@@ -455,15 +455,16 @@ def _fill_pinned(
         if m == 0:
             continue
         if types.alone[t]:
-            k = fits & (np.cumsum(fits) <= m)
+            into = np.flatnonzero(fits & (np.cumsum(fits) <= m))
+            k = np.ones(into.size, dtype=np.int64)
         else:
-            k = _place_block(packs.load, packs.room, m, w, types.use[t], fits)
+            into, k = _place_block(packs.load, packs.room, m, w, types.use[t], fits)
         at = first[t] + np.arange(m)
-        pack_of[at] = np.repeat(packs.index, k)
-        place[at] = np.repeat(packs.size - np.cumsum(k) + k, k) + np.arange(m)
-        packs.add(k, types, t)
+        pack_of[at] = np.repeat(packs.index[into], k)
+        place[at] = np.repeat(packs.size[into] - np.cumsum(k) + k, k) + np.arange(m)
+        packs.add(into, k, types, t)
         if types.alone[t]:
-            packs.room[:, k > 0] = -1.0
+            packs.room[:, into] = -1.0
         taken[t] = m
     rest = count - taken
     others = _lpt_or_strict(rest, types, n_packs - pinned, np.zeros(n_packs - pinned),
@@ -581,14 +582,17 @@ def _lpt(
         load = packs.load - packs.target + packs.share * (left / n_packs)
         left -= count[t] * types.w[t]
         m = int(count[t])
-        k = _place_block(load, packs.room, m, types.w[t], types.use[t])
-        if k is None:
+        placed = _place_block(load, packs.room, m, types.w[t], types.use[t])
+        if placed is None:
             return None
+        at, took = placed  # the open packs that take some of the block, how many each
         done = first[t]
-        pack_of[done : done + m] = np.repeat(packs.index, k)
+        pack_of[done : done + m] = np.repeat(packs.index[at], took)
         # a sample's place: its pack's size before the block, plus its rank among the block's
-        place[done : done + m] = np.repeat(packs.size - np.cumsum(k) + k, k) + np.arange(m)
-        packs.add(k, types, t)
+        place[done : done + m] = np.repeat(packs.size[at] - np.cumsum(took) + took, took) + (
+            np.arange(m)
+        )
+        packs.add(at, took, types, t)
         packs = packs.without_full(least[i])
     return pack_of, place, packs.fill(n_packs, types.use.shape[1])
 
@@ -621,15 +625,16 @@ class _Open:
                    target if np.isscalar(target) else target[first:], share[first:],
                    [(np.arange(first), closed)])
 
-    def add(self, k: np.ndarray, types: _Types, t: int) -> None:
-        """In place: k[b] samples of type `t` into open pack b."""
-        self.size += k
-        self.load += k * types.w[t]
-        self.sum_s += k * types.tokens[t]
-        self.sum_sq += k * float(types.tokens[t]) ** 2
+    def add(self, at: np.ndarray, k: np.ndarray, types: _Types, t: int) -> None:
+        """In place: k[i] samples of type `t` into open pack at[i] (distinct). Only the packs
+        that take some are touched: a block of m samples lands in at most m of them."""
+        self.size[at] += k
+        self.load[at] += k * types.w[t]
+        self.sum_s[at] += k * types.tokens[t]
+        self.sum_sq[at] += k * float(types.tokens[t]) ** 2
         added = types.use[t][:, None] * k
-        self.used += added
-        self.room -= added
+        self.used[:, at] += added
+        self.room[:, at] -= added
 
     def without_full(self, least: np.ndarray) -> _Open:
         """These packs less those without room for `least` (each limit's least use by any
@@ -666,17 +671,20 @@ _FIELDS = ("size", "load", "sum_s", "sum_sq", "used")
 def _place_block(
     load: np.ndarray, room: np.ndarray, m: int, w: float, use: np.ndarray,
     most: np.ndarray | None = None,
-) -> np.ndarray | None:
+) -> tuple[np.ndarray, np.ndarray] | None:
     """How many of m identical samples (cost `w`, limit use `use`) LPT puts in each pack:
     the m smallest of ``{load_b + k w : k < fits_b}`` (equal ones picked deterministically;
     `most` caps fits_b). With
     ``load_b = w (level_b + frac_b)`` those values sit on integer levels ``level_b + k``
     ordered by ``frac_b`` inside one level, so a count over levels finds the level of
-    the m-th value (`_mth_level`). None if the packs have room for fewer than m."""
+    the m-th value (`_mth_level`). Returned sparse: the packs that take some and how many
+    each takes (a block lands in at most m of them); None if the packs have room for fewer
+    than m."""
     ratio = np.full(load.size, np.inf)
     for d in np.flatnonzero(use > 0):  # a limit the samples do not use never stops them
         np.minimum(ratio, room[d] / use[d], out=ratio)
-    fits = np.clip(np.floor(ratio), 0, m).astype(np.int64)
+    np.floor(ratio, out=ratio)
+    fits = np.clip(ratio, 0, m, out=ratio).astype(np.int64)
     if most is not None:
         fits = np.minimum(fits, most)
     if fits.sum() < m:
@@ -693,9 +701,8 @@ def _place_block(
     if need < tied.size:
         tied = tied[np.argpartition(x[tied] - level[tied], need - 1)[:need]]
     k_open[tied] += 1
-    k = np.zeros(load.size, dtype=np.int64)
-    k[open_] = k_open
-    return k
+    took = k_open > 0
+    return open_[took], k_open[took]
 
 
 def _mth_level(lo: np.ndarray, fits: np.ndarray, m: int) -> tuple[int, int]:

@@ -199,7 +199,35 @@ def build_plan(
 def _plan(
     config: PlanConfig, samples: Any, num_excluded: int | None, num_over_capacity: int | None
 ) -> Plan:
-    """`config`'s plan of `samples` (build_plan's docstring)."""
+    """`config`'s plan of `samples` (build_plan's docstring). This plan's table, its
+    baseline and its simulation are built one after another, each in its own function, so
+    the arrays of one are gone before the next is built (at 10M samples each holds
+    gigabytes); the plan's own refusals come first."""
+    cost_model, world_size = config.cost_model, config.world_size
+    table, summary = _table(config, samples, num_excluded, num_over_capacity)
+    baseline = None
+    if cost_model is not None and config.policy.baseline is not None:
+        baseline = _baseline(config, samples, num_excluded, num_over_capacity)
+    sim = None
+    if cost_model is not None:
+        sim = simulate(
+            table, cost_model, allreduce_gbps=config.allreduce_gbps, world_size=world_size
+        )
+        summary.update({f"predicted_{k}": sim.summary[k] for k in PREDICTED if k in sim.summary})
+        summary["predicted_source"] = "model"
+        summary.update({k: sim.summary[k] for k in MEMORY_FIELDS})
+        if baseline is not None and baseline[1] >= summary["num_planned"]:
+            # where the baseline trains fewer of the samples (it excludes what this plan
+            # trains) there is no like-for-like rate
+            summary.update(baseline_policy=baseline[0],
+                           baseline_predicted_samples_per_s=baseline[2])
+    return Plan(table=table, summary=summary, simulation=sim)
+
+
+def _table(
+    config: PlanConfig, samples: Any, num_excluded: int | None, num_over_capacity: int | None
+) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """`config`'s plan table of `samples` and its summary, the predictions aside."""
     pol, budgets, cost_model = config.policy, config.budgets, config.cost_model
     world_size, seed, epoch = config.world_size, config.seed, config.epoch
     window_steps, steps_per_epoch = config.window_steps, config.steps_per_epoch
@@ -207,10 +235,6 @@ def _plan(
         config, samples, num_excluded, num_over_capacity
     )
     tokens = buckets.tokens[buckets.of]
-    # the baseline first: its arrays are gone before this plan's tables are built
-    baseline = None
-    if cost_model is not None and pol.baseline is not None:
-        baseline = _baseline(config, samples, num_excluded, num_over_capacity)
     batches, slots, slot_pad = formed.batches, formed.slots, formed.slot_pad
     table, row_sample = _rows(frame, buckets, formed, world_size)
     slot_size = _slot_sizes(formed)
@@ -248,20 +272,7 @@ def _plan(
     summary.update(_batch_spread(table))
     summary.update(formed.summary)
     table.attrs["plan"] = dict(summary)
-    sim = None
-    if cost_model is not None:
-        sim = simulate(
-            table, cost_model, allreduce_gbps=config.allreduce_gbps, world_size=world_size
-        )
-        summary.update({f"predicted_{k}": sim.summary[k] for k in PREDICTED if k in sim.summary})
-        summary["predicted_source"] = "model"
-        summary.update({k: sim.summary[k] for k in MEMORY_FIELDS})
-        if baseline is not None and baseline[1] >= summary["num_planned"]:
-            # where the baseline trains fewer of the samples (it excludes what this plan
-            # trains) there is no like-for-like rate
-            summary.update(baseline_policy=baseline[0],
-                           baseline_predicted_samples_per_s=baseline[2])
-    return Plan(table=table, summary=summary, simulation=sim)
+    return table, summary
 
 
 def _form(
@@ -292,27 +303,26 @@ def _baseline(
     `simulate` gives its plan), without the tables of a plan nobody keeps."""
     base = replace(config, policy=config.policy.baseline)
     _, _, _, buckets, _, formed = _form(base, samples, num_excluded, num_over_capacity)
-    batches, slots, n = formed.batches, formed.slots, config.world_size
-    live = slots >= 0  # a group's other ranks hold -1
-    batch = np.where(live, slots, 0)
+    batches, n = formed.batches, config.world_size
+    live = np.flatnonzero(formed.slots >= 0)  # a group's other ranks hold -1
+    batch = formed.slots[live]
     tokens = buckets.tokens[buckets.of][batches.order]
     sum_s = np.add.reduceat(tokens, batches.start)
     sum_sq = np.add.reduceat(tokens**2, batches.start)
-    real = live & ~formed.slot_pad
+    real = ~formed.slot_pad[live]
     used = np.zeros(batches.size.size, dtype=bool)  # the batches real slots run
-    used[slots[real]] = True
+    used[batch[real]] = True
     used = np.flatnonzero(used)
     at = np.repeat(batches.start[used] - starts(batches.size[used]), batches.size[used])
     seen = np.zeros(buckets.of.size, dtype=bool)  # each sample of them once
     seen[batches.order[at + np.arange(at.size)]] = True
     planned = int(seen.sum())
-    size = np.where(live, batches.size[batch], 0)
-    degree = np.ones(slots.size, dtype=np.int64)
+    size = batches.size[batch]
+    degree = np.ones(live.size, dtype=np.int64)
     if formed.slot_degree is not None:
-        degree = np.maximum(formed.slot_degree, 1)
-    seconds = epoch_seconds(size, np.where(live, sum_s[batch], 0),
-                            np.where(live, sum_sq[batch], 0), degree, config.cost_model, n,
-                            config.allreduce_gbps)
+        degree = np.maximum(formed.slot_degree[live], 1)
+    seconds = epoch_seconds(live // n, formed.slots.size // n, size, sum_s[batch],
+                            sum_sq[batch], degree, config.cost_model, n, config.allreduce_gbps)
     return base.policy.name, planned, float(size[real].sum()) / seconds
 
 

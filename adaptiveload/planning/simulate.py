@@ -186,19 +186,42 @@ class _Bound:
 
 
 def epoch_seconds(
-    size: np.ndarray, sum_s: np.ndarray, sum_sq: np.ndarray, degree: np.ndarray,
-    cost_model: CostModel | Calibration, n: int, allreduce_gbps: float = DEFAULT_ALLREDUCE_GBPS,
+    step: np.ndarray, steps: int, size: np.ndarray, sum_s: np.ndarray, sum_sq: np.ndarray,
+    degree: np.ndarray, cost_model: CostModel | Calibration, n: int,
+    allreduce_gbps: float = DEFAULT_ALLREDUCE_GBPS,
 ) -> float:
-    """The predicted epoch seconds `simulate` gives a plan whose (step, rank) cells, step-major,
-    hold `size` samples of Σ S `sum_s` and Σ S² `sum_sq` (0 where a group's other ranks sit)
-    on groups of `degree` (1 but on a group's first rank), without building its tables: a
-    figure of a plan that is not kept (a policy's baseline, ``plan._versus_baseline``)."""
+    """The predicted epoch seconds `simulate` gives a plan of `steps` steps whose micro-batches
+    (one per single rank or group, on its first rank, in step order: `step` each) hold `size`
+    samples of Σ S `sum_s` and Σ S² `sum_sq` on groups of `degree`, without building its
+    tables: a figure of a plan that is not kept (a policy's baseline, ``plan._baseline``). A
+    step waits for its slowest micro-batch, as `simulate`'s per-(step, rank) frame has it (a
+    group's other ranks copy its time, an empty rank takes none), from the same costs."""
     calibration = _split(cost_model)[1]
     grad_bytes = grad_bytes_of(calibration) if calibration is not None else 0.0
     ar_s = allreduce_seconds(grad_bytes, n, allreduce_gbps)
-    cell = _Cells(size, sum_s, sum_sq, np.zeros((size.size, 3), dtype=np.int64), size, sum_s)
-    compute = _cell_costs(cost_model, cell, degree, n)[0].reshape(-1, n)
-    return float((compute.max(axis=1) + ar_s).sum())
+    compute = np.zeros(size.size)
+    for at, cells in _at_degrees(cost_model, degree, size):
+        compute[cells] = at.pack_time(size[cells], sum_s[cells], sum_sq[cells])
+    t_step = np.zeros(steps)
+    if step.size:
+        first = np.flatnonzero(np.diff(step, prepend=-1))  # each step's first micro-batch
+        t_step[step[first]] = np.maximum.reduceat(compute, first)
+    return float((t_step + ar_s).sum())
+
+
+def _at_degrees(
+    cost_model: CostModel | Calibration, degree: np.ndarray, samples: np.ndarray
+) -> list[tuple[CostModel, np.ndarray]]:
+    """Each degree's cost of a set (`SequenceParallel.cost_at`) and which cells run at it
+    (`degree`, 1 but on a group's first rank; cells of no `samples` left out)."""
+    cost, calibration = _split(cost_model)
+    out = []
+    for d in np.unique(degree):
+        if d > 1 and calibration is None:
+            raise ValueError("a plan of sequence-parallel groups needs a Calibration to cost")
+        at = cost if d == 1 else SequenceParallel.of(calibration).cost_at(cost, int(d))
+        out.append((at, (degree == d) & (samples > 0)))
+    return out
 
 
 def _cell_costs(
@@ -206,14 +229,9 @@ def _cell_costs(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Each cell's predicted compute and per-rank bytes: at its group's degree (`degree`, of
     the cell on the group's first rank; 1 elsewhere), copied to the group's other ranks."""
-    cost, calibration = _split(cost_model)
     compute = np.zeros(degree.size)
     memory = np.full(degree.size, np.nan)
-    for d in np.unique(degree):
-        if d > 1 and calibration is None:
-            raise ValueError("a plan of sequence-parallel groups needs a Calibration to cost")
-        at = cost if d == 1 else SequenceParallel.of(calibration).cost_at(cost, int(d))
-        cells = (degree == d) & (cell.samples > 0)
+    for at, cells in _at_degrees(cost_model, degree, cell.samples):
         compute[cells] = at.pack_time(cell.samples[cells], cell.tokens[cells],
                                       cell.tokens_sq[cells])
         memory[cells] = at.pack_memory(cell.samples[cells], cell.tokens[cells])

@@ -14,7 +14,8 @@ beside excluding the samples beyond one device (adaptiveload-packed).
    average beside it): SP and packed on long-clips-161 (40 GB) and on paper-mixed (the H200's
    own capacity, where no sample needs a group and SP plans as packed); SP of 10M samples on
    4,096 ranks of long-clips-161, once, for its peak RSS (the process's ru_maxrss: the
-   manifest and one plan). -> results/benchmarks/planning_sp.json
+   manifest and one plan; the resident memory before planning, the manifest's, beside it).
+   -> results/benchmarks/planning_sp.json
 
 Run: .venv/bin/python tests/bench/bench_planner_sp.py [--quality-only | --speed-only]
 """
@@ -153,6 +154,7 @@ def time_case(
     plan, what each rank of a node holds)."""
     bucketed, cal = _setup(name, samples, 0)
     budgets = Budgets.resolve(calibration=cal)
+    before = _rss_bytes()  # the manifest, what the process holds before it plans
     times, steps = [], None
     for _ in range(repeats):
         load = os.getloadavg()[0]
@@ -167,8 +169,18 @@ def time_case(
         "best_wall_s": round(min(t[1] for t in times), 3), "cpu_s": [round(t[0], 3) for t in times],
         "wall_s": [round(t[1], 3) for t in times],
         "load_average_1min": [round(t[2], 2) for t in times],
+        "rss_before_plan_bytes": before,
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
     }
+
+
+def _rss_bytes() -> int:
+    """The process's resident memory now (Linux: /proc/self/status VmRSS; 0 elsewhere)."""
+    status = Path("/proc/self/status")
+    if not status.exists():
+        return 0
+    line = next(x for x in status.read_text().splitlines() if x.startswith("VmRSS:"))
+    return int(line.split()[1]) * 1024
 
 
 def speed(repeats: int) -> dict[str, Any]:
