@@ -22,7 +22,11 @@ the cost model's own (`cost.features`); docs/closed_loop.md derives the fit.
   tell the linear term from attention; without it, noise would set p. It is in the rows'
   units, not the coefficients' own: a coefficient the prior has far too small (p off by 0.3
   makes a or b several times smaller) moves as the rows say.
-  Coefficients stay >= 0 (non-negative least squares on the stacked system).
+  Each coefficient stays >= n0 / (n0 + n) of the prior's (n0 = prior_rows, n = Σ w_i): the
+  ridge's estimate is the prior's n0 rows and the rows' own n, and the rows' own estimate of
+  a cost is >= 0, so the prior's part is a floor (non-negative least squares above it). A
+  few rows then cannot zero a term: 4 rows of a 2-rank run, all of one shape, once priced
+  every sample at 0 s (a = b = c_seq = 0), which no plan can pack by.
 - **Robust.** Iteratively reweighted: Huber weights w_i = min(1, k σ / |r_i|) on the relative
   residuals r_i (σ = 1.4826 x their median absolute deviation, k = `huber`), and a row beyond
   `reject` σ is dropped (w_i = 0): a garbage-collection pause or a first step's compile is an
@@ -302,7 +306,8 @@ def _ridge(
     """Non-negative coefficients minimising Σ w_i ((x_i . c - target_i) / scale_i)² plus the
     prior's pseudo-rows (module docstring): `prior_rows` / Σ w_i times the same rows'
     squared change of prediction from the prior's, and `prior_rows` x HOLD_ROWS rows for each
-    coefficient (columns scaled to unit root mean square).
+    coefficient (columns scaled to unit root mean square), each coefficient at least
+    prior_rows / (prior_rows + Σ w_i) of the prior's (module docstring, Form).
     Non-negative least squares on the rows stacked over the prior's."""
     from scipy.optimize import nnls
 
@@ -315,8 +320,10 @@ def _ridge(
     hold = np.sqrt(prior_rows * HOLD_ROWS) * np.eye(c.size)
     a = np.vstack([rows, again * rows, hold])
     b = np.concatenate([target / scale * np.sqrt(weights), again * (rows @ z0), hold @ z0])
-    z, _ = nnls(a, b, maxiter=50 * c.size)
-    return z / c
+    # no lower than the prior's share of the estimate (its rows over all): z = low + u, u >= 0
+    low = z0 * prior_rows / (prior_rows + weights.sum())
+    u, _ = nnls(a, b - a @ low, maxiter=50 * c.size)
+    return (low + u) / c
 
 
 def _robust_weights(residual: np.ndarray, huber: float, reject: float) -> np.ndarray:
