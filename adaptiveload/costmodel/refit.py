@@ -35,7 +35,10 @@ the cost model's own (`cost.features`); docs/closed_loop.md derives the fit.
   r's rows, q_i = prediction / measured, v0 the prior's factors (1 where it has none); then
   divided by their median over the ranks with rows, so the median rank has speed 1 and theta
   prices it; ranks without rows keep the prior's factor (else they would pin the median, and
-  the ranks of a few rows would absorb the prior's error).
+  the ranks of a few rows would absorb the prior's error). Each round takes the speeds
+  before the outlier weights, and the weights from the residuals at the new speeds: on quiet
+  rows (1% noise) a rank at 0.8x is 25 spreads out, and weighed at the old speeds its rows
+  were all dropped as outliers and it kept speed 1.
 - **Form.** A term the prior has at 0 stays 0 (c_seq of a floored fit, the floor of a
   three-term one): the refit moves the calibration's coefficients, it does not add terms its
   fit left out. On the rows of a few steps, each of one shape, c_seq n and a ΣS are nearly the
@@ -284,15 +287,30 @@ def _fit_time(
             w = weights * on_floor
             floor = float((w @ typical + prior_rows * prior.t_floor) / (w.sum() + prior_rows))
         predicted = np.maximum(floor, combine(x, theta) + offset)
-        weights = _robust_weights(predicted / typical - 1.0, huber, reject)
         ratio = predicted / t  # the rank's speed this row shows
-        sums = np.bincount(ranks, weights * ratio, minlength=speed.size)
-        counts = np.bincount(ranks, weights, minlength=speed.size)
-        speed = (sums + speed_rows * v0) / (counts + speed_rows)
-        seen = counts > 0
-        if seen.any():
-            speed = np.where(seen, speed / np.median(speed[seen]), v0)
+        # speeds before weights: a slow rank's rows are its speed, not outliers
+        speed = _speeds(ratio, ranks, weights, v0, speed_rows)
+        weights = _robust_weights(predicted / (t * speed[ranks]) - 1.0, huber, reject)
     return theta, floor, speed, weights
+
+
+def _speeds(
+    ratio: np.ndarray,
+    ranks: np.ndarray,
+    weights: np.ndarray,
+    v0: np.ndarray,
+    speed_rows: float,
+) -> np.ndarray:
+    """Each rank's speed factor from what its rows show (`ratio`, prediction / measured),
+    pulled to the prior's `v0` by `speed_rows` rows, over the median rank's (module docstring,
+    Speed factors); ranks without rows keep v0."""
+    sums = np.bincount(ranks, weights * ratio, minlength=v0.size)
+    counts = np.bincount(ranks, weights, minlength=v0.size)
+    speed = (sums + speed_rows * v0) / (counts + speed_rows)
+    seen = counts > 0
+    if not seen.any():
+        return v0.copy()
+    return np.where(seen, speed / np.median(speed[seen]), v0)
 
 
 def _ridge(

@@ -223,3 +223,15 @@ def test_a_few_rows_of_one_shape_keep_every_term_of_the_prior():
     assert refit.a >= share * prior.cost.a * (1 - 1e-12)
     assert refit.b == 0.0 and refit.c_seq == 0.0  # terms the prior lacks stay out
     assert np.all(refit.per_sample_time(np.array([100.0, 2000.0])) > 0)
+
+
+def test_a_slow_rank_on_quiet_rows_is_a_speed_not_outliers(prior):
+    """Rows of 1% noise (a quiet machine) from a prior of the device's form: their spread is
+    1%, so the slow rank's rows, 25% off the others, are 25 spreads out. They are its speed
+    (taken before the outlier weights), not outliers; the compile and the pause still are."""
+    truth = truth_of(prior)
+    refit = refine(
+        replace(prior, cost=truth), rows_of(truth, steps=6, noise=0.01), world_size=RANKS
+    )
+    assert refit.rank_speeds[SLOW_RANK] == pytest.approx(SLOW, abs=0.02)
+    assert refit.extra["refit"]["rows_rejected"] == 2
