@@ -48,6 +48,8 @@ from adaptiveload import metrics
 from adaptiveload.analysis.stats import paired_effect
 from adaptiveload.costmodel import Calibration
 from adaptiveload.io import read_json, write_json
+from adaptiveload.step_table import SP_DEGREE
+from adaptiveload.training.refine import model_error
 
 DEFAULT_POLICY = "adaptiveload-balanced"  # --policy: any policy that plans by cost
 # (a): the default mixture, fewer samples (each run is two epochs), windows of K steps
@@ -85,20 +87,28 @@ def train_command(exp: Path, cal: Path, policy: str, seed: int, out: Path) -> li
             "--seed", str(seed), "--calibration", str(cal), "--out", str(out), "--no-track"]
 
 
-def read_run(out: Path, cal: Calibration, first_timed: int | None = None) -> dict[str, float]:
+def read_run(out: Path, cal: Calibration, first_timed: int | None = None,
+             planned: Calibration | None = None) -> dict[str, float]:
     """A run's numbers from its per-step table: over the timed window, and from run step
     `first_timed` on (the closed loop's first refit's next step), imbalance, step time and
     each rank's share of the work (its micro-batches priced by the CPU calibration `cal`:
-    the work it was given, whatever its speed)."""
+    the work it was given, whatever its speed); for a run planned from one calibration
+    throughout (`planned`), its model error at every step."""
     table = pd.read_parquet(out / "steps.parquet")
     summary = read_json(out / "summary.json")
     timed = table[table["step"] >= WARMUP]
+    errors = {}
+    if planned is not None:
+        errors["model_error_median_by_step"] = [
+            round(model_error(planned, rows)[0], 4)
+            for _, rows in timed.assign(**{SP_DEGREE: timed.get(SP_DEGREE, 1)}).groupby("step")]
     row = {
         "samples_per_s": summary["samples_per_s"],
         "imbalance_rate": summary["imbalance_rate"],
         "step_time_s": float(timed.groupby("step")["step_time_s"].first().mean()),
         "host_load_mean": summary["host_load_mean"],
         "steps": int(timed["step"].nunique()),
+        **errors,
         "imbalance_by_step": [
             round(metrics.imbalance_rate(row[None, :]), 4)
             for row in timed.pivot_table(index="step", columns="rank",
@@ -154,7 +164,8 @@ def part_a(work: Path, cal_path: Path, policy: str, seeds: list[int], env: dict[
             exp = experiment(work, f"a-{arm}", cal, policy, SAMPLES_A, WORLD_A, EPOCHS_A, refine)
             out = work / f"a-{arm}-{seed}"
             run(train_command(exp, path, policy, seed, out), env)
-            row = read_run(out, cal, closed_first)
+            planned = None if arm == "closed" else Calibration.load(path)
+            row = read_run(out, cal, closed_first, planned)
             if arm == "closed":
                 closed_first = row["first_refit_step"] + 1
                 row = read_run(out, cal, closed_first)
