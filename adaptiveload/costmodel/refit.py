@@ -13,18 +13,14 @@ the cost model's own (`cost.features`); docs/closed_loop.md derives the fit.
 - **Ridge to the prior.** theta minimises the relative squared error of the rows plus the
   prior counted as `prior_rows` rows of the same design (a g-prior):
   Σ_i w_i (x_i . theta / T_i - 1)² + (prior_rows / Σ_i w_i) Σ_i w_i (x_i . (theta - prior) / T_i)²
-  + prior_rows HOLD_ROWS Σ_k c_k² (theta_k - prior_k)² / s_k, with T_i = v_r t_i the row's
-  time on a typical rank, c_k the root mean square of column k / T_i and s_k term k's share
-  of the prior's prediction (c_k prior_k over Σ_j c_j prior_j). Unconstrained, the first two give
+  + prior_rows HOLD_ROWS Σ_k c_k² (theta_k - prior_k)², with T_i = v_r t_i the row's time on
+  a typical rank and c_k the root mean square of column k / T_i. Unconstrained, the first two give
   theta = prior + n / (n + prior_rows) (theta_rows - prior), n = Σ w_i and theta_rows the
   rows' own fit: a handful of rows move the prior little, thousands move it fully, in every
   direction the rows see. The third (one row's worth, HOLD_ROWS) holds what they barely see
   at the prior: the rows of a few steps dealt by cost hold a narrow range of S, which cannot
-  tell the linear term from attention; without it, noise would set p. Over the share, it
-  moves what the rows cannot tell apart in proportion (each term by the same factor: the
-  prior's split kept), where a hold in the rows' units alone made the small terms take all of
-  it and zeroed them (b from 2 steps of long clips: p 1.0 against the truth's 1.36). It is
-  cheap for a small term to move far: a coefficient the prior has far too small (p off by 0.3
+  tell the linear term from attention; without it, noise would set p. It is in the rows'
+  units, not the coefficients' own: a coefficient the prior has far too small (p off by 0.3
   makes a or b several times smaller) moves as the rows say.
   Each coefficient stays >= n0 / (n0 + n) of the prior's (n0 = prior_rows, n = Σ w_i): the
   ridge's estimate is the prior's n0 rows and the rows' own n, and the rows' own estimate of
@@ -328,8 +324,7 @@ def _ridge(
     """Non-negative coefficients minimising Σ w_i ((x_i . c - target_i) / scale_i)² plus the
     prior's pseudo-rows (module docstring): `prior_rows` / Σ w_i times the same rows'
     squared change of prediction from the prior's, and `prior_rows` x HOLD_ROWS rows for each
-    coefficient over its share of the prior's prediction (columns scaled to unit root mean
-    square), each coefficient at least
+    coefficient (columns scaled to unit root mean square), each coefficient at least
     prior_rows / (prior_rows + Σ w_i) of the prior's (module docstring, Form).
     Non-negative least squares on the rows stacked over the prior's."""
     from scipy.optimize import nnls
@@ -340,9 +335,7 @@ def _ridge(
     rows = relative / c * np.sqrt(weights)[:, None]
     z0 = prior * c
     again = np.sqrt(prior_rows / weights.sum())
-    # each term's part of the prior's prediction on these rows
-    share = z0 / z0.sum() if z0.sum() > 0 else np.full(c.size, 1.0 / c.size)
-    hold = np.diag(np.sqrt(prior_rows * HOLD_ROWS / np.maximum(share, 1e-12)))
+    hold = np.sqrt(prior_rows * HOLD_ROWS) * np.eye(c.size)
     a = np.vstack([rows, again * rows, hold])
     b = np.concatenate([target / scale * np.sqrt(weights), again * (rows @ z0), hold @ z0])
     # no lower than the prior's share of the estimate (its rows over all): z = low + u, u >= 0
