@@ -287,8 +287,10 @@ def generated_blocks(
     records: Path, convergence: Path = CONVERGENCE_BENCHMARK,
     baseline: str = schema_default("analysis.baseline"),
 ) -> dict[str, str]:
-    """Every generated block of the README and docs: the recorded runs' (`blocks`) and the
-    convergence benchmark's table (`convergence`)."""
+    """Every generated block of the README and docs: the recorded runs' (`blocks`), the
+    convergence benchmark's table (`convergence`) and the closed loop's benchmarks'
+    (`closed-loop`)."""
+    from adaptiveload.analysis import closed_loop
     from adaptiveload.analysis.convergence import readme_table
     from adaptiveload.io import read_json
 
@@ -297,6 +299,9 @@ def generated_blocks(
     out["convergence"] = readme_table(bench["comparisons"]) + (
         f"\n_Generated from `{CONVERGENCE_BENCHMARK.as_posix()}` (commit "
         f"{bench['commit'][:7]})._\n")
+    out["closed-loop"] = closed_loop.readme_block(
+        read_json(closed_loop.MODEL_BENCHMARK, "closed-loop model benchmark"),
+        read_json(closed_loop.CPU_BENCHMARK, "closed-loop CPU benchmark"))
     return out
 
 

@@ -272,8 +272,9 @@ def splice(
     config = replace(builder.config(epoch), cost_model=calibration, steps_per_epoch=steps - step)
     tokens = rest["tokens"].to_numpy(np.float64)
     if not np.all(calibration.cost.per_sample_time(tokens) > 0):
-        # a refit of few rows can zero every per-sample term: it cannot price a sample
-        why = "it prices a sample at 0 s: too few rows to tell the per-sample cost"
+        # `refine` keeps every term the prior has (above a floor); a calibration handed to
+        # `switch` may still have none, and cannot price a sample
+        why = "it prices a sample at 0 s: it has no per-sample cost term"
     else:
         try:
             part = config.plan(

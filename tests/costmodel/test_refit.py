@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from adaptiveload.costmodel import Calibration, CostModel, features
-from adaptiveload.costmodel.refit import refine
+from adaptiveload.costmodel.refit import PRIOR_ROWS, refine
 from adaptiveload.errors import UserError
 
 RANKS = 16
@@ -195,3 +195,43 @@ def test_sequence_parallel_rows_refit_the_per_rank_cost(prior):
     refit = refine(prior, pd.DataFrame(out), world_size=RANKS)
     assert refit.extra["refit"]["rows"] == len(out)  # followers count, with their group's set
     assert mix_error(refit.cost, truth) < 0.03 < mix_error(prior.cost, truth)
+
+
+def test_a_few_rows_of_one_shape_keep_every_term_of_the_prior():
+    """4 rows of a 2-rank packed run on a CPU far faster than its prior (packs of one size,
+    times a third of the prior's): the rows cannot tell c0 from the linear term. The refit
+    lowers both, but no term below the prior's share of the estimate, n0 / (n0 + 4): it still
+    prices a sample above 0 s (it once zeroed a, and packing divided by 0)."""
+    prior = Calibration(
+        "wan2.1-micro", "cpu", "model", CostModel(c0=0.1, a=1e-6, b=0.0), p=1.4,
+        m_mem=2048, m_comp=60000, m_tok=2048,
+    )  # fmt: skip
+    tokens = np.array([1980, 2040, 1900, 2010])
+    rows = pd.DataFrame(
+        {
+            "step": [0, 0, 1, 1],
+            "rank": [0, 1, 0, 1],
+            "samples": [5, 6, 4, 7],
+            "tokens": tokens,
+            "tokens_sq": tokens**2 // 5,
+            "compute_s": [0.031, 0.034, 0.029, 0.035],
+        }
+    )
+    refit = refine(prior, rows, world_size=2).cost
+    share = PRIOR_ROWS / (PRIOR_ROWS + len(rows))
+    assert refit.c0 < 0.9 * prior.cost.c0  # the rows moved it
+    assert refit.a >= share * prior.cost.a * (1 - 1e-12)
+    assert refit.b == 0.0 and refit.c_seq == 0.0  # terms the prior lacks stay out
+    assert np.all(refit.per_sample_time(np.array([100.0, 2000.0])) > 0)
+
+
+def test_a_slow_rank_on_quiet_rows_is_a_speed_not_outliers(prior):
+    """Rows of 1% noise (a quiet machine) from a prior of the device's form: their spread is
+    1%, so the slow rank's rows, 25% off the others, are 25 spreads out. They are its speed
+    (taken before the outlier weights), not outliers; the compile and the pause still are."""
+    truth = truth_of(prior)
+    refit = refine(
+        replace(prior, cost=truth), rows_of(truth, steps=6, noise=0.01), world_size=RANKS
+    )
+    assert refit.rank_speeds[SLOW_RANK] == pytest.approx(SLOW, abs=0.02)
+    assert refit.extra["refit"]["rows_rejected"] == 2

@@ -201,8 +201,9 @@ def test_sequence_parallel_plans_replan_their_groups(samples):
 
 
 def test_a_refit_that_prices_samples_at_zero_keeps_the_plan(samples):
-    """A refit of few rows that zeroes every per-sample term cannot price a pack: the epoch
-    keeps its plan, with one warning, instead of packing on a cost of 0 s per sample."""
+    """A calibration with no per-sample term (handed to `switch`; `refine` keeps the prior's)
+    cannot price a pack: the epoch keeps its plan, with one warning, instead of packing on a
+    cost of 0 s per sample."""
     replanner = Replanner(
         PlanBuilder(samples, "adaptiveload-packed", BUDGETS, WORLD, 1, cost_model=PRIOR)
     )

@@ -3,7 +3,8 @@ generated from results/benchmarks/closed_loop_cpu.json and closed_loop_cpu_loade
 (written by tests/bench/bench_closed_loop.py); tests/repo checks the doc holds what this
 renders.
 
-    python tests/support/closed_loop_cpu_doc.py   # rewrite the doc's block from the result
+    python tests/support/closed_loop_cpu_doc.py   # rewrite the doc's block from the result,
+                                                  # and draw the figure
 """
 
 from __future__ import annotations
@@ -41,8 +42,12 @@ def table(result: dict[str, Any]) -> str:
     out = []
     if a:
         s, runs = a["setup"], a["runs"]
+        wrong = s["wrong_model"]
+        what = (f"the cost model of another device ({wrong['device']})" if "device" in wrong
+                else "the CPU calibration with its fixed cost and exponent perturbed")
         out += [
-            f"**(a) A wrong cost model** ({s['policy']}, {s['world_size']} emulated ranks, "
+            f"**(a) A wrong cost model**: planned from {what} ({s['policy']}, "
+            f"{s['world_size']} emulated ranks, "
             f"{s['num_samples']} {s['mixture']} samples, {s['epochs']} epochs, refit every "
             f"{s['refine_every']} steps, {len(runs['open'])} seeds; {s['timer']}; measured):",
             "",
@@ -111,8 +116,11 @@ def table(result: dict[str, Any]) -> str:
         ]
     loads = [r["host_load_mean"] for part in (a, b) if part for arm in part["runs"].values()
              for r in arm]
+    # a part run alone keeps the file's other part: each says when it ran where it recorded it
+    dates = [f"({k}) {part['date']}" for k, part in (("a", a), ("b", b)) if part and "date" in part]
+    when = ", ".join(dates) if dates else f"{result['date'][:16]} UTC"
     out.append(
-        f"{result['device']}, {result['date'][:16]} UTC; the host's 1-minute load average "
+        f"{result['device']}, {when}; the host's 1-minute load average "
         f"over the runs {min(loads):.1f}–{max(loads):.1f}.")
     return "\n".join(out)
 
@@ -143,4 +151,10 @@ def generated_block(doc: Path) -> str:
 
 
 if __name__ == "__main__":
-    rewrite(ROOT / "docs" / "closed_loop.md", [json.loads(p.read_text()) for p in RESULTS])
+    from adaptiveload.analysis.closed_loop import FIGURE, figure
+
+    results = [json.loads(p.read_text()) for p in RESULTS]
+    rewrite(ROOT / "docs" / "closed_loop.md", results)
+    (ROOT / FIGURE).parent.mkdir(parents=True, exist_ok=True)
+    figure(results[0]).savefig(ROOT / FIGURE, dpi=150)
+    print(f"wrote docs/closed_loop.md's block and {FIGURE}")

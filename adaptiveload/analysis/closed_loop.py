@@ -1,0 +1,149 @@
+"""What the closed loop buys and what it cannot, from its committed benchmarks: the README's
+generated block and one figure (imbalance and model error against step, open vs closed loop).
+
+- `results/benchmarks/closed_loop_model.json` (`adaptiveload closed-loop --config
+  experiments/closed_loop/model.yaml`): the simulator with a true device unlike the planner's
+  prior, open loop, closed loop and the oracle; model.
+- `results/benchmarks/closed_loop_cpu.json` (tests/bench/bench_closed_loop.py): `train.refine`
+  on this CPU, (a) planned from another device's cost model, (b) a straggler; measured.
+
+Every number in the block is read from those files (docs/closed_loop.md has the full tables).
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+MODEL_BENCHMARK = Path("results/benchmarks/closed_loop_model.json")
+CPU_BENCHMARK = Path("results/benchmarks/closed_loop_cpu.json")
+# where `figure` is written (the pipeline's results folders are not committed)
+FIGURE = Path("results/closed_loop/figures/closed_loop.png")
+# the model target: closed loop's time after its first window within this of the oracle's
+MODEL_TARGET = 1.03
+ARMS = ("open", "closed", "oracle")
+
+
+def model_ratios(model: dict[str, Any]) -> dict[str, np.ndarray]:
+    """Per run of the model benchmark: after the closed loop's first window, closed and open
+    over the oracle's time of the same samples; over the whole epoch, the same."""
+    rows = model["rows"]
+    after = [r["after_first_window"] for r in rows]
+    return {
+        "closed_after": np.array([a["closed_s"] / a["oracle_s"] for a in after]),
+        "open_after": np.array([a["open_s"] / a["oracle_s"] for a in after]),
+        "closed_epoch": np.array([r["closed_s"] / r["oracle_s"] for r in rows]),
+        "open_epoch": np.array([r["open_s"] / r["oracle_s"] for r in rows]),
+    }
+
+
+def _mean(runs: list[dict], key: str) -> float:
+    return float(np.mean([r[key] for r in runs]))
+
+
+def readme_block(model: dict[str, Any], cpu: dict[str, Any]) -> str:
+    """The README's lines: the model benchmark's ratios to the oracle (median and worst over
+    runs, how many meet MODEL_TARGET) and the measured runs' paired effects."""
+    spec, ratios = model["spec"], model_ratios(model)
+    runs = len(model["rows"])
+    seeds = len(spec["seeds"])
+    sizes = ", ".join(f"{n:,}" for n in spec["world_sizes"])
+    met = int((ratios["closed_after"] <= MODEL_TARGET).sum())
+    device = spec["device"]
+    lines = [
+        f"- **Model** (`{MODEL_BENCHMARK.as_posix()}`): a planner whose prior has p off by ±0.3 "
+        f"and c0 ×2 or ×0.5, on a true device with one rank in {device['slow_every']} at "
+        f"{device['slow_speed']}× and {device['noise']:.0%} timing noise; "
+        f"{', '.join(spec['calibrations'])}; {', '.join(spec['mixtures'])}; N = {sizes}; "
+        f"{runs // seeds} setups × {seeds} seeds. After the closed loop's first window, the "
+        f"rest of the epoch takes ×{np.median(ratios['closed_after']):.3f} the oracle's time "
+        f"(median over runs; worst ×{ratios['closed_after'].max():.3f}), the open loop's "
+        f"×{np.median(ratios['open_after']):.3f} (worst ×{ratios['open_after'].max():.3f}); "
+        f"{met} of {runs} runs within ×{MODEL_TARGET}. The whole epoch, its first window on "
+        f"the prior included: closed ×{np.median(ratios['closed_epoch']):.3f}, open "
+        f"×{np.median(ratios['open_epoch']):.3f}.",
+    ]
+    a = cpu.get("a_wrong_model")
+    if a:
+        s, arm = a["setup"], a["runs"]
+        sps = a["effects"]["samples_per_s: closed / open"]
+        errors = [r["model_error_median_by_window"] for r in arm["closed"]]
+        wrong = s["wrong_model"].get("device", "a perturbed CPU calibration")
+        lines.append(
+            f"- **Measured** (`{CPU_BENCHMARK.as_posix()}`, {cpu['device']}, {s['timer']}, "
+            f"{len(arm['closed'])} seeds): `train.refine` on {s['world_size']} emulated ranks, "
+            f"planned from the cost model of another device ({wrong}) for the same model: "
+            f"samples/s closed / open ×{sps['ratio']:.3f} (95% CI {sps['ci95'][0]:.3f}–"
+            f"{sps['ci95'][1]:.3f}); imbalance after the first refit "
+            f"{_mean(arm['closed'], 'imbalance_after_first_refit'):.1%} against "
+            f"{_mean(arm['open'], 'imbalance_after_first_refit'):.1%} open and "
+            f"{_mean(arm['oracle'], 'imbalance_after_first_refit'):.1%} for the oracle (this "
+            f"CPU's calibration); model error median "
+            f"{np.mean([e[0] for e in errors]):.0%} → {np.mean([e[-1] for e in errors]):.0%}."
+        )
+    b = cpu.get("b_straggler")
+    if b:
+        st = b["effects"]["step_time_after_first_refit_s: closed / open"]
+        lines.append(
+            f"- **Measured**, a straggler ({b['setup']['launch']}, "
+            f"{b['setup']['straggler']}, {b['setup']['timer']}): step time after the first "
+            f"refit closed / open ×{st['ratio']:.3f} (95% CI {st['ci95'][0]:.3f}–"
+            f"{st['ci95'][1]:.3f})."
+        )
+    return "\n".join(lines) + "\n"
+
+
+def figure(cpu: dict[str, Any]) -> Any:
+    """Imbalance (each step's) and model error (median |predicted − measured| / measured per
+    micro-batch: each step's for the arms planned from one model, each window's for the
+    closed loop) against step, open vs closed loop vs oracle, means over seeds; the closed
+    loop's refits marked. Measured: (a) of the CPU benchmark."""
+    import matplotlib.pyplot as plt
+
+    from adaptiveload.analysis.figures import OTHER_COLOR, policy_color
+
+    a = cpu["a_wrong_model"]
+    s, runs = a["setup"], a["runs"]
+    color = {"open": OTHER_COLOR, "closed": policy_color(s["policy"]), "oracle": (0, 0, 0)}
+    style = {"open": "-", "closed": "-", "oracle": ":"}
+    first = s["warmup_steps"]
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 5.5), sharex=True, layout="constrained")
+    for arm in ARMS:
+        by_step = np.mean([r["imbalance_by_step"] for r in runs[arm]], axis=0)
+        steps = first + np.arange(by_step.size)
+        top.plot(
+            steps,
+            100 * by_step,
+            style[arm],
+            color=color[arm],
+            label=f"{arm} loop" if arm != "oracle" else "oracle (this CPU's calibration)",
+        )
+        if arm != "closed" and "model_error_median_by_step" in runs[arm][0]:
+            err = np.mean([r["model_error_median_by_step"] for r in runs[arm]], axis=0)
+            bottom.plot(steps, 100 * err, style[arm], color=color[arm])
+    ends = np.array(runs["closed"][0]["window_end_steps"])
+    err = np.mean([r["model_error_median_by_window"] for r in runs["closed"]], axis=0)
+    starts = np.concatenate([[first], ends[:-1] + 1])
+    bottom.hlines(100 * err, starts, ends, color=color["closed"], lw=2)
+    for ax in (top, bottom):
+        for step in ends[:-1]:
+            ax.axvline(step + 0.5, color=color["closed"], lw=0.6, alpha=0.4)
+    wrong = s["wrong_model"].get("device", "a perturbed calibration")
+    top.set_title(
+        textwrap.fill(
+            f"measured ({s['timer']}, {cpu['device']}): train.refine planned from {wrong}'s cost "
+            f"model, {s['world_size']} emulated ranks, {len(runs['closed'])} seeds (mean); thin "
+            "lines: the closed loop's refits",
+            90,
+        ),
+        fontsize=9,
+    )
+    top.set_ylabel("imbalance per step (%)")
+    top.legend(fontsize=8)
+    bottom.set_yscale("log")
+    bottom.set_ylabel("model error, median per\nmicro-batch (%, log)")
+    bottom.set_xlabel("step (after the warm-up)")
+    return fig
