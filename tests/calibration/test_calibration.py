@@ -248,7 +248,8 @@ def test_a_lora_experiment_is_calibrated_on_its_lora_step_and_training_checks_it
 
     exp = validate({"name": "x", "model": {"config": "wan2.1-micro"},
                     "calibration": {"batch_sizes": [1, 2], "tokens": [16, 64, 256, 512, 1024],
-                                    "repeats": 2, "warmup": 0, "capacity_gb": 0.005, "max_loo_error": 10},
+                                    "repeats": 2, "warmup": 0, "capacity_gb": 0.005,
+                                    "max_loo_error": 10},
                     "train": {"lora": {"rank": 4}}}, "test")
     cfg = CalibrationConfig.from_experiment(exp)
     assert cfg.lora is not None and cfg.lora.rank == 4
