@@ -205,7 +205,7 @@ def test_a_few_rows_of_one_shape_keep_every_term_of_the_prior():
     prior = Calibration(
         "wan2.1-micro", "cpu", "model", CostModel(c0=0.1, a=1e-6, b=0.0), p=1.4,
         m_mem=2048, m_comp=60000, m_tok=2048,
-    )  # fmt: skip
+    )
     tokens = np.array([1980, 2040, 1900, 2010])
     rows = pd.DataFrame(
         {
