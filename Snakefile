@@ -4,7 +4,7 @@
 from snakemake.utils import min_version, validate
 
 from adaptiveload.experiment import SCHEMA_PATH, check_pipeline_config
-from adaptiveload.pipeline import check_owner
+from adaptiveload.pipeline import check_owner, check_user_inputs
 
 min_version("8.0")
 
@@ -17,6 +17,8 @@ validate(config, str(SCHEMA_PATH))  # adaptiveload/experiment.schema.yaml, shipp
 check_pipeline_config(config, workflow.configfiles)
 # one experiment file per results/<name> (and MLflow experiment <name>)
 EXPERIMENT_FILE = check_owner(config, workflow.configfiles, workflow.overwrite_configfiles)
+# the files the user brings (a manifest, a checkpoint, the empty caption's embedding) exist
+check_user_inputs(config, EXPERIMENT_FILE)
 
 
 include: "workflow/rules/common.smk"

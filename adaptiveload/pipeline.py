@@ -360,3 +360,31 @@ def check_owner(
             f"name (or, if {mine} now is that experiment, delete {stamp})"
         )
     return mine
+
+
+# the files an experiment names that the user brings (none is made by a rule), with how to
+# make each: (section, field, the fix)
+USER_INPUTS = (
+    ("data", "manifest", "make it from your cache with `adaptiveload manifest import FOLDER "
+     "-o PATH` or point the field at your manifest (docs/finetune.md)"),
+    ("data", "empty_text", "save the text encoder's output for \"\" there "
+     "(adaptiveload.data.latents.save_text) or set data.caption_dropout: 0 and the field "
+     "to null (docs/finetune.md)"),
+    ("model", "init_from", "point it at your checkpoint (either layout) or set it to scratch "
+     "(docs/models.md)"),
+)
+
+
+def check_user_inputs(config: dict[str, Any], experiment_file: str) -> None:
+    """Refuse (UserError, one line naming the file, field and fix) a run whose user-brought
+    input does not exist: no rule makes it, and Snakemake would otherwise stop on a rule's
+    missing input several lines in, naming neither the field nor what to do."""
+    for section, field, fix in USER_INPUTS:
+        path = config[section].get(field)
+        if path is None or Path(path).exists():
+            continue
+        from adaptiveload.training.finetune import SCRATCH  # torch: only for a missing path
+
+        if path == SCRATCH:
+            continue
+        raise UserError(f"{experiment_file}: {section}.{field}: {path} does not exist; {fix}")

@@ -14,6 +14,7 @@ import pytest
 from repo_paths import ROOT
 from workflow_setup import copy_workflow, snakemake
 
+from adaptiveload import pipeline
 from adaptiveload.experiment import load_layered
 
 EXPERIMENTS = sorted((ROOT / "experiments").glob("*.yaml"))
@@ -24,12 +25,21 @@ def workflow_copy(tmp_path_factory) -> Path:
     return copy_workflow(tmp_path_factory.mktemp("routes"))
 
 
+def user_inputs(cfg: dict) -> list[str]:
+    """The paths of what the user brings (pipeline.USER_INPUTS) an experiment file names."""
+    paths = (cfg[section].get(field) for section, field, _ in pipeline.USER_INPUTS)
+    return [p for p in paths if p not in (None, "scratch")]
+
+
 @pytest.mark.parametrize("experiment", EXPERIMENTS, ids=lambda p: p.name)
 def test_every_experiment_file_dry_runs(workflow_copy, experiment):
     rel = f"experiments/{experiment.name}"
+    cfg = load_layered(experiment)
+    for path in user_inputs(cfg):  # stand-ins: a dry run needs them to exist, no more
+        (workflow_copy / path).parent.mkdir(parents=True, exist_ok=True)
+        (workflow_copy / path).touch()
     out = snakemake(workflow_copy, "-n", "--configfile", rel, timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    cfg = load_layered(experiment)
     if not (cfg["train"]["enabled"] and "fused" in cfg["model"]["kernels"]):
         return
     # every fused training job depends on the job that writes the kernel library's record
@@ -42,6 +52,20 @@ def test_every_experiment_file_dry_runs(workflow_copy, experiment):
              if label.startswith("train") and "kernel: fused" in label}
     assert len(build) == 1 and fused, labels
     assert all((next(iter(build)), n) in edges for n in fused)
+
+
+def test_a_missing_user_input_is_refused_in_one_line(workflow_copy):
+    """An experiment naming a manifest the user has not made yet stops before Snakemake
+    builds a DAG, naming the file, the field and how to make it."""
+    (workflow_copy / "experiments" / "mine.yaml").write_text(
+        "name: mine\ndata: {manifest: data/not-made-yet/manifest.csv}\n")
+    out = snakemake(workflow_copy, "-n", "--configfile", "experiments/mine.yaml", timeout=300)
+    assert out.returncode != 0
+    text = out.stdout + out.stderr
+    line = next(x for x in text.splitlines() if "does not exist" in x)
+    assert line.startswith("experiments/mine.yaml: data.manifest: data/not-made-yet/manifest.csv")
+    assert "adaptiveload manifest import" in line
+    assert "MissingInputException" not in text
 
 
 def test_default_profile_is_accepted(workflow_copy):
