@@ -21,6 +21,8 @@ from adaptiveload.io import read_text
 
 # package data, so that an installed package validates with the same file as the checkout
 SCHEMA_PATH = Path(__file__).resolve().parent / "experiment.schema.yaml"
+# model.init_from of a run from Wan's seeded initialisation (the schema's default)
+SCRATCH = "scratch"
 
 @cache
 def schema() -> dict[str, Any]:

@@ -381,10 +381,6 @@ def check_user_inputs(config: dict[str, Any], experiment_file: str) -> None:
     missing input several lines in, naming neither the field nor what to do."""
     for section, field, fix in USER_INPUTS:
         path = config[section].get(field)
-        if path is None or Path(path).exists():
-            continue
-        from adaptiveload.training.finetune import SCRATCH  # torch: only for a missing path
-
-        if path == SCRATCH:
+        if path in (None, experiment.SCRATCH) or Path(path).exists():
             continue
         raise UserError(f"{experiment_file}: {section}.{field}: {path} does not exist; {fix}")

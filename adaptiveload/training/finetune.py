@@ -24,12 +24,12 @@ from torch import nn
 
 from adaptiveload.costmodel import Calibration
 from adaptiveload.errors import UserError
+from adaptiveload.experiment import SCRATCH
 from adaptiveload.model.architectures import WanConfig, get_config
 from adaptiveload.model.lora import LoraSpec, add_lora, is_lora_key, lora_state, spec_record
 from adaptiveload.model.wan import WanModel
 from adaptiveload.model.weights import inspect, load_wan, open_checkpoint
 
-SCRATCH = "scratch"  # model.init_from: Wan's seeded initialisation
 FIELD = "model.init_from"
 _CHUNK = 1 << 24
 

@@ -57,6 +57,7 @@ from adaptiveload import metrics
 from adaptiveload.costmodel import Calibration
 from adaptiveload.data.dataset import LatentDataset
 from adaptiveload.errors import UserError
+from adaptiveload.experiment import SCRATCH
 from adaptiveload.model.architectures import get_config
 from adaptiveload.model.wan import WanModel
 from adaptiveload.planning.sampler import PlanBatch, PlanBatchSampler, PlanBuilder
@@ -160,7 +161,7 @@ def build_model(cfg: TrainConfig, device: torch.device) -> WanModel:
     seconds to initialize on a CPU, under one on a GPU (where every process of the same seed
     draws the same weights, and DDP broadcasts rank 0's anyway)."""
     torch.manual_seed(cfg.seed)
-    if cfg.init_from != finetune.SCRATCH:
+    if cfg.init_from != SCRATCH:
         model = finetune.load_pretrained(
             cfg.init_from, cfg.model, cfg.kernel, cfg.activation_checkpointing
         )

@@ -18,13 +18,13 @@ from typing import Any
 import torch
 
 from adaptiveload.errors import UserError
-from adaptiveload.experiment import schema_default
+from adaptiveload.experiment import SCRATCH, schema_default
 from adaptiveload.model.attention import LAYOUTS, Execution
 from adaptiveload.model.lora import LoraSpec, lora_spec
 from adaptiveload.pipeline import check_world_size
 from adaptiveload.planning.policies import get_policy
 from adaptiveload.step_table import WHOLE_EPOCH, window_kind
-from adaptiveload.training.finetune import SCRATCH, checkpoint_digest
+from adaptiveload.training.finetune import checkpoint_digest
 from adaptiveload.training.refine import refine_mode
 
 LAUNCH_MODES = ("emulated", "distributed")

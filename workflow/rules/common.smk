@@ -13,6 +13,7 @@ from adaptiveload.analysis.tables import kernel_measurements
 from adaptiveload.io import json_text
 from adaptiveload.calibration.settings import CalibrationConfig
 from adaptiveload.errors import UserError
+from adaptiveload.experiment import SCRATCH
 from adaptiveload.planning.policies import POLICIES as POLICIES_BY_NAME
 
 EXP = config["name"]
@@ -113,11 +114,11 @@ def init_files():
     weights overwritten at the same path rerun it. Where they cannot be listed (no such path,
     no checkpoint there) the path itself, which Snakemake reports missing or training
     refuses in one line."""
+    path = config["model"]["init_from"]
+    if path == SCRATCH:
+        return []
     from adaptiveload.training import finetune  # torch: only for a run from a checkpoint
 
-    path = config["model"]["init_from"]
-    if path == finetune.SCRATCH:
-        return []
     try:
         return [str(f) for f in finetune.checkpoint_files(path)]
     except UserError:
