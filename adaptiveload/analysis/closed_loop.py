@@ -40,6 +40,18 @@ def model_ratios(model: dict[str, Any]) -> dict[str, np.ndarray]:
     }
 
 
+def wrong_model_words(wrong: dict[str, Any]) -> str:
+    """What a measured (a) run was planned from, in words (its record's `wrong_model`)."""
+    if "p_shift" in wrong:
+        budgets = ("the budgets derived from that fit" if wrong.get("budgets") == "wrong"
+                   else "this CPU's budgets")
+        return (f"a stale calibration of this CPU: its fit with p {wrong['p_shift']:+} and c0 "
+                f"×{wrong['c0_scale']}, with {budgets}")
+    if "device" in wrong:
+        return f"the cost model of another device ({wrong['device']}), with this CPU's budgets"
+    return "the CPU calibration with its fixed cost and exponent perturbed"
+
+
 def _mean(runs: list[dict], key: str) -> float:
     return float(np.mean([r[key] for r in runs]))
 
@@ -71,11 +83,12 @@ def readme_block(model: dict[str, Any], cpu: dict[str, Any]) -> str:
         s, arm = a["setup"], a["runs"]
         sps = a["effects"]["samples_per_s: closed / open"]
         errors = [r["model_error_median_by_window"] for r in arm["closed"]]
-        wrong = s["wrong_model"].get("device", "a perturbed CPU calibration")
+        device = a.get("device", cpu["device"])  # a part run alone keeps the file's others
         lines.append(
-            f"- **Measured** (`{CPU_BENCHMARK.as_posix()}`, {cpu['device']}, {s['timer']}, "
-            f"{len(arm['closed'])} seeds): `train.refine` on {s['world_size']} emulated ranks, "
-            f"planned from the cost model of another device ({wrong}) for the same model: "
+            f"- **Measured** (`{CPU_BENCHMARK.as_posix()}`, {device}, {s['timer']}, "
+            f"{len(arm['closed'])} seeds): `train.refine` ({s['policy']}) on "
+            f"{s['world_size']} emulated ranks, planned from "
+            f"{wrong_model_words(s['wrong_model'])}: "
             f"samples/s closed / open ×{sps['ratio']:.3f} (95% CI {sps['ci95'][0]:.3f}–"
             f"{sps['ci95'][1]:.3f}); imbalance after the first refit "
             f"{_mean(arm['closed'], 'imbalance_after_first_refit'):.1%} against "
@@ -88,12 +101,20 @@ def readme_block(model: dict[str, Any], cpu: dict[str, Any]) -> str:
     if b:
         st = b["effects"]["step_time_after_first_refit_s: closed / open"]
         lines.append(
-            f"- **Measured**, a straggler ({b['setup']['launch']}, "
+            f"- **Measured**, a straggler ({b.get('device', cpu['device'])}, "
+            f"{b['setup']['launch']}, "
             f"{b['setup']['straggler']}, {b['setup']['timer']}): step time after the first "
             f"refit closed / open ×{st['ratio']:.3f} (95% CI {st['ci95'][0]:.3f}–"
             f"{st['ci95'][1]:.3f})."
         )
     return "\n".join(lines) + "\n"
+
+
+def _mean_by_step(series: list[list[float]]) -> np.ndarray:
+    """The mean over seeds at each step all of them ran (a seed whose plan has a step more
+    leaves it out)."""
+    steps = min(len(s) for s in series)
+    return np.mean([s[:steps] for s in series], axis=0)
 
 
 def figure(cpu: dict[str, Any]) -> Any:
@@ -112,7 +133,7 @@ def figure(cpu: dict[str, Any]) -> Any:
     first = s["warmup_steps"]
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 5.5), sharex=True, layout="constrained")
     for arm in ARMS:
-        by_step = np.mean([r["imbalance_by_step"] for r in runs[arm]], axis=0)
+        by_step = _mean_by_step([r["imbalance_by_step"] for r in runs[arm]])
         steps = first + np.arange(by_step.size)
         top.plot(
             steps,
@@ -122,21 +143,23 @@ def figure(cpu: dict[str, Any]) -> Any:
             label=f"{arm} loop" if arm != "oracle" else "oracle (this CPU's calibration)",
         )
         if arm != "closed" and "model_error_median_by_step" in runs[arm][0]:
-            err = np.mean([r["model_error_median_by_step"] for r in runs[arm]], axis=0)
+            err = _mean_by_step([r["model_error_median_by_step"] for r in runs[arm]])
             bottom.plot(steps, 100 * err, style[arm], color=color[arm])
-    ends = np.array(runs["closed"][0]["window_end_steps"])
-    err = np.mean([r["model_error_median_by_window"] for r in runs["closed"]], axis=0)
-    starts = np.concatenate([[first], ends[:-1] + 1])
-    bottom.hlines(100 * err, starts, ends, color=color["closed"], lw=2)
-    for ax in (top, bottom):
-        for step in ends[:-1]:
-            ax.axvline(step + 0.5, color=color["closed"], lw=0.6, alpha=0.4)
-    wrong = s["wrong_model"].get("device", "a perturbed calibration")
+    for run in runs["closed"]:  # each seed's windows (a policy's refits may fall apart)
+        ends = np.array(run["window_end_steps"])
+        starts = np.concatenate([[first], ends[:-1] + 1])
+        bottom.hlines(100 * np.array(run["model_error_median_by_window"]), starts, ends,
+                      color=color["closed"], lw=2, alpha=0.6)
+        for ax in (top, bottom):
+            for step in ends[:-1]:
+                ax.axvline(step + 0.5, color=color["closed"], lw=0.6, alpha=0.25)
     top.set_title(
         textwrap.fill(
-            f"measured ({s['timer']}, {cpu['device']}): train.refine planned from {wrong}'s cost "
-            f"model, {s['world_size']} emulated ranks, {len(runs['closed'])} seeds (mean); thin "
-            "lines: the closed loop's refits",
+            f"measured ({s['timer']}, {a.get('device', cpu['device'])}): train.refine "
+            f"({s['policy']}) planned "
+            f"from {wrong_model_words(s['wrong_model'])}; {s['world_size']} emulated ranks, "
+            f"{len(runs['closed'])} seeds (mean; the closed loop's windows per seed); thin "
+            "lines: its refits",
             90,
         ),
         fontsize=9,

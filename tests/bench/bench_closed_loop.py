@@ -1,19 +1,30 @@
 """Benchmark: the closed loop (train.refine) measured on this CPU, open loop against closed.
 
 Run: nice -n 10 .venv/bin/python tests/bench/bench_closed_loop.py [--calibration FILE]
-     [--seeds 0 1 2] [--parts a b] [-o results/benchmarks/closed_loop_cpu.json]
+     [--seeds 0 1 2] [--parts a b] [--wrong perturbed|h200]
+     [-o results/benchmarks/closed_loop_cpu.json]
 (b) alone, on a quiet machine, keeping the file's (a):
      nice -n 10 .venv/bin/python tests/bench/bench_closed_loop.py --parts b
 
-(a) A cost model of another device. The default experiment's data (tiny-cpu, tiny Wan 2.1,
-    4 emulated ranks, adaptiveload-balanced), fewer samples, two whole epochs, planned from
-    the analytic H200 prior of the same model (`adaptiveload calibrate prior` on the default
-    experiment: on an H200 the tiny model's step is its fixed cost, so it prices a 3,740-token
-    clip 4% above a 221-token one, where this CPU takes 30x as long): open loop (the H200
-    model throughout), closed loop (train.refine every K steps from it) and the oracle (the
-    CPU calibration itself, open loop). Every arm has the same budgets (the CPU calibration's)
-    and so the same batches: only how they are dealt to the ranks differs. Timed by each
-    emulated rank's thread CPU time (docs/measurement.md).
+(a) A wrong cost model. The default experiment's data (tiny-cpu, tiny Wan 2.1, 4 emulated
+    ranks), fewer samples, two whole epochs: open loop (the wrong model throughout), closed
+    loop (train.refine every K steps from it) and the oracle (the CPU calibration itself, open
+    loop), timed by each emulated rank's thread CPU time (docs/measurement.md). Two wrong
+    models (--wrong):
+    - `perturbed` (the default, key a_wrong_model): a stale calibration of this CPU, its fit
+      with the simulator's prior error (`planning.closed_loop.perturbed`: p -0.3, c0 x0.5),
+      with the CPU calibration's budgets, policy adaptiveload-balanced: the same batches in
+      every arm, dealt by a model whose shape is wrong (it misorders batches of many short
+      clips against batches of few long ones).
+    - `h200` (key a_other_device): the analytic H200 prior of the same model (`adaptiveload
+      calibrate prior`: on an H200 the tiny model's step is its fixed cost, so it prices a
+      3,740-token clip 4% above a 221-token one, where this CPU takes 30x as long), with the
+      same budgets and policy: sort-and-chunk dealing needs only the batches' cost ORDER,
+      which a model wrong in scale keeps (the record of that run shows it: open = oracle).
+    Beside the measured arms, each (a) records the model's prediction for the same samples
+    (`planning.closed_loop.run` with this CPU's calibration as the true device, no noise):
+    what a plan from the wrong model loses against the oracle, so a measured gain can be read
+    against what there was to gain.
 (b) A real straggler. torchrun with 2 processes, each pinned to its own core (taskset), and a
     CPU-bound process this benchmark starts on rank 1's core before the run and stops after
     it: rank 1 runs at about half speed. Open loop (the CPU calibration, which knows nothing
@@ -36,29 +47,45 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import torch
 import yaml
-from stamp import stamp
+from stamp import device_name, stamp
 
 from adaptiveload import metrics
 from adaptiveload.analysis.stats import paired_effect
+from adaptiveload.calibration.mix import mixture_token_mix
 from adaptiveload.costmodel import Calibration
+from adaptiveload.data.bucketing import bucketize
+from adaptiveload.data.mixtures import synthesize
 from adaptiveload.io import read_json, write_json
+from adaptiveload.planning import closed_loop
+from adaptiveload.planning.budgets import Budgets
+from adaptiveload.planning.closed_loop import TrueDevice, perturbed
+from adaptiveload.planning.plan import build_plan
 from adaptiveload.step_table import SP_DEGREE
+from adaptiveload.training.inputs import DATA_SEED
 from adaptiveload.training.refine import model_error
 
-DEFAULT_POLICY = "adaptiveload-balanced"  # --policy: any policy that plans by cost
+# --policy: any policy that plans by cost; None: each part's own (below)
 # (a): the default mixture, fewer samples (each run is two epochs), windows of K steps
 SAMPLES_A, WORLD_A, EPOCHS_A, EVERY_A = 200, 4, 2, 4
 # (b): 2 processes, one epoch of the same mixture
 SAMPLES_B, WORLD_B, EPOCHS_B, EVERY_B = 160, 2, 2, 3
 WARMUP = 2
-# the wrong model of (a): another device's, the analytic prior of the same model on its rates
-WRONG_RATES = "h200"
+# the wrong models of (a), with the policy, the budgets (the wrong file's or the CPU's) and
+# the result key of each (module docstring)
+WRONG = {
+    "perturbed": {"policy": "adaptiveload-balanced", "budgets": "cpu", "key": "a_wrong_model",
+                  "p_shift": -0.3, "c0_scale": 0.5},
+    "h200": {"policy": "adaptiveload-balanced", "budgets": "cpu", "key": "a_other_device",
+             "rates": "h200"},
+}
+POLICY_B = "adaptiveload-balanced"
 TORCHRUN = Path(sys.executable).parent / "torchrun"
 
 
@@ -144,13 +171,44 @@ def run(args: list[str], env: dict[str, str]) -> None:
         raise RuntimeError(done.stderr[-3000:])
 
 
-def part_a(work: Path, cal_path: Path, policy: str, seeds: list[int], env: dict[str, str]
-           ) -> dict:
+def wrong_calibration(work: Path, cal: Calibration, kind: str, env: dict[str, str]) -> Path:
+    """The wrong model of (a) (`WRONG[kind]`), written beside the runs."""
+    spec, path = WRONG[kind], work / f"wrong-{kind}.json"
+    if "rates" in spec:
+        run(["-m", "adaptiveload", "calibrate", "prior", "--rates", spec["rates"], "--config",
+             "experiments/default.yaml", "-o", str(path)], env)
+        return path
+    tokens = mixture_token_mix("tiny-cpu", SAMPLES_A, DATA_SEED, "aspect", "tiny").tokens
+    cost = perturbed(cal.cost, tokens, spec["p_shift"], spec["c0_scale"])
+    write_json(path, replace(cal, cost=cost, source="model").for_tokens(tokens).to_dict())
+    return path
+
+
+def predicted(cal: Calibration, wrong: Calibration, policy: str, seeds: list[int]) -> dict:
+    """The model's open/oracle epoch time for (a)'s samples and budgets (docstring):
+    `closed_loop.run` with this CPU's calibration as the true device, one epoch. (Its closed
+    loop is not the trainer's: it derives budgets from each refit, where the trainer keeps
+    the run's.)"""
+    samples = bucketize(synthesize("tiny-cpu", SAMPLES_A, DATA_SEED), mode="aspect",
+                        grid="tiny").samples
+    same = {k: getattr(cal, k) for k in ("p", "m_mem", "m_comp", "m_tok")}  # (a)'s budgets
+    device = TrueDevice(cal.cost, np.ones(WORLD_A), 0.0)
+    ratios = []
+    for seed in seeds:
+        steps = int(build_plan(samples, policy, Budgets(**same), WORLD_A, seed,
+                               cost_model=cal).table["step"].max()) + 1
+        got = closed_loop.run(samples, cal, replace(wrong, **same), device, policy, WORLD_A,
+                              seed, max(2, -(-steps // EVERY_A)))
+        ratios.append(got["open_s"] / got["oracle_s"])
+    return {"source": "model", "open_over_oracle": ratios}
+
+
+def part_a(work: Path, cal_path: Path, policy: str, seeds: list[int], env: dict[str, str],
+           kind: str) -> dict:
     cal = Calibration.load(cal_path)
-    wrong_path = work / "wrong.json"
-    run(["-m", "adaptiveload", "calibrate", "prior", "--rates", WRONG_RATES, "--config",
-         "experiments/default.yaml", "-o", str(wrong_path)], env)
+    wrong_path = wrong_calibration(work, cal, kind, env)
     wrong = Calibration.load(wrong_path)
+    budgets = wrong if WRONG[kind]["budgets"] == "wrong" else cal
     arms = {
         "open": (wrong_path, "off"),
         "closed": (wrong_path, {"every": EVERY_A}),
@@ -161,7 +219,8 @@ def part_a(work: Path, cal_path: Path, policy: str, seeds: list[int], env: dict[
         closed_first = None
         for arm in ("closed", "open", "oracle"):  # the closed run first: its refit step
             path, refine = arms[arm]
-            exp = experiment(work, f"a-{arm}", cal, policy, SAMPLES_A, WORLD_A, EPOCHS_A, refine)
+            exp = experiment(work, f"a-{arm}", budgets, policy, SAMPLES_A, WORLD_A, EPOCHS_A,
+                             refine)
             out = work / f"a-{arm}-{seed}"
             run(train_command(exp, path, policy, seed, out), env)
             planned = None if arm == "closed" else Calibration.load(path)
@@ -173,19 +232,23 @@ def part_a(work: Path, cal_path: Path, policy: str, seeds: list[int], env: dict[
             print(f"(a) seed {seed} {arm}: {row}", flush=True)
             shutil.rmtree(out)
     return {
+        "device": device_name(),  # per part: a part run alone keeps the file's others
         "date": time.strftime("%Y-%m-%dT%H:%M UTC", time.gmtime()),
         "setup": {"mixture": "tiny-cpu", "num_samples": SAMPLES_A, "model": "wan2.1-tiny",
                   "world_size": WORLD_A, "launch": "emulated", "epochs": EPOCHS_A,
                   "warmup_steps": WARMUP, "policy": policy, "refine_every": EVERY_A,
                   "timer": "thread CPU time per emulated rank",
-                  "wrong_model": {"device": wrong.device, "source": wrong.source,
-                                  "cost": vars(wrong.cost),
+                  "wrong_model": {"kind": kind, "device": wrong.device, "source": wrong.source,
+                                  "cost": vars(wrong.cost), "budgets": WRONG[kind]["budgets"],
+                                  **{k: WRONG[kind][k] for k in ("p_shift", "c0_scale")
+                                     if k in WRONG[kind]},
                                   "effective_exponent_221_3740": [
                                       cal.cost.effective_exponent(221, 3740),
                                       wrong.cost.effective_exponent(221, 3740)]},
                   "cpu_calibration": {"cost": vars(cal.cost), "p": cal.p}},
         "runs": runs,
         "effects": effects(runs, "samples_per_s", "imbalance_after_first_refit"),
+        "model": predicted(cal, wrong, policy, seeds),
     }
 
 
@@ -228,6 +291,7 @@ def part_b(work: Path, cal_path: Path, policy: str, seeds: list[int], env: dict[
             print(f"(b) seed {seed} {arm}: {row}", flush=True)
             shutil.rmtree(out)
     return {
+        "device": device_name(),  # per part: a part run alone keeps the file's others
         "date": time.strftime("%Y-%m-%dT%H:%M UTC", time.gmtime()),
         "setup": {"mixture": "tiny-cpu", "num_samples": SAMPLES_B, "model": "wan2.1-tiny",
                   "world_size": WORLD_B, "launch": "torchrun, gloo, one core per process",
@@ -260,7 +324,8 @@ def main() -> None:
     parser.add_argument("--calibration", default=None)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--parts", nargs="+", default=["a", "b"], choices=["a", "b"])
-    parser.add_argument("--policy", default=DEFAULT_POLICY)
+    parser.add_argument("--policy", default=None)
+    parser.add_argument("--wrong", default="perturbed", choices=sorted(WRONG))
     parser.add_argument("-o", "--out", default="results/benchmarks/closed_loop_cpu.json")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench_closed_loop_"))
@@ -280,16 +345,18 @@ def main() -> None:
     out = Path(args.out)
     if out.exists():  # a part not run now keeps its last result (b alone keeps the file's a)
         kept = read_json(out)
-        result.update({k: kept[k] for k in ("a_wrong_model", "load_average_after_a",
-                                            "b_straggler") if k in kept})
+        result.update({k: kept[k] for k in ("a_wrong_model", "a_other_device",
+                                            "load_average_after_a", "b_straggler") if k in kept})
     result["load_average_before"] = list(os.getloadavg())
     t0 = time.perf_counter()
     if "a" in args.parts:
-        result["a_wrong_model"] = part_a(work, cal, args.policy, args.seeds, env)
+        spec = WRONG[args.wrong]
+        result[spec["key"]] = part_a(work, cal, args.policy or spec["policy"], args.seeds, env,
+                                     args.wrong)
         result["load_average_after_a"] = list(os.getloadavg())
         write_json(Path(args.out), result)  # (a) kept if (b) fails
     if "b" in args.parts:
-        result["b_straggler"] = part_b(work, cal, args.policy, args.seeds, env)
+        result["b_straggler"] = part_b(work, cal, args.policy or POLICY_B, args.seeds, env)
     result["load_average_after"] = list(os.getloadavg())
     result["elapsed_s"] = time.perf_counter() - t0
     write_json(Path(args.out), result)

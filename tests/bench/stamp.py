@@ -16,12 +16,17 @@ from adaptiveload import __version__
 from adaptiveload.provenance import cpu_model
 
 
+def device_name() -> str:
+    """This machine as a result file names it."""
+    return f"CPU: {cpu_model()} ({os.cpu_count()} cores visible)"
+
+
 def stamp(benchmark: str, source: str, note: str, **versions: str) -> dict[str, Any]:
     """The header of a result file; `source` is "measured" or "model", `versions` extra ones."""
     return {
         "benchmark": benchmark,
         "source": source,
-        "device": f"CPU: {cpu_model()} ({os.cpu_count()} cores visible)",
+        "device": device_name(),
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "versions": {
             "adaptiveload": __version__,
