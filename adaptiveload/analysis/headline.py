@@ -301,6 +301,8 @@ def generated_blocks(
         f"{bench['commit'][:7]})._\n")
     out["closed-loop"] = closed_loop.readme_block(
         read_json(closed_loop.MODEL_BENCHMARK, "closed-loop model benchmark"),
+        read_json(closed_loop.HOLDOUT_BENCHMARK, "closed-loop model benchmark's holdout"),
+        read_json(closed_loop.SHORT_EPOCHS_BENCHMARK, "closed-loop short-epochs benchmark"),
         read_json(closed_loop.CPU_BENCHMARK, "closed-loop CPU benchmark"))
     return out
 

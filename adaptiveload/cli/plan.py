@@ -280,13 +280,20 @@ def _read_plan(path: Path) -> pd.DataFrame:
 @app.command("closed-loop", epilog=examples(
     "adaptiveload closed-loop --config experiments/closed_loop/model.yaml "
     "-o results/benchmarks/closed_loop_model.json",
+    "adaptiveload closed-loop --config experiments/closed_loop/model.yaml --seed 3 --seed 4 "
+    "-o results/benchmarks/closed_loop_model_holdout.json",
 ))
 def closed_loop_cmd(
     config: Annotated[Path, Opt(help="YAML file with a `closed_loop` section")],
     output: Annotated[Path, Opt("-o", "--output", help="results JSON to write")],
+    seed: Annotated[
+        list[int] | None, Opt(help="seed to run instead of the file's (repeatable): a holdout "
+                                   "of the same setups", show_default="the file's `seeds`")
+    ] = None,
 ) -> None:
     """Open loop, closed loop (refit every window) and oracle on a true device unlike the
-    prior (planning.closed_loop; every number `model`)."""
+    prior (planning.closed_loop; every number `model`). The results JSON holds the section as
+    run (--seed in it)."""
     import yaml
 
     from adaptiveload.planning.closed_loop import experiment
@@ -296,13 +303,14 @@ def closed_loop_cmd(
     spec = yaml.safe_load(config.read_text()) or {}
     if not isinstance(spec.get("closed_loop"), dict):
         raise UserError(f"{config}: field 'closed_loop' missing; see experiments/closed_loop/")
-    rows = experiment(spec["closed_loop"])
-    write_json(output, {"source": "model", "config": str(config), "spec": spec["closed_loop"],
-                        "rows": rows})
+    section = spec["closed_loop"] if seed is None else {**spec["closed_loop"], "seeds": seed}
+    rows = experiment(section)
+    write_json(output, {"source": "model", "config": str(config), "spec": section, "rows": rows})
     for r in rows:
         after = r["after_first_window"]
         typer.echo(
-            f"{r['calibration']} {r['mixture']} N={r['world_size']} p{r['p_shift']:+} "
+            f"{r['calibration']} {r['mixture']} N={r['world_size']} ({r['num_samples']:,} "
+            f"samples) p{r['p_shift']:+} "
             f"c0x{r['c0_scale']}: after the first window closed/oracle "
             f"{after['closed_s'] / after['oracle_s']:.3f}, open/oracle "
             f"{after['open_s'] / after['oracle_s']:.3f} (model)"

@@ -17,6 +17,11 @@ The epoch's time is Σ over steps of the slowest rank's true time (no all-reduce
 all three). The closed loop's target compares the samples after its first window: its time
 for them against the oracle's plan of exactly those samples (`after_first_window`). Every
 number is a prediction of the model (`source: "model"`).
+
+The data's size is per rank (`samples_per_rank`, `sample_count`): at paper scale the data
+grows with the cluster, so every N runs epochs of comparable steps and its windows hold
+comparable rows per rank. A fixed `num_samples` at every N is the other case, kept for what
+it shows: at N = 1,024 an epoch of 20,000 samples is a few steps and a window one to three.
 """
 
 from __future__ import annotations
@@ -108,6 +113,10 @@ def run(
     """Open loop, closed loop (refit every window of the epoch's steps, `windows` of them)
     and oracle on `samples` (module docstring); their true times and the refit's record."""
     tokens = samples["tokens"].to_numpy(np.float64)
+    # which samples a window ran, by position: a hash table of the ids built once (a million
+    # string ids looked up anew every window cost more than planning them)
+    ids = pd.Index(samples["sample_id"])
+    left = np.ones(len(samples), dtype=bool)
     rng = np.random.default_rng(seed)
     speeds = list(map(float, device.speeds))
     oracle_cal = replace(truth, extra={**truth.extra, "rank_speeds": speeds})
@@ -118,7 +127,7 @@ def run(
     window = max(1, -(-steps // windows))
 
     # the closed loop: run a window of the current plan, refit, replan the rest
-    table, offset, remaining, after = open_table, 0, samples, None
+    table, offset, after = open_table, 0, None
     measured: list[pd.DataFrame] = []
     refits: list[dict[str, Any]] = []
     while True:
@@ -126,9 +135,8 @@ def run(
         ran = table if last else table[table["step"] < window]
         rows = device.times(ran, rng)
         measured.append(rows.assign(step=rows["step"] + offset))
-        remaining = remaining[
-            ~remaining["sample_id"].isin(ran.loc[~ran["is_padding"], "sample_id"])
-        ]
+        left[ids.get_indexer(ran.loc[~ran["is_padding"], "sample_id"])] = False
+        remaining = samples[left]
         if last or remaining.empty:
             break
         offset += window
@@ -180,25 +188,41 @@ def true_device(cal: Calibration, spec: dict[str, Any], world_size: int) -> True
     return TrueDevice(cal.cost, speeds, float(spec.get("noise", 0.0)))
 
 
-def experiment(spec: dict[str, Any], num_samples: int | None = None) -> list[dict[str, Any]]:
-    """Every row of an experiment file's ``closed_loop`` section (experiments/closed_loop.yaml):
-    calibrations x mixtures x world sizes x prior errors x policies x seeds."""
+def sample_count(spec: dict[str, Any], world_size: int) -> int:
+    """How many samples an experiment entry plans at N = `world_size`: `samples_per_rank` x N
+    (paper scale: the data grows with the cluster, the epoch's steps stay comparable), or a
+    fixed `num_samples` at every N (the epoch shortens as N grows). Exactly one is given."""
+    given = [key for key in ("samples_per_rank", "num_samples") if key in spec]
+    if len(given) != 1:
+        raise UserError(
+            "closed_loop: give one of `samples_per_rank` (the data grows with N) and "
+            f"`num_samples` (the same data at every N); got {given or 'neither'}"
+        )
+    if given == ["samples_per_rank"]:
+        return int(spec["samples_per_rank"]) * world_size
+    return int(spec["num_samples"])
+
+
+def experiment(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every row of an experiment file's ``closed_loop`` section (experiments/closed_loop/):
+    mixtures x world sizes (the data, `sample_count` samples) x calibrations x prior errors x
+    policies x seeds."""
     from adaptiveload.data.bucketing import bucketize
     from adaptiveload.data.mixtures import synthesize
 
     try:
-        n_samples = int(num_samples or spec["num_samples"])
         out = []
         for mixture in spec["mixtures"]:
-            samples = bucketize(synthesize(mixture, n_samples, int(spec["manifest_seed"]))).samples
-            tokens = samples["tokens"].to_numpy(np.float64)
-            for cal_name in spec["calibrations"]:
-                truth = Calibration.load(cal_name).for_tokens(tokens)
-                for error in spec["prior_errors"]:
-                    cost = perturbed(truth.cost, tokens, error["p_shift"], error["c0_scale"])
-                    prior = replace(truth, cost=cost, source="model").for_tokens(tokens)
-                    for n in spec["world_sizes"]:
-                        device = true_device(truth, spec["device"], n)
+            for n in spec["world_sizes"]:
+                count = sample_count(spec, n)
+                samples = bucketize(synthesize(mixture, count, int(spec["manifest_seed"]))).samples
+                tokens = samples["tokens"].to_numpy(np.float64)
+                for cal_name in spec["calibrations"]:
+                    truth = Calibration.load(cal_name).for_tokens(tokens)
+                    device = true_device(truth, spec["device"], n)
+                    for error in spec["prior_errors"]:
+                        cost = perturbed(truth.cost, tokens, error["p_shift"], error["c0_scale"])
+                        prior = replace(truth, cost=cost, source="model").for_tokens(tokens)
                         for policy in spec["policies"]:
                             for seed in spec["seeds"]:
                                 got = run(
@@ -219,6 +243,7 @@ def experiment(spec: dict[str, Any], num_samples: int | None = None) -> list[dic
                                         "prior_p": prior.p,
                                         "true_p": truth.p,
                                         "world_size": n,
+                                        "num_samples": count,
                                         "policy": policy,
                                         "seed": seed,
                                         **got,
@@ -226,6 +251,6 @@ def experiment(spec: dict[str, Any], num_samples: int | None = None) -> list[dic
                                 )
     except KeyError as exc:
         raise UserError(
-            f"closed_loop: field {exc.args[0]!r} missing; see experiments/closed_loop.yaml"
+            f"closed_loop: field {exc.args[0]!r} missing; see experiments/closed_loop/model.yaml"
         ) from None
     return out

@@ -1,6 +1,7 @@
 """The closed loop in the model (`planning.closed_loop`): with a wrong prior and a slow rank,
 refitting every window brings the plan of the rest of the epoch within a few percent of the
-oracle's, where the open loop stays off; the prior's perturbation is what it says."""
+oracle's, where the open loop stays off; the prior's perturbation is what it says; the data
+grows with N where the spec gives it per rank."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import numpy as np
 import pytest
 
 from adaptiveload.costmodel import Calibration
-from adaptiveload.planning.closed_loop import experiment, perturbed
+from adaptiveload.errors import UserError
+from adaptiveload.planning.closed_loop import experiment, perturbed, sample_count
 
 SPEC = {
     "num_samples": 10000,
@@ -48,3 +50,20 @@ def test_the_closed_loop_reaches_the_oracle_after_its_first_window():
     # the slow rank's factor: shrunk to 1 on a window's few rows, near 0.8 on all of them
     assert 0.8 < first["slowest_rank_speed"] < 0.9
     assert row["refits"][-1]["slowest_rank_speed"] == pytest.approx(0.8, abs=0.03)
+
+
+def test_samples_per_rank_grows_the_data_with_n_and_num_samples_keeps_it():
+    assert [sample_count({"samples_per_rank": 1250}, n) for n in (16, 1024)] == [20000, 1280000]
+    assert [sample_count({"num_samples": 20000}, n) for n in (16, 1024)] == [20000, 20000]
+    for neither_or_both in ({}, {"samples_per_rank": 1250, "num_samples": 20000}):
+        with pytest.raises(UserError, match="samples_per_rank"):
+            sample_count(neither_or_both, 16)
+
+
+def test_each_n_plans_its_own_data_at_paper_scale():
+    spec = {k: v for k, v in SPEC.items() if k != "num_samples"}
+    rows = experiment({**spec, "samples_per_rank": 150, "world_sizes": [16, 32]})
+    assert [(r["world_size"], r["num_samples"]) for r in rows] == [(16, 2400), (32, 4800)]
+    # the same samples per rank: epochs of comparable steps at both N
+    steps = [r["window_steps"] for r in rows]
+    assert max(steps) <= 1.5 * min(steps)
