@@ -304,26 +304,35 @@ def _baseline(
     base = replace(config, policy=config.policy.baseline)
     _, _, _, buckets, _, formed = _form(base, samples, num_excluded, num_over_capacity)
     batches, n = formed.batches, config.world_size
+    steps = formed.slots.size // n
     live = np.flatnonzero(formed.slots >= 0)  # a group's other ranks hold -1
-    batch = formed.slots[live]
-    tokens = buckets.tokens[buckets.of][batches.order]
-    sum_s = np.add.reduceat(tokens, batches.start)
-    sum_sq = np.add.reduceat(tokens**2, batches.start)
-    real = ~formed.slot_pad[live]
-    used = np.zeros(batches.size.size, dtype=bool)  # the batches real slots run
-    used[batch[real]] = True
-    used = np.flatnonzero(used)
-    at = np.repeat(batches.start[used] - starts(batches.size[used]), batches.size[used])
-    seen = np.zeros(buckets.of.size, dtype=bool)  # each sample of them once
-    seen[batches.order[at + np.arange(at.size)]] = True
-    planned = int(seen.sum())
-    size = batches.size[batch]
+    batch, real = formed.slots[live], ~formed.slot_pad[live]
     degree = np.ones(live.size, dtype=np.int64)
     if formed.slot_degree is not None:
         degree = np.maximum(formed.slot_degree[live], 1)
-    seconds = epoch_seconds(live // n, formed.slots.size // n, size, sum_s[batch],
-                            sum_sq[batch], degree, config.cost_model, n, config.allreduce_gbps)
+    del formed  # its rank slots (at 10M samples, hundreds of MB): gone before the sums
+    planned = _trained(batches, batch[real], buckets.of.size)
+    tokens = buckets.tokens[narrow(buckets.of, buckets.tokens.size)[batches.order]]
+    del buckets
+    sum_s = np.add.reduceat(tokens, batches.start)[batch]
+    sum_sq = np.add.reduceat(tokens**2, batches.start)[batch]
+    del tokens
+    size = batches.size[batch]
+    seconds = epoch_seconds(live // n, steps, size, sum_s, sum_sq, degree, config.cost_model, n,
+                            config.allreduce_gbps)
     return base.policy.name, planned, float(size[real].sum()) / seconds
+
+
+def _trained(batches: Batches, run: np.ndarray, samples: int) -> int:
+    """How many of the `samples` the batches `run` (ids, repeats among them) hold, each
+    sample once."""
+    used = np.zeros(batches.size.size, dtype=bool)
+    used[run] = True
+    used = np.flatnonzero(used)
+    at = np.repeat(batches.start[used] - starts(batches.size[used]), batches.size[used])
+    seen = np.zeros(samples, dtype=bool)
+    seen[batches.order[at + np.arange(at.size)]] = True
+    return int(seen.sum())
 
 
 def _buckets(frame: pd.DataFrame, tokens: np.ndarray) -> Buckets:
