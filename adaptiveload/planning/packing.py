@@ -201,7 +201,7 @@ class _Types:
     """The epoch's distinct token counts, samples that run alone first, then costliest
     first: cost `w`, limit use `use` [types, limits], `alone` (over a limit's `caps` on its
     own, `EpochLimits.ceiling`: oversize, it runs alone), and each sample position's type
-    `of`."""
+    `of` (`dealing.narrow`: int16 where the types fit, a quarter of the bytes per sample)."""
 
     w: np.ndarray
     use: np.ndarray
@@ -336,7 +336,7 @@ def types_of(
     new_code = np.empty_like(rank)
     new_code[rank] = np.arange(rank.size)
     return _Types(w=w[rank], use=use[rank], alone=alone[rank], caps=caps,
-                  of=new_code[code], tokens=values[rank])
+                  of=narrow(new_code, rank.size)[code], tokens=values[rank])
 
 
 def _spread_over_windows(n: int, steps: int, per_window: int, phase: float) -> np.ndarray:
@@ -780,18 +780,24 @@ def _assemble(
     speeds: np.ndarray | None = None,
 ) -> Packs:
     """The windows' packs as one epoch (numbered window by window), every pack given a sample
-    where the epoch has enough, the rest padded, all dealt to steps by predicted cost."""
+    where the epoch has enough, the rest padded, all dealt to steps by predicted cost. It
+    consumes `windows` (the list is emptied once joined) and drops each array once used:
+    at 10M samples each copy of the epoch's packs holds hundreds of MB."""
     offset = np.cumsum([0] + [w.fill.size.size for w in windows[:-1]])
     pack_of = np.concatenate([off + w.pack_of for w, off in zip(windows, offset, strict=True)])
     place = np.concatenate([w.place for w in windows])
     members = np.concatenate([w.members for w in windows])
     fill = _Fill.concat([w.fill for w in windows])
+    step_window = np.repeat(np.arange(len(windows)), [w.steps for w in windows])
+    windows.clear()
     _fill_empty(pack_of, place, fill, types.of[members], types)
     start = np.concatenate(([0], np.cumsum(fill.size)[:-1])).astype(np.int64)
     order = np.empty(tokens.size, dtype=np.int64)
     order[start[pack_of] + place] = members
+    del pack_of, place, members
     real = fill.size > 0
     packs = fill.take(np.flatnonzero(real))
+    del fill
     pack_cost = (
         cost.pack_time(packs.size, packs.sum_s, packs.sum_sq) if cost is not None else packs.load
     )
@@ -799,7 +805,6 @@ def _assemble(
     slot_pack = np.cumsum(real) - 1
     n_pad = int((~real).sum())
     slot_pack[~real] = rng.choice(packs.size.size, n_pad, replace=n_pad > packs.size.size)
-    step_window = np.repeat(np.arange(len(windows)), [w.steps for w in windows])
     deal = deal_in_windows(pack_cost[slot_pack], world_size, step_window, rng, speeds)
     return Packs(
         order=order, start=start[real], size=packs.size, slots=slot_pack[deal],

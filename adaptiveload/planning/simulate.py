@@ -49,7 +49,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, partial
 from typing import Any
 
 import numpy as np
@@ -75,6 +75,8 @@ from adaptiveload.step_table import (
 
 DEFAULT_ALLREDUCE_GBPS = schema_default("train.allreduce_gbps")  # an experiment's default
 FP32_BYTES = 4
+# the steps `_predict` takes at a time (at 4,096 ranks, 1M cells: each array of a block 8 MB)
+STEP_BLOCK = 256
 # the summary fields of the plan's largest micro-batch against what its calibration measured
 MEMORY_FIELDS = (
     "max_micro_batch_tokens",
@@ -166,7 +168,7 @@ def simulate(
     summary.update(_memory(predicted, calibration))
     summary.update(_metrics(predicted, ar_s, capacity_bytes))
     return Simulation(
-        summary, capacity_bytes, lambda: _step_table(plan_table, cost_model, n, ar_s, bound)
+        summary, capacity_bytes, partial(_step_table, plan_table, cost_model, n, ar_s, bound)
     )
 
 
@@ -270,18 +272,19 @@ def _by_cell(table: pd.DataFrame, n: int) -> tuple[pd.DataFrame, np.ndarray, int
 
 @dataclass(frozen=True)
 class _Predicted:
-    """A plan's predictions per (step, rank) cell, step-major: its micro-batch (`cells`),
-    the degree of the group it leads (1 on a single rank and on a group's other ranks), its
-    compute seconds [steps, N] and per-rank bytes (a group's on each of its ranks), each
-    step's slowest rank `t_step` and its lower bound. The summary and the per-step frame
-    are made from these."""
+    """A plan's predictions per (step, rank) cell, step-major: the tokens of its micro-batch
+    (Σ S), the degree of the group it leads (1 on a single rank and on a group's other
+    ranks), its compute seconds [steps, N] and per-rank bytes (a group's on each of its
+    ranks); per step, its slowest rank `t_step`, its lower bound and what it trained
+    (`metrics.StepCounts`: real samples and tokens, padding repeats)."""
 
-    cells: _Cells
+    tokens: np.ndarray
     degree: np.ndarray
     compute: np.ndarray
     memory: np.ndarray
     t_step: np.ndarray
     lower_bound: np.ndarray
+    counts: metrics.StepCounts
 
 
 def _predict(
@@ -290,14 +293,34 @@ def _predict(
 ) -> _Predicted:
     """Each rank's micro-batch (n, Σ S, Σ S² of its rows; `table` ordered by cell, `key`
     each row's) through the cost model (a group's at its degree, on each of its ranks), every
-    step waiting for its slowest rank, beside the step's lower bound."""
-    cell = _cells(table, key, steps * n)
+    step waiting for its slowest rank, beside the step's lower bound. Made STEP_BLOCK steps
+    at a time (a group never spans two steps), of each block's cells kept only what the
+    summary reads: at 10M samples on 4,096 ranks every per-cell array holds 121 MB."""
+    lower_bound = _step_bounds(table, _split(cost_model)[0], steps, n, bound)
+    tokens = np.zeros(steps * n, dtype=np.int64)
     degree = np.ones(steps * n, dtype=np.int64)
-    degree[key] = table_degrees(table)
-    compute, memory = _cell_costs(cost_model, cell, degree, n)
+    compute = np.zeros(steps * n)
+    memory = np.full(steps * n, np.nan)
+    real_samples, real_tokens, padding = np.zeros(steps), np.zeros(steps), np.zeros(steps)
+
+    def per_step(values: np.ndarray) -> np.ndarray:
+        return values.astype(np.float64).reshape(-1, n).sum(axis=1)
+
+    for first in range(0, steps, STEP_BLOCK):
+        last = min(first + STEP_BLOCK, steps)
+        at = slice(first * n, last * n)
+        rows = slice(*np.searchsorted(key, [first * n, last * n]))
+        block = table.iloc[rows]
+        cell = _cells(block, key[rows] - first * n, (last - first) * n)
+        degree[key[rows]] = table_degrees(block)
+        compute[at], memory[at] = _cell_costs(cost_model, cell, degree[at], n)
+        tokens[at] = cell.tokens
+        real_samples[first:last] = per_step(cell.samples - cell.padding_samples)
+        real_tokens[first:last] = per_step(cell.tokens - cell.padding_tokens)
+        padding[first:last] = per_step(cell.padding_samples)
     compute = compute.reshape(steps, n)
-    bounds = _step_bounds(table, _split(cost_model)[0], steps, n, bound)
-    return _Predicted(cell, degree, compute, memory, compute.max(axis=1), bounds)
+    counts = metrics.StepCounts(real_samples, real_tokens, padding)
+    return _Predicted(tokens, degree, compute, memory, compute.max(axis=1), lower_bound, counts)
 
 
 def _step_table(
@@ -308,7 +331,8 @@ def _step_table(
     each cell's largest bucket shape, and a group's degree on each of its ranks."""
     table, key, steps = _by_cell(table, n)
     predicted = _predict(table, key, steps, cost_model, n, bound)
-    cell, compute, t_step = predicted.cells, predicted.compute, predicted.t_step
+    compute, t_step = predicted.compute, predicted.t_step
+    cell = _cells(table, key, steps * n)
     shape = _shapes(table, key, cell.samples)
 
     # what only a measurement has: missing, each such column an all-NA view of one value
@@ -447,7 +471,7 @@ def _memory(predicted: _Predicted, calibration: Calibration | None) -> dict[str,
     d-th of every sample: ⌈Σ S / d⌉), that one's Σ S over its group and predicted per-rank
     bytes, and, where `calibration` measured memory (on one device), how many of the
     micro-batches put more tokens on a rank than the largest one measured."""
-    group_tokens = predicted.cells.tokens
+    group_tokens = predicted.tokens
     tokens = -(-group_tokens // predicted.degree)  # a group's other ranks hold 0: it counts once
     largest = int(np.argmax(tokens))
     measured = calibration.measured_memory_tokens if calibration is not None else None
@@ -480,18 +504,9 @@ def _metrics(
         return {"steps": 0}
     wall_s = float((predicted.t_step + allreduce_s).sum())
     peak = predicted.memory.reshape(steps, n)
-    cell = predicted.cells
-
-    def per_step(values: np.ndarray) -> np.ndarray:
-        return values.astype(np.float64).reshape(steps, n).sum(axis=1)
-
     out: dict[str, Any] = metrics.window_metrics(
         compute,
-        metrics.StepCounts(  # real samples and tokens (`step_table.real_counts`), repeats
-            per_step(cell.samples - cell.padding_samples),
-            per_step(cell.tokens - cell.padding_tokens),
-            per_step(cell.padding_samples),
-        ),
+        predicted.counts,
         seconds=wall_s,
         peak_bytes=np.where(np.isnan(peak), 0.0, peak),  # a rank without a batch: no memory
         capacity_bytes=capacity_bytes,
