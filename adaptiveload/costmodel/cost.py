@@ -62,6 +62,7 @@ points) and refitted from a run's own micro-batches by `costmodel.refit`.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -91,31 +92,46 @@ TIME_TERMS = ("c0", "c_seq", "a", "b")
 MEMORY_TERMS = ("m_static", "m_tok", "m_seq")
 
 
+def feature_columns(count: Any, sum_tokens: Any, sum_tokens_sq: Any) -> list[np.ndarray]:
+    """The columns of TIME_TERMS for sets of `count` samples whose token counts sum to
+    `sum_tokens` and whose squares sum to `sum_tokens_sq`, broadcast to one shape: 1 (c0,
+    once per micro-batch; a read-only view that holds no memory), n (c_seq, once per
+    sample), ΣS (a, the linear layers) and ΣS² (b, attention per sample). B samples of S
+    tokens are (B, B S, B S²). Pricing millions of packs column by column holds no design
+    matrix beside them."""
+    n, s, q = np.broadcast_arrays(
+        *(np.asarray(v, dtype=np.float64) for v in (count, sum_tokens, sum_tokens_sq))
+    )
+    return [np.broadcast_to(1.0, n.shape), n, s, q]
+
+
 def features(count: Any, sum_tokens: Any, sum_tokens_sq: Any) -> np.ndarray:
-    """[..., 4]: the columns of TIME_TERMS for sets of `count` samples whose token counts sum
-    to `sum_tokens` and whose squares sum to `sum_tokens_sq`: 1 (c0, once per micro-batch),
-    n (c_seq, once per sample), ΣS (a, the linear layers) and ΣS² (b, attention per sample).
-    B samples of S tokens are (B, B S, B S²)."""
-    n = np.asarray(count, dtype=np.float64)
-    s = np.asarray(sum_tokens, dtype=np.float64)
-    q = np.asarray(sum_tokens_sq, dtype=np.float64)
-    return np.stack(np.broadcast_arrays(np.ones_like(n), n, s, q), axis=-1)
+    """[..., 4]: `feature_columns` as one design matrix (the rows a fit solves for)."""
+    return np.stack(feature_columns(count, sum_tokens, sum_tokens_sq), axis=-1)
+
+
+def memory_feature_columns(count: Any, sum_tokens: Any) -> list[np.ndarray]:
+    """The columns of MEMORY_TERMS, broadcast to one shape: 1 (m_static; a read-only view),
+    ΣS (m_tok), n (m_seq)."""
+    n, s = np.broadcast_arrays(
+        *(np.asarray(v, dtype=np.float64) for v in (count, sum_tokens))
+    )
+    return [np.broadcast_to(1.0, n.shape), s, n]
 
 
 def memory_features(count: Any, sum_tokens: Any) -> np.ndarray:
-    """[..., 3]: the columns of MEMORY_TERMS: 1 (m_static), ΣS (m_tok), n (m_seq)."""
-    n = np.asarray(count, dtype=np.float64)
-    s = np.asarray(sum_tokens, dtype=np.float64)
-    return np.stack(np.broadcast_arrays(np.ones_like(n), s, n), axis=-1)
+    """[..., 3]: `memory_feature_columns` as one design matrix."""
+    return np.stack(memory_feature_columns(count, sum_tokens), axis=-1)
 
 
-def combine(columns: np.ndarray, coefficients: Any) -> np.ndarray:
-    """Σ_k columns[..., k] coefficients[k], added in column order: every caller that prices a
-    set from `features` gets the same bits (a matrix product may add in another order)."""
+def combine(columns: Sequence[np.ndarray] | np.ndarray, coefficients: Any) -> np.ndarray:
+    """Σ_k columns[k] coefficients[k], added in column order (`feature_columns`, or a design
+    matrix's transpose ``x.T``): every caller that prices a set gets the same bits (a matrix
+    product may add in another order)."""
     coef = np.asarray(coefficients, dtype=np.float64)
-    out = columns[..., 0] * coef[0]
+    out = columns[0] * coef[0]
     for k in range(1, coef.size):
-        out = out + columns[..., k] * coef[k]
+        out = out + columns[k] * coef[k]
     return out
 
 
@@ -162,14 +178,14 @@ class CostModel:
         """Predicted forward+backward seconds of packs of `count` samples whose token counts
         sum to `sum_tokens` and whose squares sum to `sum_tokens_sq`; broadcasts over arrays.
         An empty pack (count 0) costs nothing: no micro-batch runs."""
-        x = features(count, sum_tokens, sum_tokens_sq)
-        work = combine(x, self.time_coefficients)
-        return np.where(x[..., 1] > 0, np.maximum(self.t_floor, work), 0.0)
+        columns = feature_columns(count, sum_tokens, sum_tokens_sq)
+        work = combine(columns, self.time_coefficients)
+        return np.where(columns[1] > 0, np.maximum(self.t_floor, work), 0.0)
 
     def pack_memory(self, count: Any, sum_tokens: Any) -> Any:
         """Predicted peak bytes of packs of `count` samples holding `sum_tokens` tokens in all;
         broadcasts over arrays."""
-        return combine(memory_features(count, sum_tokens), self.memory_coefficients)
+        return combine(memory_feature_columns(count, sum_tokens), self.memory_coefficients)
 
     def set_time(self, tokens: Any) -> float:
         """`pack_time` of one set of samples, given their token counts."""

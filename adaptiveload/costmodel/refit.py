@@ -244,7 +244,7 @@ def _design(table: pd.DataFrame, calibration: Calibration) -> tuple[np.ndarray, 
 
 def _predict(cost: CostModel, x: np.ndarray, offset: np.ndarray) -> np.ndarray:
     """A typical rank's seconds for the rows: the floor over work and communication."""
-    return np.maximum(cost.t_floor, combine(x, cost.time_coefficients) + offset)
+    return np.maximum(cost.t_floor, combine(x.T, cost.time_coefficients) + offset)
 
 
 # --- the fits ---------------------------------------------------------------------------------
@@ -270,7 +270,7 @@ def _fit_time(
     weights = np.ones(t.size)
     for _ in range(IRLS_ROUNDS):
         typical = t * speed[ranks]  # each row's time on a typical rank
-        work = combine(x, theta) + offset
+        work = combine(x.T, theta) + offset
         on_floor = (work < floor) if floor > 0 else np.zeros(t.size, dtype=bool)
         fit = ~on_floor & (weights > 0)
         if fit.any():  # the prior's form: a term it has at 0 stays 0
@@ -286,7 +286,7 @@ def _fit_time(
         if floor > 0:
             w = weights * on_floor
             floor = float((w @ typical + prior_rows * prior.t_floor) / (w.sum() + prior_rows))
-        predicted = np.maximum(floor, combine(x, theta) + offset)
+        predicted = np.maximum(floor, combine(x.T, theta) + offset)
         ratio = predicted / t  # the rank's speed this row shows
         # speeds before weights: a slow rank's rows are its speed, not outliers
         speed = _speeds(ratio, ranks, weights, v0, speed_rows)
@@ -376,13 +376,13 @@ def _fit_memory(
     )
     m = peak[rows]
     prior = cost.memory_coefficients
-    before = combine(x, prior) / m - 1.0
+    before = combine(x.T, prior) / m - 1.0
     weights = np.ones(m.size)
     coef = prior
     for _ in range(IRLS_ROUNDS):
         coef = _ridge(x, m, m, weights, prior, prior_rows)
-        weights = _robust_weights(combine(x, coef) / m - 1.0, huber, reject)
-    residual = combine(x, coef) / m - 1.0
+        weights = _robust_weights(combine(x.T, coef) / m - 1.0, huber, reject)
+    residual = combine(x.T, coef) / m - 1.0
     under = -residual[weights > 0]  # measured above predicted
     margin = float(max(0.0, np.quantile(under, 0.9))) if under.size else 0.0
     fitted = replace(cost, **dict(zip(MEMORY_TERMS, (float(v) for v in coef), strict=True)))

@@ -32,6 +32,15 @@ class Buckets:
     shape: np.ndarray
     tokens: np.ndarray
 
+    def token_counts(self) -> tuple[np.ndarray, np.ndarray]:
+        """The samples' distinct token counts (sorted) and how many samples have each:
+        ``np.unique(tokens, return_counts=True)`` of the samples (every bucket holds one),
+        from the few buckets: no sort of a million samples."""
+        values, inverse = np.unique(self.tokens, return_inverse=True)
+        per_bucket = np.bincount(self.of, minlength=self.tokens.size)
+        count = np.bincount(inverse, weights=per_bucket, minlength=values.size)
+        return values, count.astype(np.int64)
+
 
 @dataclass(frozen=True)
 class Batches:

@@ -98,15 +98,28 @@ def deal_in_windows(
     steps = step_window.size
     if cost.size != steps * world_size:
         raise ValueError("slot count must be world_size times the number of steps")
-    by_cost = np.lexsort((cost, np.repeat(step_window, world_size)))  # cheapest first
-    chunk = np.arange(cost.size) // world_size  # the step each sorted slot would form
+    by_cost = _by_cost(cost, step_window, world_size)  # cheapest first in each window
     chunk_order = np.lexsort((rng.random(steps), step_window))  # shuffle steps in a window
     new_step = np.empty(steps, dtype=np.int64)
     new_step[chunk_order] = np.arange(steps)
     if speeds is not None:
+        chunk = np.arange(cost.size) // world_size  # the step each sorted slot would form
         return _by_speed(cost, by_cost, chunk, new_step, step_window, speeds)
-    final = np.lexsort((rng.random(cost.size), new_step[chunk]))  # shuffle ranks in a step
-    return by_cost[final]
+    # shuffle ranks in a step: sorted chunk k (slots k N .. k N + N - 1) becomes step
+    # new_step[k], its slots in the order of their random keys (ties by slot, as a stable
+    # sort over all slots by (new step, key) has them)
+    within = np.argsort(rng.random(cost.size).reshape(steps, world_size), axis=1, kind="stable")
+    within += np.arange(0, cost.size, world_size)[:, None]
+    return by_cost[within[chunk_order].ravel()]
+
+
+def _by_cost(cost: np.ndarray, step_window: np.ndarray, world_size: int) -> np.ndarray:
+    """The slots in order of their window, then of `cost` (ties by slot): a stable sort of
+    each window's slots, which are consecutive (`step_window` does not decrease)."""
+    bounds = np.searchsorted(step_window, np.unique(step_window)) * world_size
+    ends = np.append(bounds[1:], cost.size)
+    parts = [a + np.argsort(cost[a:b], kind="stable") for a, b in zip(bounds, ends, strict=True)]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
 
 def _by_speed(

@@ -99,12 +99,41 @@ class _Degree:
 
 
 @dataclass(frozen=True)
-class _Packs:
-    """Packs of one degree: what LPT made (`_Window`), each pack's predicted time."""
+class _Packed:
+    """Packs of one degree (a degree's groups, or a dealing window's single ranks), of what
+    LPT made only what the deal and the summary read: each pack's size and predicted time
+    (0 for an empty one), the use of each limit by the packs that hold samples, and how many
+    of several samples break a limit (none, by construction). Their samples' places go to
+    the epoch's order when they are made (`_Order`): at 10M samples the windows' own arrays
+    would hold a gigabyte until the deal."""
 
     degree: int
-    window: _Window
+    size: np.ndarray
     time: np.ndarray
+    used: np.ndarray
+    violations: int
+
+
+class _Order:
+    """The epoch's samples in pack order, packs numbered as they are added (the groups by
+    degree, then each dealing window's single ranks): pack k holds ``order[start[k] :
+    start[k] + size[k]]`` of the sizes of all added packs in turn."""
+
+    def __init__(self, samples: int) -> None:
+        self.order = np.empty(samples, dtype=np.int64)
+        self.placed = 0
+
+    def add(self, window: _Window, t: _Degree) -> _Packed:
+        """`window`'s samples into the order after the packs added before; its packs at
+        degree `t` as `_Packed`."""
+        fill = window.fill
+        self.order[self.placed + starts(fill.size)[window.pack_of] + window.place] = (
+            window.members
+        )
+        self.placed += int(fill.size.sum())
+        over = ~within_cap(fill.used, np.asarray(t.limits.caps)[:, None]).all(axis=0)
+        return _Packed(t.degree, fill.size, t.cost.pack_time(fill.size, fill.sum_s, fill.sum_sq),
+                       fill.used[:, fill.size > 0], int((over & (fill.size > 1)).sum()))
 
 
 def _degrees(
@@ -115,9 +144,7 @@ def _degrees(
     sample's index into them (`code`), over the samples (what packing needs)."""
     cal = epoch.cost_model
     assert isinstance(cal, Calibration)
-    values, inverse = np.unique(epoch.buckets.tokens, return_inverse=True)
-    per_bucket = np.bincount(epoch.buckets.of, minlength=epoch.buckets.tokens.size)
-    count = np.bincount(inverse, weights=per_bucket, minlength=values.size).astype(np.int64)
+    values, count = epoch.buckets.token_counts()
     base = PackLimits.of(epoch.budgets, cal)
     p = float(epoch.budgets.p)
     coded = np.zeros(0, dtype=np.int64) if code is None else code
@@ -188,23 +215,29 @@ def make_groups(
     own = degree[code]
     long = [d for d in sorted(per, reverse=True) if (degree == d).any() and d > 1]
     own_packs = {d: _pack_degree(d, perm, own, per[d], None, rng) for d in long}
-    made = {d: p.time.size for d, p in own_packs.items()}
+    made = {d: w.fill.size.size for d, w in own_packs.items()}
     small_volume = per[1].limits.min_micro_batches(values[degree == 1], count[degree == 1])
     steps = _step_count(epoch, sum(d * k for d, k in made.items()) + small_volume)
     joins = _top_up(values, count, degree, per, made, steps * n)
     group_of = _assign(perm, code, degree, joins, per, rng.random())
-    packs = [_pack_degree(d, perm, group_of, per[d], made[d], rng) if joins.get(d) else
-             own_packs[d] for d in long]  # groups no small sample joins: as packed alone
+    order = _Order(code.size)
+    packs = []
+    for d in long:
+        if joins.get(d):  # packed again with the small samples that join them
+            del own_packs[d]  # (the first packs go before)
+            packs.append(order.add(_pack_degree(d, perm, group_of, per[d], made[d], rng), per[d]))
+        else:
+            packs.append(order.add(own_packs.pop(d), per[d]))
     small = perm[group_of[perm] == 1]
     small = small[np.argsort(narrow(per[1].types.of[small], per[1].types.w.size), kind="stable")]
     layout = _Layout(n, epoch.window_steps or steps, packs, steps, rng)
-    windows = layout.pack_small(small, per[1], rng)
-    slots, slot_pad, slot_degree, order, start, size = layout.deal(windows, rng)
+    windows = layout.pack_small(small, per[1], order, rng)
+    slots, slot_pad, slot_degree, start, size = layout.deal(windows, rng)
     return MicroBatches(
-        batches=Batches(order=order, start=start, size=size),
+        batches=Batches(order=order.order, start=start, size=size),
         slots=slots, slot_pad=slot_pad, slot_degree=slot_degree,
         oversize=_oversize(code, own, per),
-        violations=_violations(packs, windows, per),
+        violations=sum(p.violations for p in packs + windows),
         dealt_on="cost_model",
         summary=_summary(per[1].limits, max_degree, packs, windows, group_of, own),
     )
@@ -280,7 +313,7 @@ def _assign(
 def _pack_degree(
     d: int, perm: np.ndarray, group_of: np.ndarray, t: _Degree, packs: int | None,
     rng: np.random.Generator,
-) -> _Packs:
+) -> _Window:
     """The packs of degree `d` (its own samples and the small ones topping them up) by LPT
     into `packs` packs (None: the volume of the members at degree d), more where some sample
     finds no room, empty ones dropped."""
@@ -289,9 +322,7 @@ def _pack_degree(
     if packs is None:
         values, count = np.unique(t.types.tokens[t.types.of[members]], return_counts=True)
         packs = t.limits.min_micro_batches(values, count)
-    window = _nonempty(pack_members(members, t.types, packs, max(1, packs // 50), rng.random))
-    fill = window.fill
-    return _Packs(d, window, t.cost.pack_time(fill.size, fill.sum_s, fill.sum_sq))
+    return _nonempty(pack_members(members, t.types, packs, max(1, packs // 50), rng.random))
 
 
 def _nonempty(window: _Window) -> _Window:
@@ -304,23 +335,13 @@ def _nonempty(window: _Window) -> _Window:
                    window.fill.take(np.flatnonzero(keep)), window.steps)
 
 
-@dataclass(frozen=True)
-class _Small:
-    """One dealing window's single-rank packs: what LPT made (None: no small sample in the
-    window; else exactly as many packs as the window has single ranks, empty ones padding)
-    and each pack's predicted time (0 for an empty one)."""
-
-    window: _Window | None
-    time: np.ndarray
-
-
 class _Layout:
     """The groups (`packs`, of degree > 1), spread over the dealing windows of `per_window`
     steps of the epoch's K (`steps`), stratified by time (a low-discrepancy sequence over
     the groups from the slowest), and each window's single ranks."""
 
     def __init__(
-        self, world_size: int, per_window: int, packs: list[_Packs], steps: int,
+        self, world_size: int, per_window: int, packs: list[_Packed], steps: int,
         rng: np.random.Generator,
     ) -> None:
         self.world_size, self.packs = world_size, packs
@@ -337,11 +358,15 @@ class _Layout:
         # each window's single ranks: its steps' (more steps where its groups need them)
         self.free = np.maximum(window_steps, -(-units // world_size)) * world_size - units
 
-    def pack_small(self, small: np.ndarray, t: _Degree, rng: np.random.Generator) -> list[_Small]:
+    def pack_small(
+        self, small: np.ndarray, t: _Degree, order: _Order, rng: np.random.Generator
+    ) -> list[_Packed]:
         """The small samples (in type order) spread over the windows in proportion to their
         single ranks (a low-discrepancy sequence), each window's packed into exactly its
         single ranks (module docstring, 4): more whole steps where LPT finds no room, empty
-        packs filled from packs of several samples (`packing._fill_empty`)."""
+        packs filled from packs of several samples (`packing._fill_empty`), then added to
+        `order` (a window without small samples: no packs; else as many as its single
+        ranks, empty ones padding)."""
         n, free = self.world_size, self.free
         x = np.modf(np.arange(small.size) * GOLDEN + rng.random())[0] * max(int(free.sum()), 1)
         at = np.minimum(np.searchsorted(np.cumsum(free), x, side="right"), free.size - 1)
@@ -350,22 +375,21 @@ class _Layout:
         out = []
         for slots, part in zip(free.tolist(), parts, strict=True):
             if part.size == 0:
-                out.append(_Small(None, np.zeros(0)))
+                out.append(_Packed(1, np.zeros(0, dtype=np.int64), np.zeros(0),
+                                   np.zeros((t.types.caps.size, 0)), 0))
                 continue
             packed = pack_members(part, t.types, slots or n, n, rng.random)
             extra = -(-max(0, packed.fill.size.size - slots) // n)  # whole steps more
-            filled = _fill_to(packed, slots + extra * n, t.types)
-            f = filled.fill
-            out.append(_Small(filled, t.cost.pack_time(f.size, f.sum_s, f.sum_sq)))
+            out.append(order.add(_fill_to(packed, slots + extra * n, t.types), t))
         return out
 
-    def deal(self, windows: list[_Small], rng: np.random.Generator) -> tuple[np.ndarray, ...]:
+    def deal(self, windows: list[_Packed], rng: np.random.Generator) -> tuple[np.ndarray, ...]:
         """The slot list (every step's N ranks: a pack id on a group's first rank and on a
         single rank, -1 on a group's other ranks), its padding flags and degrees, and the
-        packs' sample order, starts and sizes (groups first, then each window's small
-        packs, the empty ones left out)."""
-        smalls = [w.window for w in windows if w.window is not None]
-        order, start, size = _collect([p.window for p in self.packs] + smalls)
+        packs' starts and sizes in the epoch's order (`_Order`: groups first, then each
+        window's small packs, the empty ones left out)."""
+        size = np.concatenate([p.size for p in self.packs + windows])
+        start = starts(size)
         time = np.concatenate([self.time, *(w.time for w in windows)])
         degree = np.concatenate([self.degree, np.ones(time.size - self.time.size, np.int64)])
         first = np.cumsum([self.time.size] + [w.time.size for w in windows])
@@ -381,7 +405,7 @@ class _Layout:
         keep = size > 0  # a small pack left empty is never dealt: padding repeats real ones
         renumber = np.cumsum(keep) - 1
         slots = np.where(slots >= 0, renumber[np.maximum(slots, 0)], -1)
-        return slots, pad, deg, order, start[keep], size[keep]
+        return slots, pad, deg, start[keep], size[keep]
 
     def _deal_window(
         self, items: np.ndarray, pad: np.ndarray, degree: np.ndarray, time: np.ndarray,
@@ -497,19 +521,6 @@ def _padded(
     return pack, ~real
 
 
-def _collect(windows: list[_Window]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The packs of `windows`, numbered in order: their samples' positions in pack order,
-    where each pack starts and its size (empty packs keep a size of 0)."""
-    size = np.concatenate([w.fill.size for w in windows])
-    start = starts(size)
-    order = np.empty(int(size.sum()), dtype=np.int64)
-    first = 0
-    for w in windows:
-        order[start[first + w.pack_of] + w.place] = w.members
-        first += w.fill.size.size
-    return order, start, size
-
-
 def widen(formed: MicroBatches, degree: int) -> MicroBatches:
     """A plan of one pack per group of `degree` ranks (slot j: step j // (N/d), group j %
     (N/d)) as rank slots: each group's pack on its first rank, -1 on its others
@@ -532,30 +543,14 @@ def _oversize(code: np.ndarray, sample_degree: np.ndarray, per: dict[int, _Degre
     return over
 
 
-def _fills(packs: list[_Packs], windows: list[_Small]) -> list[tuple[int, _Fill]]:
-    """(degree, what LPT put in each pack) of the groups and of the small packs."""
-    return [(p.degree, p.window.fill) for p in packs] + [
-        (1, w.window.fill) for w in windows if w.window is not None
-    ]
-
-
-def _violations(packs: list[_Packs], windows: list[_Small], per: dict[int, _Degree]) -> int:
-    """Packs of more than one sample over a limit at their degree (none, by construction)."""
-    found = 0
-    for d, fill in _fills(packs, windows):
-        over = ~within_cap(fill.used, np.asarray(per[d].limits.caps)[:, None]).all(axis=0)
-        found += int((over & (fill.size > 1)).sum())
-    return found
-
-
 def _summary(
-    limits: PackLimits, max_degree: int, packs: list[_Packs], windows: list[_Small],
+    limits: PackLimits, max_degree: int, packs: list[_Packed], windows: list[_Packed],
     group_of: np.ndarray, sample_degree: np.ndarray,
 ) -> dict[str, object]:
     """The policy's own plan-summary fields: the limits and mean fill (per rank, at each
     pack's degree), the largest degree allowed, the groups and samples per degree, and the
     small samples that topped up groups."""
-    used = np.concatenate([f.used[:, f.size > 0] for _, f in _fills(packs, windows)], axis=1)
+    used = np.concatenate([p.used for p in packs + windows], axis=1)
     fill = used.mean(axis=1) / np.asarray(limits.caps)
     degrees, samples = np.unique(group_of, return_counts=True)
     return {

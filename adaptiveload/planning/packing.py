@@ -87,6 +87,7 @@ seconds. Everything is deterministic from (seed, epoch): every rank builds the s
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -118,7 +119,8 @@ COST_BAND = 1.25
 # a step counts as pinned above the others (`_level_steps`) when its costliest pack exceeds
 # the mean pack of the rest by more than this share
 LEVEL_MARGIN = 0.01
-# samples over half a cap by more than this share cannot share a pack (`_least_packs`)
+# samples over half a cap by more than this share cannot share a pack, and the sizes the
+# bound on packs counts with are shrunk by it (`_least_packs_under`): rounding never beats it
 HALF_MARGIN = 1e-9
 
 
@@ -199,7 +201,7 @@ class _Types:
     """The epoch's distinct token counts, samples that run alone first, then costliest
     first: cost `w`, limit use `use` [types, limits], `alone` (over a limit's `caps` on its
     own, `EpochLimits.ceiling`: oversize, it runs alone), and each sample position's type
-    `of`."""
+    `of` (`dealing.narrow`: int16 where the types fit, a quarter of the bytes per sample)."""
 
     w: np.ndarray
     use: np.ndarray
@@ -334,7 +336,7 @@ def types_of(
     new_code = np.empty_like(rank)
     new_code[rank] = np.arange(rank.size)
     return _Types(w=w[rank], use=use[rank], alone=alone[rank], caps=caps,
-                  of=new_code[code], tokens=values[rank])
+                  of=narrow(new_code, rank.size)[code], tokens=values[rank])
 
 
 def _spread_over_windows(n: int, steps: int, per_window: int, phase: float) -> np.ndarray:
@@ -458,7 +460,7 @@ def _fill_pinned(
             into = np.flatnonzero(fits & (np.cumsum(fits) <= m))
             k = np.ones(into.size, dtype=np.int64)
         else:
-            into, k = _place_block(packs.load, packs.room, m, w, types.use[t], fits)
+            into, k = _place_block(packs.room, m, w, types.use[t], packs.load.__getitem__, fits)
         at = first[t] + np.arange(m)
         pack_of[at] = np.repeat(packs.index[into], k)
         place[at] = np.repeat(packs.size[into] - np.cumsum(k) + k, k) + np.arange(m)
@@ -531,12 +533,36 @@ def _lpt_or_strict(
 
 def _least_packs(count: np.ndarray, types: _Types) -> int:
     """The fewest packs `count[t]` samples of each type need at least, beyond the volume:
-    one each for the samples that run alone, and, under each limit, one each for the samples
-    that use more than half its cap (no two of them share a pack; a margin of HALF_MARGIN
-    keeps a rounding from letting them). LPT into fewer packs fails, so it is not tried:
-    long clips at a sequence-parallel degree need more packs than their volume."""
-    large = (types.use > types.caps * (0.5 * (1 + HALF_MARGIN))) & ~types.alone[:, None]
-    return int(count[types.alone].sum() + (count[:, None] * large).sum(axis=0).max(initial=0))
+    one each for the samples that run alone, and the most any one limit needs on its own
+    (`_least_packs_under`). LPT into fewer packs fails, so it is not tried: long clips at a
+    sequence-parallel degree need more packs than their volume (a window of them fails LPT
+    at one step short, before a step more succeeds)."""
+    under = (_least_packs_under(count, types, d) for d in range(types.caps.size))
+    return int(count[types.alone].sum()) + max(under, default=0)
+
+
+def _least_packs_under(count: np.ndarray, types: _Types, d: int) -> int:
+    """The fewest packs the samples that do not run alone need under limit `d` alone, each
+    sample of size s (its use over the cap): one each for the large ones (s > 1/2: no two
+    share a pack), and enough for the small ones: for each small size a, a pack holds at
+    most ⌊1/a⌋ samples of size >= a, and a large sample's pack ⌊(1 - s)/a⌋ of them beside
+    it, so the small samples of size >= a need packs beyond the large ones' where they
+    outnumber those places. Sizes are shrunk and the places rounded up by HALF_MARGIN, so
+    the rounding of LPT's room never fits a sample where this bound says none fits."""
+    size = types.use[:, d] / types.caps[d] * (1 - HALF_MARGIN)
+    present = (count > 0) & ~types.alone & (size > 0)
+    large = present & (types.use[:, d] > types.caps[d] * (0.5 * (1 + HALF_MARGIN)))
+    small = present & ~large
+    n_large = int(count[large].sum())
+    if not small.any():
+        return n_large
+    a = np.unique(size[small])  # each small size a threshold
+    beside = np.floor((1 - size[large, None]) / a + HALF_MARGIN)  # [large types, a]
+    places = (count[large, None] * beside).sum(axis=0).astype(np.int64)
+    at_least = (count[small, None] * (size[small, None] >= a)).sum(axis=0)
+    per_pack = np.floor(1 / a + HALF_MARGIN).astype(np.int64)
+    more = -(-np.maximum(at_least - places, 0) // per_pack)
+    return n_large + int(more.max())
 
 
 def _lpt(
@@ -579,10 +605,10 @@ def _lpt(
     least = np.minimum.accumulate(types.use[rest][::-1], axis=0)[::-1]
     least = np.vstack([least[1:], np.full((1, least.shape[1]), np.inf)])
     for i, t in enumerate(rest):
-        load = packs.load - packs.target + packs.share * (left / n_packs)
+        load = functools.partial(packs.lpt_load, spread=left / n_packs)
         left -= count[t] * types.w[t]
         m = int(count[t])
-        placed = _place_block(load, packs.room, m, types.w[t], types.use[t])
+        placed = _place_block(packs.room, m, types.w[t], types.use[t], load)
         if placed is None:
             return None
         at, took = placed  # the open packs that take some of the block, how many each
@@ -625,25 +651,34 @@ class _Open:
                    target if np.isscalar(target) else target[first:], share[first:],
                    [(np.arange(first), closed)])
 
+    def lpt_load(self, at: np.ndarray, spread: float) -> np.ndarray:
+        """What LPT compares of open packs `at`: the load less the target, plus the share of
+        `spread` (the work left per pack)."""
+        target = self.target if np.isscalar(self.target) else self.target[at]
+        return self.load[at] - target + self.share[at] * spread
+
     def add(self, at: np.ndarray, k: np.ndarray, types: _Types, t: int) -> None:
         """In place: k[i] samples of type `t` into open pack at[i] (distinct). Only the packs
-        that take some are touched: a block of m samples lands in at most m of them."""
+        that take some are touched: a block of m samples lands in at most m of them, row by
+        row (``x[d, at]``: indexing columns of a 2-D array, ``x[:, at]``, costs several
+        times more)."""
         self.size[at] += k
         self.load[at] += k * types.w[t]
         self.sum_s[at] += k * types.tokens[t]
         self.sum_sq[at] += k * float(types.tokens[t]) ** 2
-        added = types.use[t][:, None] * k
-        self.used[:, at] += added
-        self.room[:, at] -= added
+        for d, use in enumerate(types.use[t]):
+            added = use * k
+            self.used[d, at] += added
+            self.room[d, at] -= added
 
     def without_full(self, least: np.ndarray) -> _Open:
         """These packs less those without room for `least` (each limit's least use by any
-        type still to place): no later block puts a sample in them. Room r for a use u >= l
-        is at most r / l (division rounds monotonically), so r / l < 1 leaves none."""
-        binds = np.isfinite(least) & (least > 0)
-        if not binds.any():
-            return self
-        full = (self.room[binds] / least[binds, None] < 1).any(axis=0)
+        type still to place): no later block puts a sample in them. Room r < l leaves none
+        for a use u >= l: r / u <= r / l < 1 (division rounds monotonically, and a quotient
+        of r < l never rounds up to 1)."""
+        full = np.zeros(self.index.size, dtype=bool)
+        for d in np.flatnonzero(np.isfinite(least) & (least > 0)):
+            full |= self.room[d] < least[d]
         if full.sum() * 8 < full.size:  # a few: not worth the copies yet
             return self
         keep = ~full
@@ -669,40 +704,44 @@ _FIELDS = ("size", "load", "sum_s", "sum_sq", "used")
 
 
 def _place_block(
-    load: np.ndarray, room: np.ndarray, m: int, w: float, use: np.ndarray,
-    most: np.ndarray | None = None,
+    room: np.ndarray, m: int, w: float, use: np.ndarray,
+    load: Callable[[np.ndarray], np.ndarray], most: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray] | None:
     """How many of m identical samples (cost `w`, limit use `use`) LPT puts in each pack:
     the m smallest of ``{load_b + k w : k < fits_b}`` (equal ones picked deterministically;
-    `most` caps fits_b). With
+    `most` caps fits_b). `load(packs)` gives the loads of the packs with room, the only ones
+    LPT compares (no load is computed for a pack that cannot take a sample). With
     ``load_b = w (level_b + frac_b)`` those values sit on integer levels ``level_b + k``
     ordered by ``frac_b`` inside one level, so a count over levels finds the level of
     the m-th value (`_mth_level`). Returned sparse: the packs that take some and how many
     each takes (a block lands in at most m of them); None if the packs have room for fewer
     than m."""
-    ratio = np.full(load.size, np.inf)
-    for d in np.flatnonzero(use > 0):  # a limit the samples do not use never stops them
-        np.minimum(ratio, room[d] / use[d], out=ratio)
-    np.floor(ratio, out=ratio)
-    fits = np.clip(ratio, 0, m, out=ratio).astype(np.int64)
+    used = np.flatnonzero(use > 0)  # a limit the samples do not use never stops them
+    if used.size == 0:
+        ratio = np.full(room.shape[1], np.inf)
+    else:
+        ratio = room[used[0]] / use[used[0]]
+        for d in used[1:]:
+            np.minimum(ratio, room[d] / use[d], out=ratio)
     if most is not None:
-        fits = np.minimum(fits, most)
+        np.minimum(ratio, most, out=ratio)
+    open_ = np.flatnonzero(ratio >= 1)  # only the packs with room for one take part
+    fits = np.floor(np.minimum(ratio[open_], m)).astype(np.int64)
     if fits.sum() < m:
         return None
-    open_ = np.flatnonzero(fits)  # only the packs with room take part
-    fits_open = fits[open_]
-    x = load[open_] / w
+    x = load(open_) / w
     level = np.floor(x)
-    lo = (level - level.min()).astype(np.int64)  # first level of each pack's values
-    at, below = _mth_level(lo, fits_open, m)
-    k_open = np.clip(at - lo, 0, fits_open)  # every value below that level
+    lo = (level - level.min()).astype(np.int64)
+    at, below = _mth_level(lo, fits, m)
+    step = at - lo  # the m-th value's level over each pack's first
+    k = np.clip(step, 0, fits)  # every value below that level
     need = m - below
-    tied = np.flatnonzero((lo <= at) & (at < lo + fits_open))
+    tied = np.flatnonzero((step >= 0) & (step < fits))
     if need < tied.size:
         tied = tied[np.argpartition(x[tied] - level[tied], need - 1)[:need]]
-    k_open[tied] += 1
-    took = k_open > 0
-    return open_[took], k_open[took]
+    k[tied] += 1
+    took = k > 0
+    return open_[took], k[took]
 
 
 def _mth_level(lo: np.ndarray, fits: np.ndarray, m: int) -> tuple[int, int]:
@@ -712,10 +751,11 @@ def _mth_level(lo: np.ndarray, fits: np.ndarray, m: int) -> tuple[int, int]:
     other); where loads span many levels of a cheap sample (one pack's level can be 10^10),
     a bisection over the count of values at or below a level, ``Σ clip(L - lo_b + 1, 0,
     fits_b)``, which gives the same level in O(packs) memory."""
-    top = int((lo + fits).max())
+    hi = lo + fits
+    top = int(hi.max())
     if top <= 8 * lo.size + 2 * m + 1024:
         per_level = np.cumsum(
-            np.bincount(lo, minlength=top + 1) - np.bincount(lo + fits, minlength=top + 1)
+            np.bincount(lo, minlength=top + 1) - np.bincount(hi, minlength=top + 1)
         )
         through = np.cumsum(per_level)  # values at levels <= j
         at = int(np.searchsorted(through, m))
@@ -740,18 +780,24 @@ def _assemble(
     speeds: np.ndarray | None = None,
 ) -> Packs:
     """The windows' packs as one epoch (numbered window by window), every pack given a sample
-    where the epoch has enough, the rest padded, all dealt to steps by predicted cost."""
+    where the epoch has enough, the rest padded, all dealt to steps by predicted cost. It
+    consumes `windows` (the list is emptied once joined) and drops each array once used:
+    at 10M samples each copy of the epoch's packs holds hundreds of MB."""
     offset = np.cumsum([0] + [w.fill.size.size for w in windows[:-1]])
     pack_of = np.concatenate([off + w.pack_of for w, off in zip(windows, offset, strict=True)])
     place = np.concatenate([w.place for w in windows])
     members = np.concatenate([w.members for w in windows])
     fill = _Fill.concat([w.fill for w in windows])
+    step_window = np.repeat(np.arange(len(windows)), [w.steps for w in windows])
+    windows.clear()
     _fill_empty(pack_of, place, fill, types.of[members], types)
     start = np.concatenate(([0], np.cumsum(fill.size)[:-1])).astype(np.int64)
     order = np.empty(tokens.size, dtype=np.int64)
     order[start[pack_of] + place] = members
+    del pack_of, place, members
     real = fill.size > 0
     packs = fill.take(np.flatnonzero(real))
+    del fill
     pack_cost = (
         cost.pack_time(packs.size, packs.sum_s, packs.sum_sq) if cost is not None else packs.load
     )
@@ -759,7 +805,6 @@ def _assemble(
     slot_pack = np.cumsum(real) - 1
     n_pad = int((~real).sum())
     slot_pack[~real] = rng.choice(packs.size.size, n_pad, replace=n_pad > packs.size.size)
-    step_window = np.repeat(np.arange(len(windows)), [w.steps for w in windows])
     deal = deal_in_windows(pack_cost[slot_pack], world_size, step_window, rng, speeds)
     return Packs(
         order=order, start=start[real], size=packs.size, slots=slot_pack[deal],

@@ -234,30 +234,32 @@ def _table(
     frame, excluded, over_capacity, buckets, target, formed = _form(
         config, samples, num_excluded, num_over_capacity
     )
-    tokens = buckets.tokens[buckets.of]
     batches, slots, slot_pad = formed.batches, formed.slots, formed.slot_pad
-    table, row_sample = _rows(frame, buckets, formed, world_size)
     slot_size = _slot_sizes(formed)
-    max_degree = int(formed.summary.get("sp_max_degree", 1))
-
+    table, row_sample = _rows(frame, buckets, formed, slot_size, world_size)
+    digests = _digests(frame, row_sample, slot_size, slot_pad, world_size, formed.slot_degree)
     real = ~table["is_padding"].to_numpy()
     seen = np.bincount(row_sample[real], minlength=len(frame))
+    planned, duplicates = int((seen > 0).sum()), int((seen > 1).sum())
+    del slot_size, row_sample, seen  # (80 MB each at 10M samples) before the summary's own
+    tokens = buckets.tokens[buckets.of]
+    max_degree = int(formed.summary.get("sp_max_degree", 1))
     summary: dict[str, Any] = {
         "policy": pol.name,
         "world_size": world_size,
         "num_samples": len(frame) + excluded,
-        "num_planned": int((seen > 0).sum()),
+        "num_planned": planned,
         "num_excluded": excluded,
         "num_oversize": int(formed.oversize.sum()),
         "num_over_capacity": over_capacity,
         "num_padding": int((~real).sum()),
         "num_padding_batches": int(slot_pad.sum()),
-        "duplicates": int((seen > 1).sum()),
+        "duplicates": duplicates,
         "steps": slots.size // world_size,
         "steps_asked": target,
-        "min_steps_per_epoch": _min_steps(tokens, budgets, cost_model, world_size, max_degree),
+        "min_steps_per_epoch": _min_steps(buckets, budgets, cost_model, world_size, max_degree),
         "batches": int(batches.size.size),
-        "min_sample_tokens": int(tokens.min()),
+        "min_sample_tokens": int(buckets.tokens.min()),
         "max_tokens_per_batch": int(np.add.reduceat(tokens[batches.order], batches.start).max()),
         "constraint_violations": formed.violations,
         **budgets.as_dict(),
@@ -266,7 +268,7 @@ def _table(
         "steps_per_epoch": steps_per_epoch,
         "window_steps": window_steps if formed.dealt_on else None,
         "deal_cost": formed.dealt_on,
-        **_digests(frame, row_sample, slot_size, slot_pad, world_size, formed.slot_degree),
+        **digests,
         "composition_digest": composition_digest(tokens, batches),
     }
     summary.update(_batch_spread(table))
@@ -304,26 +306,35 @@ def _baseline(
     base = replace(config, policy=config.policy.baseline)
     _, _, _, buckets, _, formed = _form(base, samples, num_excluded, num_over_capacity)
     batches, n = formed.batches, config.world_size
+    steps = formed.slots.size // n
     live = np.flatnonzero(formed.slots >= 0)  # a group's other ranks hold -1
-    batch = formed.slots[live]
-    tokens = buckets.tokens[buckets.of][batches.order]
-    sum_s = np.add.reduceat(tokens, batches.start)
-    sum_sq = np.add.reduceat(tokens**2, batches.start)
-    real = ~formed.slot_pad[live]
-    used = np.zeros(batches.size.size, dtype=bool)  # the batches real slots run
-    used[batch[real]] = True
-    used = np.flatnonzero(used)
-    at = np.repeat(batches.start[used] - starts(batches.size[used]), batches.size[used])
-    seen = np.zeros(buckets.of.size, dtype=bool)  # each sample of them once
-    seen[batches.order[at + np.arange(at.size)]] = True
-    planned = int(seen.sum())
-    size = batches.size[batch]
+    batch, real = formed.slots[live], ~formed.slot_pad[live]
     degree = np.ones(live.size, dtype=np.int64)
     if formed.slot_degree is not None:
         degree = np.maximum(formed.slot_degree[live], 1)
-    seconds = epoch_seconds(live // n, formed.slots.size // n, size, sum_s[batch],
-                            sum_sq[batch], degree, config.cost_model, n, config.allreduce_gbps)
+    del formed  # its rank slots (at 10M samples, hundreds of MB): gone before the sums
+    planned = _trained(batches, batch[real], buckets.of.size)
+    tokens = buckets.tokens[narrow(buckets.of, buckets.tokens.size)[batches.order]]
+    del buckets
+    sum_s = np.add.reduceat(tokens, batches.start)[batch]
+    sum_sq = np.add.reduceat(tokens**2, batches.start)[batch]
+    del tokens
+    size = batches.size[batch]
+    seconds = epoch_seconds(live // n, steps, size, sum_s, sum_sq, degree, config.cost_model, n,
+                            config.allreduce_gbps)
     return base.policy.name, planned, float(size[real].sum()) / seconds
+
+
+def _trained(batches: Batches, run: np.ndarray, samples: int) -> int:
+    """How many of the `samples` the batches `run` (ids, repeats among them) hold, each
+    sample once."""
+    used = np.zeros(batches.size.size, dtype=bool)
+    used[run] = True
+    used = np.flatnonzero(used)
+    at = np.repeat(batches.start[used] - starts(batches.size[used]), batches.size[used])
+    seen = np.zeros(samples, dtype=bool)
+    seen[batches.order[at + np.arange(at.size)]] = True
+    return int(seen.sum())
 
 
 def _buckets(frame: pd.DataFrame, tokens: np.ndarray) -> Buckets:
@@ -342,7 +353,7 @@ def _buckets(frame: pd.DataFrame, tokens: np.ndarray) -> Buckets:
 
 
 def _min_steps(
-    tokens: np.ndarray, budgets: Budgets, cost_model: CostModel | Calibration | None, n: int,
+    buckets: Buckets, budgets: Budgets, cost_model: CostModel | Calibration | None, n: int,
     max_degree: int = 1,
 ) -> int | None:
     """K_min: the fewest steps any plan of these samples within the packed policy's limits
@@ -352,7 +363,7 @@ def _min_steps(
     limits = epoch_limits(budgets, cost_model)
     if limits is None:
         return None
-    values, count = np.unique(tokens, return_counts=True)
+    values, count = buckets.token_counts()
     groups = group_bound(cost_model, max_degree)
     if groups is None:
         return -(-limits.min_micro_batches(values, count) // n)
@@ -410,24 +421,25 @@ def _slot_sizes(formed: MicroBatches) -> np.ndarray:
 
 
 def _rows(
-    frame: pd.DataFrame, buckets: Buckets, formed: MicroBatches, world_size: int
+    frame: pd.DataFrame, buckets: Buckets, formed: MicroBatches, slot_size: np.ndarray,
+    world_size: int,
 ) -> tuple[pd.DataFrame, np.ndarray]:
-    """The plan table (one row per sample of each slot) and each row's sample position.
+    """The plan table (one row per sample of each slot; `slot_size`: each slot's samples,
+    `_slot_sizes`) and each row's sample position.
     Built column by column into one integer block that the frame adopts without a copy: at
     10M rows the copies pandas would make cost seconds. A row's shape and tokens are its
     bucket's, looked up in the small bucket table: one gather over the samples, not four.
     With groups (`formed.slot_degree`), a group's rows sit on its first rank and carry its
     degree (`SP_DEGREE`)."""
     batches, slots, slot_pad = formed.batches, formed.slots, formed.slot_pad
-    slot_size = _slot_sizes(formed)
     n = int(slot_size.sum())
     # each row's place in `batches.order`: its slot's batch start plus its place in the slot
-    first = batches.start[slots] - starts(slot_size)
-    row_sample = batches.order[np.repeat(first, slot_size) + np.arange(n)]
+    # (one expression per array, so the per-slot temporaries go at once)
+    row_sample = batches.order[
+        np.repeat(batches.start[slots] - starts(slot_size), slot_size) + np.arange(n)
+    ]
     ints = np.empty((6, n), dtype=np.int64)
-    slot = np.arange(slots.size)
-    ints[0] = np.repeat(slot // world_size, slot_size)
-    ints[1] = np.repeat(slot % world_size, slot_size)
+    np.divmod(np.repeat(np.arange(slots.size), slot_size), world_size, out=(ints[0], ints[1]))
     row_bucket = narrow(buckets.of, buckets.tokens.size)[row_sample]
     for i in range(3):
         np.take(buckets.shape[:, i], row_bucket, out=ints[2 + i])
@@ -523,11 +535,14 @@ def composition_digest(tokens: np.ndarray, batches: Batches) -> str:
 def _mix64(x: np.ndarray) -> np.ndarray:
     """splitmix64's finaliser: a fixed bijection of uint64 that spreads every input bit, so a
     sum of mixed values hashes a multiset."""
-    with np.errstate(over="ignore"):
+    with np.errstate(over="ignore"):  # in place after the first copy: one array, not four
         x = x + np.uint64(0x9E3779B97F4A7C15)
-        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        return x ^ (x >> np.uint64(31))
+        x ^= x >> np.uint64(30)
+        x *= np.uint64(0xBF58476D1CE4E5B9)
+        x ^= x >> np.uint64(27)
+        x *= np.uint64(0x94D049BB133111EB)
+        x ^= x >> np.uint64(31)
+        return x
 
 
 def table_digest(table: pd.DataFrame) -> str:

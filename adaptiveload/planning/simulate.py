@@ -47,7 +47,9 @@ for its time at d), so they stay bounds of any plan of those samples.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cached_property, partial
 from typing import Any
 
 import numpy as np
@@ -69,11 +71,12 @@ from adaptiveload.step_table import (
     STEP_COLUMNS,
     VAL_COLUMNS,
     WHOLE_EPOCH,
-    real_counts,
 )
 
 DEFAULT_ALLREDUCE_GBPS = schema_default("train.allreduce_gbps")  # an experiment's default
 FP32_BYTES = 4
+# the steps `_predict` takes at a time (at 4,096 ranks, 1M cells: each array of a block 8 MB)
+STEP_BLOCK = 256
 # the summary fields of the plan's largest micro-batch against what its calibration measured
 MEMORY_FIELDS = (
     "max_micro_batch_tokens",
@@ -86,14 +89,21 @@ MEMORY_FIELDS = (
 
 @dataclass
 class Simulation:
-    """`steps`: one row per (step, rank) in the shared per-step schema (`step_table`);
-    `summary`: the run summary (metrics over every step of the plan, labelled source
-    "model"). A prediction has no warm-up (nothing compiles, no cache is cold): its window is
-    the whole epoch, so every policy's window holds the same samples."""
+    """`summary`: the run summary (metrics over every step of the plan, labelled source
+    "model"); `steps`: one row per (step, rank) in the shared per-step schema (`step_table`),
+    built from the plan table when first read (`build_steps`) and then kept. The summary
+    needs a few per-cell arrays only, and the whole frame is large (at 10M samples on 4,096
+    ranks, 15M rows of 16 columns: 1.8 GiB) where a plan's steps are often never written.
+    A prediction has no warm-up (nothing compiles, no cache is cold): its window is the
+    whole epoch, so every policy's window holds the same samples."""
 
-    steps: pd.DataFrame
     summary: dict[str, Any]
-    capacity_bytes: float | None = None
+    capacity_bytes: float | None
+    build_steps: Callable[[], pd.DataFrame] = field(repr=False)
+
+    @cached_property
+    def steps(self) -> pd.DataFrame:
+        return self.build_steps()
 
 
 def allreduce_seconds(grad_bytes: float, world_size: int, gbps: float) -> float:
@@ -150,13 +160,16 @@ def simulate(
         "allreduce_s": ar_s,
     }
     bound = _Bound.of(plan_table, cost_model)
-    frame = _step_table(plan_table, cost_model, n, ar_s, bound)
-    summary.update(_epoch_bound(plan_table, frame, cost_model, n, ar_s, bound))
+    table, key, steps = _by_cell(plan_table, n)
+    predicted = _predict(table, key, steps, cost_model, n, bound)
+    summary.update(_epoch_bound(plan_table, predicted, cost_model, n, ar_s, bound))
     planned_steps = plan_table.attrs.get("plan", {}).get("steps")
-    summary["epoch_steps"] = int(planned_steps or frame["step"].max() + 1)
-    summary.update(_memory(frame, calibration))
-    summary.update(_metrics(frame, n, capacity_bytes))
-    return Simulation(steps=frame, summary=summary, capacity_bytes=capacity_bytes)
+    summary["epoch_steps"] = int(planned_steps or steps)
+    summary.update(_memory(predicted, calibration))
+    summary.update(_metrics(predicted, ar_s, capacity_bytes))
+    return Simulation(
+        summary, capacity_bytes, partial(_step_table, plan_table, cost_model, n, ar_s, bound)
+    )
 
 
 @dataclass(frozen=True)
@@ -180,7 +193,7 @@ class _Bound:
         if self.groups is None:
             w = cost.per_sample_time(tokens)
             return w, w
-        values, inverse = np.unique(tokens, return_inverse=True)
+        inverse, values = pd.factorize(tokens, sort=True)  # np.unique's, by hashing: O(n)
         work, least, _, _ = self.groups.sample_terms(cost, values, self.limits)
         return work[inverse], least[inverse]
 
@@ -242,14 +255,9 @@ def _cell_costs(
     return compute, memory
 
 
-def _step_table(
-    table: pd.DataFrame, cost_model: CostModel | Calibration, n: int, allreduce_s: float,
-    bound: _Bound,
-) -> pd.DataFrame:
-    """The per-(step, rank) predictions: each rank's micro-batch (n, Σ S, Σ S² of its rows)
-    through the cost model (a group's at its degree, on each of its ranks), every step
-    waiting for its slowest rank, beside the step's lower bound."""
-    cost = _split(cost_model)[0]
+def _by_cell(table: pd.DataFrame, n: int) -> tuple[pd.DataFrame, np.ndarray, int]:
+    """`table`'s rows ordered by cell (as a plan writes them: a copy only where they are
+    not), each row's cell ``step * N + rank`` and the step count."""
     step = table["step"].to_numpy(np.int64)
     rank = table["rank"].to_numpy(np.int64)
     if rank.size and rank.max() >= n:
@@ -259,12 +267,74 @@ def _step_table(
     if key.size and np.any(np.diff(key) < 0):
         order = np.argsort(key, kind="stable")
         key, table = key[order], table.iloc[order]
-    cell = _cells(table, key, steps * n)
+    return table, key, steps
+
+
+@dataclass(frozen=True)
+class _Predicted:
+    """A plan's predictions per (step, rank) cell, step-major: the tokens of its micro-batch
+    (Σ S), the degree of the group it leads (1 on a single rank and on a group's other
+    ranks), its compute seconds [steps, N] and per-rank bytes (a group's on each of its
+    ranks); per step, its slowest rank `t_step`, its lower bound and what it trained
+    (`metrics.StepCounts`: real samples and tokens, padding repeats)."""
+
+    tokens: np.ndarray
+    degree: np.ndarray
+    compute: np.ndarray
+    memory: np.ndarray
+    t_step: np.ndarray
+    lower_bound: np.ndarray
+    counts: metrics.StepCounts
+
+
+def _predict(
+    table: pd.DataFrame, key: np.ndarray, steps: int, cost_model: CostModel | Calibration,
+    n: int, bound: _Bound,
+) -> _Predicted:
+    """Each rank's micro-batch (n, Σ S, Σ S² of its rows; `table` ordered by cell, `key`
+    each row's) through the cost model (a group's at its degree, on each of its ranks), every
+    step waiting for its slowest rank, beside the step's lower bound. Made STEP_BLOCK steps
+    at a time (a group never spans two steps), of each block's cells kept only what the
+    summary reads: at 10M samples on 4,096 ranks every per-cell array holds 121 MB."""
+    lower_bound = _step_bounds(table, _split(cost_model)[0], steps, n, bound)
+    tokens = np.zeros(steps * n, dtype=np.int64)
     degree = np.ones(steps * n, dtype=np.int64)
-    degree[key] = table_degrees(table)
-    compute, memory = _cell_costs(cost_model, cell, degree, n)
+    compute = np.zeros(steps * n)
+    memory = np.full(steps * n, np.nan)
+    real_samples, real_tokens, padding = np.zeros(steps), np.zeros(steps), np.zeros(steps)
+
+    def per_step(values: np.ndarray) -> np.ndarray:
+        return values.astype(np.float64).reshape(-1, n).sum(axis=1)
+
+    for first in range(0, steps, STEP_BLOCK):
+        last = min(first + STEP_BLOCK, steps)
+        at = slice(first * n, last * n)
+        rows = slice(*np.searchsorted(key, [first * n, last * n]))
+        block = table.iloc[rows]
+        cell = _cells(block, key[rows] - first * n, (last - first) * n)
+        degree[key[rows]] = table_degrees(block)
+        compute[at], memory[at] = _cell_costs(cost_model, cell, degree[at], n)
+        tokens[at] = cell.tokens
+        real_samples[first:last] = per_step(cell.samples - cell.padding_samples)
+        real_tokens[first:last] = per_step(cell.tokens - cell.padding_tokens)
+        padding[first:last] = per_step(cell.padding_samples)
     compute = compute.reshape(steps, n)
-    t_step = compute.max(axis=1)
+    counts = metrics.StepCounts(real_samples, real_tokens, padding)
+    return _Predicted(tokens, degree, compute, memory, compute.max(axis=1), lower_bound, counts)
+
+
+def _step_table(
+    table: pd.DataFrame, cost_model: CostModel | Calibration, n: int, allreduce_s: float,
+    bound: _Bound,
+) -> pd.DataFrame:
+    """The per-(step, rank) frame (`step_table.STEP_COLUMNS`): the predictions (`_predict`),
+    each cell's largest bucket shape, and a group's degree on each of its ranks."""
+    table, key, steps = _by_cell(table, n)
+    predicted = _predict(table, key, steps, cost_model, n, bound)
+    compute, t_step = predicted.compute, predicted.t_step
+    cell = _cells(table, key, steps * n)
+    shape = _shapes(table, key, cell.samples)
+
     # what only a measurement has: missing, each such column an all-NA view of one value
     # (read-only: writing into a prediction raises; a frame of 15M cells would otherwise hold
     # 1.6 GB of NA)
@@ -282,15 +352,15 @@ def _step_table(
             "samples": cell.samples,
             "tokens": cell.tokens,
             "tokens_sq": cell.tokens_sq,
-            "frames": cell.shape[:, 0],
-            "height": cell.shape[:, 1],
-            "width": cell.shape[:, 2],
+            "frames": shape[:, 0],
+            "height": shape[:, 1],
+            "width": shape[:, 2],
             "peak_bytes": empty(),
-            "peak_bytes_model": memory,
+            "peak_bytes_model": predicted.memory,
             "loss": empty(),
             "step_time_s": np.repeat(t_step + allreduce_s, n),
             "step_wall_s": empty(),
-            "lower_bound_s": np.repeat(_step_bounds(table, cost, steps, n, bound), n),
+            "lower_bound_s": np.repeat(predicted.lower_bound, n),
             "padding_samples": cell.padding_samples,
             "padding_tokens": cell.padding_tokens,
             # learning: a measured run's columns, empty in a simulation
@@ -300,6 +370,7 @@ def _step_table(
         copy=False,  # every column is a fresh array: copying and stacking them cost seconds
     )
     if SP_DEGREE in table.columns:  # each rank's group degree (a rank of a group: the group's)
+        degree = predicted.degree
         lead = np.flatnonzero(degree > 1)
         spread = degree.copy()
         for j in range(1, int(degree.max(initial=1))):
@@ -311,14 +382,12 @@ def _step_table(
 
 @dataclass(frozen=True)
 class _Cells:
-    """Per (step, rank) cell, step-major: its samples n, Σ S, Σ S², its largest sample's
-    bucket shape [cells, 3] (zeros for an empty cell), and how many of its samples (tokens)
-    are padding repeats."""
+    """Per (step, rank) cell, step-major: its samples n, Σ S, Σ S², and how many of its
+    samples (tokens) are padding repeats."""
 
     samples: np.ndarray
     tokens: np.ndarray
     tokens_sq: np.ndarray
-    shape: np.ndarray
     padding_samples: np.ndarray
     padding_tokens: np.ndarray
 
@@ -332,7 +401,14 @@ def _cells(table: pd.DataFrame, key: np.ndarray, cells: int) -> _Cells:
     pad_samples = np.bincount(key[pad], minlength=cells)
     pad_tokens = np.bincount(key[pad], weights=tok[pad], minlength=cells).astype(np.int64)
     sum_sq = np.bincount(key, weights=tok.astype(np.float64) ** 2, minlength=cells)
-    shape = np.zeros((cells, 3), dtype=np.int64)
+    return _Cells(samples, sum_s, sum_sq.round().astype(np.int64), pad_samples, pad_tokens)
+
+
+def _shapes(table: pd.DataFrame, key: np.ndarray, samples: np.ndarray) -> np.ndarray:
+    """Each cell's largest sample's bucket shape [cells, 3] (zeros for an empty cell), of a
+    plan table sorted by `key` (step * N + rank); `samples`: each cell's row count."""
+    tok = table["tokens"].to_numpy(np.int64)
+    shape = np.zeros((samples.size, 3), dtype=np.int64)
     if tok.size:
         starts = np.flatnonzero(np.diff(key, prepend=-1))  # each non-empty cell's first row
         largest = np.repeat(np.maximum.reduceat(tok, starts), samples[key[starts]])
@@ -340,7 +416,7 @@ def _cells(table: pd.DataFrame, key: np.ndarray, cells: int) -> _Cells:
         first = at[np.diff(key[at], prepend=-1) != 0]  # the first row of each cell's largest
         for i, col in enumerate(("frames", "height", "width")):
             shape[key[first], i] = table[col].to_numpy(np.int64)[first]
-    return _Cells(samples, sum_s, sum_sq.round().astype(np.int64), shape, pad_samples, pad_tokens)
+    return shape
 
 
 def _step_bounds(
@@ -362,7 +438,7 @@ def _step_bounds(
 
 def _epoch_bound(
     table: pd.DataFrame,
-    frame: pd.DataFrame,
+    predicted: _Predicted,
     cost_model: CostModel | Calibration,
     n: int,
     allreduce_s: float,
@@ -380,7 +456,7 @@ def _epoch_bound(
     least = _split(cost_model)[0].epoch_lower_bound(
         tokens, count, limits, n, allreduce_s, bound.groups
     )
-    epoch_s = float(frame["step_time_s"].to_numpy(np.float64)[::n].sum())
+    epoch_s = float((predicted.t_step + allreduce_s).sum())
     return {
         "min_steps_per_epoch": least.steps,
         "epoch_lower_bound_s": least.seconds,
@@ -389,18 +465,17 @@ def _epoch_bound(
     }
 
 
-def _memory(frame: pd.DataFrame, calibration: Calibration | None) -> dict[str, Any]:
-    """The MEMORY_FIELDS of a plan's per-step predictions: its largest micro-batch by the
-    tokens one rank holds (Σ S, over d on a sequence-parallel group of d ranks, each of which
-    holds a d-th of every sample: ⌈Σ S / d⌉), that one's Σ S over its group and predicted
-    per-rank bytes, and, where `calibration` measured memory (on one device), how many of the
+def _memory(predicted: _Predicted, calibration: Calibration | None) -> dict[str, Any]:
+    """The MEMORY_FIELDS of a plan's predictions: its largest micro-batch by the tokens one
+    rank holds (Σ S, over d on a sequence-parallel group of d ranks, each of which holds a
+    d-th of every sample: ⌈Σ S / d⌉), that one's Σ S over its group and predicted per-rank
+    bytes, and, where `calibration` measured memory (on one device), how many of the
     micro-batches put more tokens on a rank than the largest one measured."""
-    group_tokens = frame["tokens"].to_numpy(np.int64)
-    degree = frame[SP_DEGREE].to_numpy(np.int64) if SP_DEGREE in frame.columns else 1
-    tokens = -(-group_tokens // degree)  # a group's other ranks hold 0 here: it counts once
+    group_tokens = predicted.tokens
+    tokens = -(-group_tokens // predicted.degree)  # a group's other ranks hold 0: it counts once
     largest = int(np.argmax(tokens))
     measured = calibration.measured_memory_tokens if calibration is not None else None
-    bytes_model = float(frame["peak_bytes_model"].iat[largest])
+    bytes_model = float(predicted.memory[largest])
     return {
         "max_micro_batch_tokens": int(tokens[largest]),
         "max_micro_batch_group_tokens": int(group_tokens[largest]),
@@ -418,29 +493,26 @@ def _split(cost_model: CostModel | Calibration) -> tuple[CostModel, Calibration 
     return cost_model, None
 
 
-def _metrics(frame: pd.DataFrame, n: int, capacity_bytes: float | None) -> dict[str, Any]:
-    """The run-summary metrics of the predicted per-step table over all its steps, with the
-    steps' lower bound and the plan's distance from it."""
-    compute = frame["compute_s"].to_numpy(np.float64).reshape(-1, n)
-    steps = compute.shape[0]
+def _metrics(
+    predicted: _Predicted, allreduce_s: float, capacity_bytes: float | None
+) -> dict[str, Any]:
+    """The run-summary metrics of the predictions over all the plan's steps, with the steps'
+    lower bound and the plan's distance from it."""
+    compute = predicted.compute
+    steps, n = compute.shape
     if steps == 0:
         return {"steps": 0}
-    wall_s = float(frame["step_time_s"].to_numpy(np.float64)[::n].sum())
-    peak = frame["peak_bytes_model"].to_numpy(np.float64).reshape(steps, n)
-    samples, tokens = real_counts(frame)
-
-    def per_step(values: pd.Series) -> np.ndarray:
-        return values.to_numpy(np.float64).reshape(steps, n).sum(axis=1)
-
+    wall_s = float((predicted.t_step + allreduce_s).sum())
+    peak = predicted.memory.reshape(steps, n)
     out: dict[str, Any] = metrics.window_metrics(
         compute,
-        metrics.StepCounts(per_step(samples), per_step(tokens), per_step(frame["padding_samples"])),
+        predicted.counts,
         seconds=wall_s,
         peak_bytes=np.where(np.isnan(peak), 0.0, peak),  # a rank without a batch: no memory
         capacity_bytes=capacity_bytes,
     )
     out["wall_s"] = wall_s
-    lower = float(frame["lower_bound_s"].to_numpy(np.float64)[::n].sum())
+    lower = float(predicted.lower_bound.sum())
     out["lower_bound_s"] = lower
-    out["vs_lower_bound"] = float(compute.max(axis=1).sum()) / lower if lower > 0 else None
+    out["vs_lower_bound"] = float(predicted.t_step.sum()) / lower if lower > 0 else None
     return out

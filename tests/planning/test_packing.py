@@ -287,6 +287,34 @@ def test_both_ways_to_the_mth_level_agree():
         assert packing._mth_level(lo * 10**9, fits, m) == oracle(lo * 10**9, fits, m)
 
 
+def test_the_bound_on_packs_never_exceeds_a_packing_lpt_finds():
+    """`_least_packs` skips LPT below it, so it must be a bound: wherever LPT places every
+    sample in n packs, it is at most n (random types under two limits, sizes around the
+    thresholds it counts: a half, a third, a quarter of a cap)."""
+    from adaptiveload.planning import packing
+
+    rng = np.random.default_rng(0)
+    caps = np.array([1.0, 1.0])
+    for _ in range(200):
+        n_types = int(rng.integers(1, 7))
+        use = rng.choice([0.0, 0.1, 0.2, 0.25, 0.3, 1 / 3, 0.4, 0.5, 0.6, 0.9, 1.2], (n_types, 2))
+        use = use * rng.uniform(0.98, 1.02, use.shape)
+        w = rng.uniform(0.1, 1.0, n_types)
+        by_cost = np.argsort(-w)
+        alone = (use > caps).any(axis=1)
+        types = packing._Types(w=w[by_cost], use=use[by_cost], alone=alone[by_cost], caps=caps,
+                               of=np.zeros(0, dtype=np.int64), tokens=np.arange(n_types))
+        count = rng.integers(0, 6, n_types)
+        if count.sum() == 0:
+            continue
+        order = np.flatnonzero(count)
+        bound = packing._least_packs(count, types)
+        for n_packs in range(1, int(count.sum()) + 1):
+            if packing._lpt(count, types, n_packs, np.zeros(n_packs), order) is not None:
+                assert bound <= n_packs
+                break
+
+
 def test_oversize_samples_run_alone_and_count():
     bud = Budgets(m_mem=100, m_comp=1e9, p=1.0, pack_tokens=50)
     plan = build_plan(frame([80, 60, 10, 10, 10, 10]), PACKED, bud, world_size=2, seed=1)
