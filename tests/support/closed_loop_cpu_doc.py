@@ -143,9 +143,11 @@ def table(result: dict[str, Any]) -> str:
 def render(results: list[dict[str, Any]]) -> str:
     """The quiet machine's tables, then the rerun beside other jobs."""
     quiet, loaded = (table(r) for r in results)
-    return (f"{quiet}\n\nThe same benchmark rerun while other jobs loaded both cores: the "
-            f"straggler then was no slower than its peer (speed factors near 1), and the loop "
-            f"left the work where it was.\n\n{loaded}\n\n_Generated from "
+    return (f"{quiet}\n\nThe same benchmark while other jobs loaded both cores (each part "
+            f"says when and where): in (a) the thread CPU times moved with the load by more "
+            f"than the loop's gain, and in (b) the straggler was no slower than its peer (speed "
+            f"factors near 1), so the loop left the work where it was.\n\n{loaded}\n\n"
+            f"_Generated from "
             + " and ".join(f"`{p.relative_to(ROOT).as_posix()}`" for p in RESULTS) + "._")
 
 
