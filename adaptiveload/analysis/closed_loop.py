@@ -48,10 +48,8 @@ def model_ratios(model: dict[str, Any]) -> dict[str, np.ndarray]:
 def wrong_model_words(wrong: dict[str, Any]) -> str:
     """What a measured (a) run was planned from, in words (its record's `wrong_model`)."""
     if "p_shift" in wrong:
-        budgets = ("the budgets derived from that fit" if wrong.get("budgets") == "wrong"
-                   else "this CPU's budgets")
         return (f"a stale calibration of this CPU: its fit with p {wrong['p_shift']:+} and c0 "
-                f"×{wrong['c0_scale']}, with {budgets}")
+                f"×{wrong['c0_scale']}, with this CPU's budgets")
     if "device" in wrong:
         return f"the cost model of another device ({wrong['device']}), with this CPU's budgets"
     return "the CPU calibration with its fixed cost and exponent perturbed"

@@ -58,7 +58,6 @@ from stamp import device_name, stamp
 
 from adaptiveload import metrics
 from adaptiveload.analysis.stats import paired_effect
-from adaptiveload.calibration.mix import mixture_token_mix
 from adaptiveload.costmodel import Calibration
 from adaptiveload.data.bucketing import bucketize
 from adaptiveload.data.mixtures import synthesize
@@ -71,21 +70,18 @@ from adaptiveload.step_table import SP_DEGREE
 from adaptiveload.training.inputs import DATA_SEED
 from adaptiveload.training.refine import model_error
 
-# --policy: any policy that plans by cost; None: each part's own (below)
+DEFAULT_POLICY = "adaptiveload-balanced"  # --policy: any policy that plans by cost
 # (a): the default mixture, fewer samples (each run is two epochs), windows of K steps
 SAMPLES_A, WORLD_A, EPOCHS_A, EVERY_A = 200, 4, 2, 4
 # (b): 2 processes, one epoch of the same mixture
 SAMPLES_B, WORLD_B, EPOCHS_B, EVERY_B = 160, 2, 2, 3
 WARMUP = 2
-# the wrong models of (a), with the policy, the budgets (the wrong file's or the CPU's) and
-# the result key of each (module docstring)
+# the wrong models of (a) and the result key of each (module docstring); every arm runs with
+# the CPU calibration's budgets
 WRONG = {
-    "perturbed": {"policy": "adaptiveload-balanced", "budgets": "cpu", "key": "a_wrong_model",
-                  "p_shift": -0.3, "c0_scale": 0.5},
-    "h200": {"policy": "adaptiveload-balanced", "budgets": "cpu", "key": "a_other_device",
-             "rates": "h200"},
+    "perturbed": {"key": "a_wrong_model", "p_shift": -0.3, "c0_scale": 0.5},
+    "h200": {"key": "a_other_device", "rates": "h200"},
 }
-POLICY_B = "adaptiveload-balanced"
 TORCHRUN = Path(sys.executable).parent / "torchrun"
 
 
@@ -178,10 +174,16 @@ def wrong_calibration(work: Path, cal: Calibration, kind: str, env: dict[str, st
         run(["-m", "adaptiveload", "calibrate", "prior", "--rates", spec["rates"], "--config",
              "experiments/default.yaml", "-o", str(path)], env)
         return path
-    tokens = mixture_token_mix("tiny-cpu", SAMPLES_A, DATA_SEED, "aspect", "tiny").tokens
+    tokens = samples_a()["tokens"].to_numpy(np.float64)
     cost = perturbed(cal.cost, tokens, spec["p_shift"], spec["c0_scale"])
     write_json(path, replace(cal, cost=cost, source="model").for_tokens(tokens).to_dict())
     return path
+
+
+def samples_a() -> pd.DataFrame:
+    """(a)'s samples, bucketed as its experiment's data section has them."""
+    return bucketize(synthesize("tiny-cpu", SAMPLES_A, DATA_SEED), mode="aspect",
+                     grid="tiny").samples
 
 
 def predicted(cal: Calibration, wrong: Calibration, policy: str, seeds: list[int]) -> dict:
@@ -189,8 +191,7 @@ def predicted(cal: Calibration, wrong: Calibration, policy: str, seeds: list[int
     `closed_loop.run` with this CPU's calibration as the true device, one epoch. (Its closed
     loop is not the trainer's: it derives budgets from each refit, where the trainer keeps
     the run's.)"""
-    samples = bucketize(synthesize("tiny-cpu", SAMPLES_A, DATA_SEED), mode="aspect",
-                        grid="tiny").samples
+    samples = samples_a()
     same = {k: getattr(cal, k) for k in ("p", "m_mem", "m_comp", "m_tok")}  # (a)'s budgets
     device = TrueDevice(cal.cost, np.ones(WORLD_A), 0.0)
     ratios = []
@@ -208,7 +209,6 @@ def part_a(work: Path, cal_path: Path, policy: str, seeds: list[int], env: dict[
     cal = Calibration.load(cal_path)
     wrong_path = wrong_calibration(work, cal, kind, env)
     wrong = Calibration.load(wrong_path)
-    budgets = wrong if WRONG[kind]["budgets"] == "wrong" else cal
     arms = {
         "open": (wrong_path, "off"),
         "closed": (wrong_path, {"every": EVERY_A}),
@@ -219,7 +219,7 @@ def part_a(work: Path, cal_path: Path, policy: str, seeds: list[int], env: dict[
         closed_first = None
         for arm in ("closed", "open", "oracle"):  # the closed run first: its refit step
             path, refine = arms[arm]
-            exp = experiment(work, f"a-{arm}", budgets, policy, SAMPLES_A, WORLD_A, EPOCHS_A,
+            exp = experiment(work, f"a-{arm}", cal, policy, SAMPLES_A, WORLD_A, EPOCHS_A,
                              refine)
             out = work / f"a-{arm}-{seed}"
             run(train_command(exp, path, policy, seed, out), env)
@@ -239,7 +239,7 @@ def part_a(work: Path, cal_path: Path, policy: str, seeds: list[int], env: dict[
                   "warmup_steps": WARMUP, "policy": policy, "refine_every": EVERY_A,
                   "timer": "thread CPU time per emulated rank",
                   "wrong_model": {"kind": kind, "device": wrong.device, "source": wrong.source,
-                                  "cost": vars(wrong.cost), "budgets": WRONG[kind]["budgets"],
+                                  "cost": vars(wrong.cost), "budgets": "cpu",
                                   **{k: WRONG[kind][k] for k in ("p_shift", "c0_scale")
                                      if k in WRONG[kind]},
                                   "effective_exponent_221_3740": [
@@ -324,7 +324,7 @@ def main() -> None:
     parser.add_argument("--calibration", default=None)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--parts", nargs="+", default=["a", "b"], choices=["a", "b"])
-    parser.add_argument("--policy", default=None)
+    parser.add_argument("--policy", default=DEFAULT_POLICY)
     parser.add_argument("--wrong", default="perturbed", choices=sorted(WRONG))
     parser.add_argument("-o", "--out", default="results/benchmarks/closed_loop_cpu.json")
     args = parser.parse_args()
@@ -351,12 +351,11 @@ def main() -> None:
     t0 = time.perf_counter()
     if "a" in args.parts:
         spec = WRONG[args.wrong]
-        result[spec["key"]] = part_a(work, cal, args.policy or spec["policy"], args.seeds, env,
-                                     args.wrong)
+        result[spec["key"]] = part_a(work, cal, args.policy, args.seeds, env, args.wrong)
         result["load_average_after_a"] = list(os.getloadavg())
         write_json(Path(args.out), result)  # (a) kept if (b) fails
     if "b" in args.parts:
-        result["b_straggler"] = part_b(work, cal, args.policy or POLICY_B, args.seeds, env)
+        result["b_straggler"] = part_b(work, cal, args.policy, args.seeds, env)
     result["load_average_after"] = list(os.getloadavg())
     result["elapsed_s"] = time.perf_counter() - t0
     write_json(Path(args.out), result)
