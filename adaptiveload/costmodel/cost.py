@@ -269,6 +269,19 @@ class CostModel:
         return float(np.log(hi / lo) / np.log(s_hi / s_lo))
 
 
+def libm_power(base: np.ndarray, exponent: float) -> np.ndarray:
+    """``base ** exponent`` element by element through the C library's pow, not numpy's
+    vector loops: numpy on a CPU with AVX-512 computes powers, logarithms and exponentials
+    with other kernels than elsewhere, whose last bits differ, and a plan each rank builds on
+    its own must come out the same on every machine (a sum that fills a cap on one would
+    break it on another). Python floats; meant for the few distinct token counts a plan
+    prices."""
+    if exponent == 1.0:
+        return np.asarray(base, dtype=np.float64)
+    return np.array([math.pow(x, exponent) for x in np.asarray(base, dtype=np.float64).tolist()],
+                    dtype=np.float64)
+
+
 @dataclass(frozen=True)
 class EpochLimits:
     """Per-micro-batch limits as sums over its samples: limit d counts ``per_token[d] *
@@ -285,11 +298,14 @@ class EpochLimits:
     hard: tuple[bool, ...] = ()
 
     def use(self, tokens: Any) -> np.ndarray:
-        """[len(tokens), limits]: what one sample of each token count counts against each."""
-        s = np.asarray(tokens, dtype=np.float64)[:, None]
-        return np.asarray(self.per_token) * s ** np.asarray(self.power) + np.asarray(
-            self.per_sample
-        )
+        """[len(tokens), limits]: what one sample of each token count counts against each
+        (for the distinct token counts a plan prices: powers by `libm_power`)."""
+        s = np.asarray(tokens, dtype=np.float64).ravel()
+        return np.stack(
+            [k * libm_power(s, p) + c
+             for k, p, c in zip(self.per_token, self.power, self.per_sample, strict=True)],
+            axis=1,
+        ).reshape(s.size, len(self.caps))
 
     @property
     def ceiling(self) -> np.ndarray:

@@ -465,8 +465,8 @@ def _chunks(
     steps, gi, si = [], 0, 0
     used = np.zeros(groups.size, dtype=bool)
     while True:
-        while gi < groups.size and used[gi]:
-            gi += 1
+        while gi < groups.size and used[gi]:  # the first group left, a window of N at a time
+            gi += int(np.argmin(used[gi : gi + n])) or min(n, groups.size - gi)
         if gi >= groups.size and si >= singles.size:
             return steps
         head_g = gi + np.flatnonzero(~used[gi : gi + n])

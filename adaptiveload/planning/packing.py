@@ -89,6 +89,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -119,9 +120,15 @@ COST_BAND = 1.25
 # a step counts as pinned above the others (`_level_steps`) when its costliest pack exceeds
 # the mean pack of the rest by more than this share
 LEVEL_MARGIN = 0.01
+# step levelling runs where it may gain more than this share of a window: where LPT's steps
+# sum to within it of the window's work over N (no plan's steps sum to less), it is skipped
+LEVEL_GAIN = 1e-3
 # samples over half a cap by more than this share cannot share a pack, and the sizes the
 # bound on packs counts with are shrunk by it (`_least_packs_under`): rounding never beats it
 HALF_MARGIN = 1e-9
+# `_smallest` counts values in [0, 1) over this many bins before it partitions the one the
+# n-th smallest lies in
+SELECT_BINS = 1024
 
 
 @dataclass(frozen=True)
@@ -409,6 +416,8 @@ def _level_steps(
                              np.full(n_packs - pinned * world_size, max(mean, 0.0))])
     offset(n_packs)  # the draw of LPT's offsets, none here: the levels are its targets
     order = _banded(count, types, offset)
+    if float(peak.sum()) <= total / world_size * (1 + LEVEL_GAIN):
+        return None  # after the draws: a window's choice never moves the next one's
     candidates = [
         _lpt_or_strict(count, types, n_packs, np.zeros(n_packs), order, target),
         _fill_pinned(count, types, np.repeat(peak[:pinned], world_size), n_packs, order),
@@ -516,7 +525,9 @@ def _banded(count: np.ndarray, types: _Types, offset: Callable[[int], np.ndarray
     within COST_BAND of each other (a random phase), in random order inside a band."""
     present = np.flatnonzero(count)
     w = types.w[present]
-    band = np.floor(np.log(w / w.max()) / np.log(COST_BAND) + offset(1)[0])
+    # math.log: the same bands on every machine (numpy's vector log is not: `libm_power`)
+    ratio = (w / w.max()).tolist()
+    band = np.floor(np.array([math.log(r) / math.log(COST_BAND) for r in ratio]) + offset(1)[0])
     return present[np.lexsort((offset(present.size), -band, ~types.alone[present]))]
 
 
@@ -651,7 +662,7 @@ class _Open:
                    target if np.isscalar(target) else target[first:], share[first:],
                    [(np.arange(first), closed)])
 
-    def lpt_load(self, at: np.ndarray, spread: float) -> np.ndarray:
+    def lpt_load(self, at: np.ndarray | slice, spread: float) -> np.ndarray:
         """What LPT compares of open packs `at`: the load less the target, plus the share of
         `spread` (the work left per pack)."""
         target = self.target if np.isscalar(self.target) else self.target[at]
@@ -660,16 +671,15 @@ class _Open:
     def add(self, at: np.ndarray, k: np.ndarray, types: _Types, t: int) -> None:
         """In place: k[i] samples of type `t` into open pack at[i] (distinct). Only the packs
         that take some are touched: a block of m samples lands in at most m of them, row by
-        row (``x[d, at]``: indexing columns of a 2-D array, ``x[:, at]``, costs several
-        times more)."""
+        row (indexing columns of a 2-D array, ``x[:, at]``, costs several times more)."""
         self.size[at] += k
         self.load[at] += k * types.w[t]
         self.sum_s[at] += k * types.tokens[t]
         self.sum_sq[at] += k * float(types.tokens[t]) ** 2
-        for d, use in enumerate(types.use[t]):
+        for used, room, use in zip(self.used, self.room, types.use[t], strict=True):
             added = use * k
-            self.used[d, at] += added
-            self.room[d, at] -= added
+            used[at] += added  # a row's view indexed: a third of ``x[d, at]``'s time
+            room[at] -= added
 
     def without_full(self, least: np.ndarray) -> _Open:
         """These packs less those without room for `least` (each limit's least use by any
@@ -695,8 +705,10 @@ class _Open:
         """What every pack holds, open or closed, by pack index."""
         out = _Fill.zeros(n_packs, n_limits)
         for index, part in [*self.closed, (self.index, self._fill(slice(None)))]:
-            for f in _FIELDS:
-                getattr(out, f)[..., index] = getattr(part, f)
+            for f in _FIELDS[:-1]:
+                getattr(out, f)[index] = getattr(part, f)
+            for row, part_row in zip(out.used, part.used, strict=True):
+                row[index] = part_row  # by row: a 2-D array's columns cost several times more
         return out
 
 
@@ -705,17 +717,22 @@ _FIELDS = ("size", "load", "sum_s", "sum_sq", "used")
 
 def _place_block(
     room: np.ndarray, m: int, w: float, use: np.ndarray,
-    load: Callable[[np.ndarray], np.ndarray], most: np.ndarray | None = None,
+    load: Callable[[np.ndarray | slice], np.ndarray], most: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray] | None:
     """How many of m identical samples (cost `w`, limit use `use`) LPT puts in each pack:
-    the m smallest of ``{load_b + k w : k < fits_b}`` (equal ones picked deterministically;
+    the m smallest of ``{load_b + k w : k < fits_b}`` (equal ones in pack order;
     `most` caps fits_b). `load(packs)` gives the loads of the packs with room, the only ones
     LPT compares (no load is computed for a pack that cannot take a sample). With
     ``load_b = w (level_b + frac_b)`` those values sit on integer levels ``level_b + k``
     ordered by ``frac_b`` inside one level, so a count over levels finds the level of
-    the m-th value (`_mth_level`). Returned sparse: the packs that take some and how many
-    each takes (a block lands in at most m of them); None if the packs have room for fewer
-    than m."""
+    the m-th value (`_mth_level`); of the packs whose values reach that level, those with the
+    smallest fractions take one more (`_smallest`: equal ones by pack order, the same on
+    every machine). Returned sparse: the packs that take some and how many each takes (a
+    block lands in at most m of them); None if the packs have room for fewer than m.
+
+    This runs once per block over every open pack (the planner's inner loop): the packs with
+    room are a slice where all have room (no copies), and once the m-th value's level is
+    known only the packs that reach it are looked at again."""
     used = np.flatnonzero(use > 0)  # a limit the samples do not use never stops them
     if used.size == 0:
         ratio = np.full(room.shape[1], np.inf)
@@ -725,23 +742,48 @@ def _place_block(
             np.minimum(ratio, room[d] / use[d], out=ratio)
     if most is not None:
         np.minimum(ratio, most, out=ratio)
-    open_ = np.flatnonzero(ratio >= 1)  # only the packs with room for one take part
-    fits = np.floor(np.minimum(ratio[open_], m)).astype(np.int64)
-    if fits.sum() < m:
+    has_room = ratio >= 1  # only the packs with room for one take part
+    open_: np.ndarray | slice = np.flatnonzero(has_room)
+    if open_.size == ratio.size:
+        open_ = slice(None)
+    fits = np.minimum(ratio[open_], m).astype(np.int64)  # ratio >= 1: truncation is floor
+    if fits.size < m and fits.sum() < m:  # (one each where the packs outnumber the samples)
         return None
     x = load(open_) / w
     level = np.floor(x)
     lo = (level - level.min()).astype(np.int64)
     at, below = _mth_level(lo, fits, m)
-    step = at - lo  # the m-th value's level over each pack's first
-    k = np.clip(step, 0, fits)  # every value below that level
+    reach = np.flatnonzero(lo <= at)  # the packs with a value at or below the m-th's level
+    step = at - lo[reach]  # the m-th value's level over each pack's first
+    fits = fits[reach]
+    k = np.minimum(step, fits)  # every value below that level
+    tied = np.flatnonzero(step < fits)  # and one at it
     need = m - below
-    tied = np.flatnonzero((step >= 0) & (step < fits))
     if need < tied.size:
-        tied = tied[np.argpartition(x[tied] - level[tied], need - 1)[:need]]
+        tied = tied[_smallest(x[reach[tied]] - level[reach[tied]], need)]
     k[tied] += 1
-    took = k > 0
-    return open_[took], k[took]
+    took = reach[k > 0]
+    return (took if isinstance(open_, slice) else open_[took]), k[k > 0]
+
+
+def _smallest(values: np.ndarray, n: int) -> np.ndarray:
+    """The positions of the `n` smallest of `values` (in [0, 1), 0 < n < values.size), equal
+    values taken from the first position on: the choice is the same on every machine.
+    (``np.argpartition`` picks among equal values by its SIMD kernel, which differs between
+    CPUs with and without AVX-512: two ranks would build different plans.) The n-th smallest
+    value is found by a count over SELECT_BINS bins and a partition of the one bin it lies
+    in; every value below it is taken, then the first of those equal to it."""
+    want = n
+    inside = values
+    if values.size > SELECT_BINS:
+        bins = (values * SELECT_BINS).astype(np.int64)
+        through = np.cumsum(np.bincount(bins, minlength=SELECT_BINS))
+        last = int(np.searchsorted(through, n))  # the bin of the n-th smallest
+        inside = values[bins == last]
+        want = n - (int(through[last - 1]) if last else 0)
+    nth = np.partition(inside, want - 1)[want - 1]
+    below = np.flatnonzero(values < nth)
+    return np.concatenate([below, np.flatnonzero(values == nth)[: n - below.size]])
 
 
 def _mth_level(lo: np.ndarray, fits: np.ndarray, m: int) -> tuple[int, int]:
