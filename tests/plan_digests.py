@@ -30,7 +30,13 @@ levelling's second way (the pinned steps filled with the costliest samples first
 `packing._fill_pinned`) levels the steps better than the first: 12 of adaptiveload-packed
 (convergence's two matched seeds, m_comp_sweep at M_comp x 0.5, matched's 14B simulation,
 the 14B long-clip simulations of paper_14b and sp) and 1 of adaptiveload-sp-fixed (sp's 14B
-at N = 256); the other 951 were identical (the planner's speed-ups changed none).
+at N = 256); the other 951 were identical (the planner's speed-ups changed none). Then (964
+plans) 97 changed on purpose, 80 of adaptiveload-packed and 17 of adaptiveload-sp-fixed, every
+other policy's identical: LPT takes equal loads in pack order and the limits' powers and cost
+bands come from libm (np.argpartition and numpy's AVX-512 pow/log had made these plans differ
+between CPUs; the file's earlier digests were those of AVX-512 machines), which alone changed
+the 97; and step levelling is skipped where it can gain under 0.1% of a window, which changed
+44 of those 97 again and no other.
 
 A refactor that must not change any plan is checked by running this before and after it: the
 plan commands come from the pipeline itself (`snakemake -n -p -F` per experiment file, so the

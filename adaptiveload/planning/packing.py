@@ -60,10 +60,12 @@ bound, per window: where every pack ends within one last-placed sample w_last of
 which no plan of those packs beats, and the rest of the work spread evenly over the other
 steps, Graham's term per step. A cap that stops a pinned step's packs short of L_k (they are
 full in compute or memory) leaves that work to the other steps, and the bound then does not
-hold (docs/packing.md names those cases). Why not Karmarkar-Karp: its differencing merges
-partial partitions with no regard to a per-pack capacity (verl's ``seqlen_balancing`` users hit
-OOM on packs over the token cap), and with ten or more samples a pack its edge over LPT is
-below the cheapest sample anyway.
+hold (docs/packing.md names those cases). Levelling is skipped where LPT's steps already sum
+to within LEVEL_GAIN of the window's work over N, which no plan's steps beat (each step's
+costliest pack is at least its mean): it could gain no more. Why not Karmarkar-Karp: its
+differencing merges partial partitions with no regard to a per-pack capacity (verl's
+``seqlen_balancing`` users hit OOM on packs over the token cap), and with ten or more samples
+a pack its edge over LPT is below the cheapest sample anyway.
 
 **Seeds that vary.** LPT is deterministic given the multiset of token counts; plans of two
 seeds would differ only in which sample of a token count fills a slot. So each LPT pass
@@ -74,7 +76,9 @@ token counts in a random order within bands of costs within COST_BAND of each ot
 counts share a pack, and which fill the room a cap leaves, varies with (seed, epoch). Where
 that order leaves a sample without room, the pass is repeated in strict cost order before a
 step is added. Everything comes from the one generator of (seed, epoch): every rank builds
-the same packs without communication; the summary's ``composition_digest`` says whether two
+the same packs without communication, on any machine (LPT takes equal values in pack order,
+and the limits' powers and the cost bands come from the C library, not numpy's vector
+kernels, which differ between CPUs); the summary's ``composition_digest`` says whether two
 plans are made of the same packs.
 
 LPT is vectorised per *block* of identical samples (one token count): LPT places a block's m

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -32,6 +34,18 @@ def test_identical_samples_cannot_split():
     bound = COST.epoch_lower_bound([6], [5], TOKENS_CAP, ranks=4)
     assert bound.steps == 1  # 3 micro-batches' volume fits one step
     assert bound.seconds == pytest.approx(1.0 + 12.0)
+
+
+def test_limits_price_powers_through_libm():
+    """A limit's use S^p is the C library's pow of each token count (math.pow), whatever
+    vector kernels numpy picks on this CPU, and a power of 1 is S itself."""
+    limits = EpochLimits(per_token=(2.0, 1.0), power=(1.0, 1.37), per_sample=(5.0, 0.0),
+                         caps=(1e9, 1e9))
+    tokens = np.array([1, 7, 1560, 32_760, 75_600])
+    use = limits.use(tokens)
+    assert use.shape == (5, 2)
+    assert use[:, 0].tolist() == [2.0 * s + 5.0 for s in tokens.tolist()]
+    assert use[:, 1].tolist() == [math.pow(s, 1.37) for s in tokens.tolist()]
 
 
 def test_oversize_samples_take_a_micro_batch_each_and_padding_is_no_work():

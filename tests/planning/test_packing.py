@@ -267,6 +267,43 @@ def test_cheap_samples_beside_costly_ones_plan_in_little_memory():
     assert plan.summary["constraint_violations"] == 0
 
 
+def test_equal_values_are_taken_in_order():
+    """`_smallest` (which packs at the m-th value's level take one more) picks the n
+    smallest, equal ones from the first position on: what a stable sort picks, on every
+    machine (np.argpartition's choice among equal values hangs on the CPU's vector kernel).
+    Few distinct values, so ties sit at the boundary; sizes on both sides of its bins."""
+    from adaptiveload.planning import packing
+
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        size = int(rng.choice([5, 300, packing.SELECT_BINS + 1, 20_000]))
+        values = rng.choice(rng.random(int(rng.integers(1, 6))), size)
+        n = int(rng.integers(1, size))
+        got = packing._smallest(values, n)
+        assert sorted(got) == sorted(np.argsort(values, kind="stable")[:n])
+
+
+def test_levelling_is_skipped_only_where_it_gains_little():
+    """Step levelling costs two more LPT passes a window, so it is skipped where LPT's steps
+    already sum to within LEVEL_GAIN of the window's work over N, a bound no plan beats: on
+    paper-mixed at N = 16 it is skipped in some window (the plan differs from the one that
+    levels everywhere), and the epoch it predicts is within LEVEL_GAIN of that plan's (model,
+    the measured H200 1.3B calibration)."""
+    from adaptiveload.planning import packing
+
+    cal = Calibration.load(H200_MEASURED)
+    bud = Budgets.resolve(calibration=cal)
+    df = bucketize(synthesize("paper-mixed", 20_000, seed=1), grid="wan")
+    skipped = build_plan(df, PACKED, bud, 16, seed=1, cost_model=cal).summary
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(packing, "LEVEL_GAIN", -1.0)  # level wherever a step is pinned
+        levelled = build_plan(df, PACKED, bud, 16, seed=1, cost_model=cal).summary
+    assert skipped["plan_digest"] != levelled["plan_digest"]
+    assert skipped["steps"] == levelled["steps"]
+    ratio = levelled["predicted_samples_per_s"] / skipped["predicted_samples_per_s"]
+    assert 1 < ratio <= 1 + packing.LEVEL_GAIN
+
+
 def test_both_ways_to_the_mth_level_agree():
     """`_mth_level`'s histogram and its bisection give the same level and count below it."""
     from adaptiveload.planning import packing
@@ -364,23 +401,31 @@ def test_windows_keep_the_epochs_mix(steps, per_window):
         assert np.abs(got - (b - a) * steps_in / steps).max() <= 3
 
 
-def test_plans_agree_across_processes():
-    """Every rank plans alone: two interpreters with different hash seeds get one digest."""
-    code = (
-        "import json; from planning_data import bucketed; "
-        "from adaptiveload.planning.plan import build_plan; "
-        "from adaptiveload.planning.policies import Budgets; "
-        "b = Budgets(m_tok=60000, m_mem=60000, m_comp=60000**1.4, p=1.4, pack_tokens=50000); "
-        "print(json.dumps({p: build_plan(bucketed(800, seed=5), p, b, 8, seed=3, epoch=1)"
-        ".summary['plan_digest'] for p in ('adaptiveload-balanced', 'adaptiveload-packed')}))"
-    )
+def _cpu_feature_levels() -> list[str]:
+    """NPY_DISABLE_CPU_FEATURES values that take numpy down this CPU's vector levels: none
+    off, then each level numpy dispatches to (and this CPU has) off from the top, down to
+    its baseline (on x86-64: AVX-512, then AVX2 too)."""
+    from numpy._core._multiarray_umath import __cpu_dispatch__, __cpu_features__
+
+    found = [f for f in __cpu_dispatch__ if __cpu_features__.get(f)]
+    return [" ".join(found[i:]) for i in range(len(found), -1, -1)]
+
+
+def test_plans_agree_across_processes_and_cpus():
+    """Every rank plans alone: interpreters with other hash seeds, and numpy held to fewer
+    of this CPU's vector instructions (its AVX-512 and AVX2 kernels pick among equal values
+    and round powers differently), print one set of digests. Before the packer took equal
+    loads in pack order and powers through libm, reference-heavy's packed plan and the
+    14B's fixed-degree SP plan differed between these processes."""
     digests = []
-    for hash_seed in ("1", "2"):
-        env = dict(os.environ, PYTHONHASHSEED=hash_seed, PYTHONPATH=str(SUPPORT))
-        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                             text=True, check=True)
+    for hash_seed, disabled in [("1", ""), *(("2", level) for level in _cpu_feature_levels())]:
+        env = dict(os.environ, PYTHONHASHSEED=hash_seed, PYTHONPATH=str(SUPPORT),
+                   NPY_DISABLE_CPU_FEATURES=disabled)
+        out = subprocess.run([sys.executable, str(SUPPORT / "plan_digest_worker.py")], env=env,
+                             capture_output=True, text=True, check=True)
         digests.append(json.loads(out.stdout))
-    assert digests[0] == digests[1]
+    assert len(digests[0]) == 4
+    assert all(d == digests[0] for d in digests), digests
 
 
 @pytest.fixture(scope="module")

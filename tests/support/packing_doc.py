@@ -1,0 +1,201 @@
+"""The tables of docs/packing.md, generated from the committed benchmarks: the packed policy on
+data it was not tuned on (results/benchmarks/epoch_bound.json, tests/bench/bench_epoch_bound.py),
+sequence-parallel plans against one degree and against exclusion (sp_plans.json) and the
+planner's time and memory (planning_sp.json, both tests/bench/bench_planner_sp.py); and the
+README's summary of the sequence-parallel plans. tests/repo checks the docs hold what this
+renders.
+
+    python tests/support/packing_doc.py   # rewrite the docs' blocks from the results
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+DOC = ROOT / "docs" / "packing.md"
+README = ROOT / "README.md"
+BENCHMARKS = ROOT / "results" / "benchmarks"
+EPOCH_BOUND = (
+    "<!-- generated: epoch bound table -->", "<!-- end of generated epoch bound table -->"
+)
+SP_PLANS = ("<!-- generated: sp plans table -->", "<!-- end of generated sp plans table -->")
+PLANNER = (
+    "<!-- generated: planner time table -->", "<!-- end of generated planner time table -->"
+)
+README_SP = (
+    "<!-- generated: sp plans summary -->", "<!-- end of generated sp plans summary -->"
+)
+# the README's summary spans the world sizes up to this one
+README_SP_MAX_N = 256
+PACKED, SP, FIXED = "adaptiveload-packed", "adaptiveload-sp", "adaptiveload-sp-fixed"
+# sp_plans.json's setups as the table names them
+SP_SETUPS = {
+    "h200-wan2.1-t2v-14b-long": "14B, H200 prior, `long-clips-121`",
+    "h200-wan2.1-t2v-1.3b-long-40gb": "1.3B, measured H200 at 40 GB, `long-clips-161`",
+    "h200-wan2.1-t2v-1.3b-paper-mixed": "1.3B, measured H200, `paper-mixed`",
+}
+
+
+def load(name: str) -> dict[str, Any]:
+    return json.loads((BENCHMARKS / name).read_text())
+
+
+def _n(n: int | str) -> str:
+    return f"{int(n):,}"
+
+
+def render_epoch_bound(result: dict[str, Any]) -> str:
+    """Per mixture and N, the packed policy at `free` over its three seeds: the most steps
+    (K_min), the worst × epoch bound, the distinct compositions, "=" where every `match` plan
+    reaches its steps asked for; then how many of the json's targets hold."""
+    sizes = sorted({int(k.split("/N=")[1]) for k in result["points"]})
+    lines = ["| mixture | " + " | ".join(f"N = {_n(n)}" for n in sizes) + " |",
+             "| --- |" + " --- |" * len(sizes)]
+    for mixture in result["mixtures"]:
+        cells = []
+        for n in sizes:
+            point = result["points"][f"{mixture}/N={n}"]
+            free = point[f"free/{PACKED}"]["per_seed"]
+            match = point[f"match/{PACKED}"]["per_seed"]
+            steps = max(r["steps"] for r in free)
+            k_min = max(r["min_steps_per_epoch"] for r in free)
+            bound = max(r["vs_epoch_lower_bound"] for r in free)
+            exact = "=" if all(r["steps"] == r["steps_asked"] for r in match) else "≠"
+            cells.append(f"{steps} ({k_min}), {bound:.3f}, "
+                         f"{point['packed_distinct_compositions_of_3_seeds']}, {exact}")
+        lines.append(f"| `{mixture}` | " + " | ".join(cells) + " |")
+    held = sum(result["targets"].values())
+    missed = [k for k, ok in result["targets"].items() if not ok]
+    tail = (f"{held} of {len(result['targets'])} targets hold" if not missed else
+            f"{held} of {len(result['targets'])} targets hold; not met: " + "; ".join(missed))
+    return "\n".join(lines) + f"\n\n{tail} (`targets` in the json; {result['date'][:10]}).\n"
+
+
+def render_sp_plans(result: dict[str, Any]) -> str:
+    """Per setup and N, the means over seeds: degree per micro-batch (samples/s, × epoch
+    bound), the fixed degree (its samples/s, the SP plan's gain over it, × bound) and
+    exclusion (its samples/s, the SP plan's rate relative to it, samples excluded)."""
+    lines = [
+        "| setup | N | degree per micro-batch: samples/s, × epoch bound | fixed degree: "
+        "samples/s (SP vs it), × bound | excluding: samples/s (SP vs it), excluded |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for setup, by in result["setups"].items():
+        for i, n in enumerate(str(n) for n in result["world_sizes"]):
+            sp, fixed, packed = by[SP][n], by[FIXED][n], by[PACKED][n]
+            rate = sp["samples_per_s"]
+            lines.append(
+                f"| {SP_SETUPS[setup] if i == 0 else ''} | {_n(n)} | {rate:.4g}, "
+                f"{sp['vs_epoch_lower_bound']:.3f} | {fixed['samples_per_s']:.4g} "
+                f"({_pct(rate / fixed['samples_per_s'] - 1)}), "
+                f"{fixed['vs_epoch_lower_bound']:.3f} | {packed['samples_per_s']:.4g} "
+                f"({_pct(rate / packed['samples_per_s'] - 1)}), {_n(round(packed['excluded']))} |"
+            )
+    excluded = max(by[SP][str(n)]["excluded"] for by in result["setups"].values()
+                   for n in result["world_sizes"])
+    flags = sum(r["beyond_measured_memory"] or 0 for by in result["setups"].values()
+                for p in (SP, FIXED) for n in result["world_sizes"]
+                for r in by[p][str(n)]["per_seed"])
+    slower = [f"{SP_SETUPS[s].split(',')[0]} at N = {_n(n)}" for s, by in result["setups"].items()
+              for n in result["world_sizes"]
+              if by[SP][str(n)]["samples_per_s"] < by[FIXED][str(n)]["samples_per_s"]]
+    return (
+        "\n".join(lines) + f"\n\nSamples the SP policy excludes: {excluded:.0f}. Micro-batches "
+        f"flagged beyond the calibration's measured memory (per rank, Σ S / d against its "
+        f"largest measured point), SP and fixed degree, every seed: {flags}. Where the fixed "
+        f"degree predicts more samples/s (the plan's baseline warning says so): "
+        f"{', '.join(slower) or 'nowhere'}. ({result['date'][:10]}.)\n"
+    )
+
+
+def render_sp_readme(result: dict[str, Any]) -> str:
+    """The README's two rows (one per setup): the SP plan's samples/s against the fixed
+    degree and its × epoch bound, as ranges over N up to README_SP_MAX_N, the samples it
+    excludes and the share the excluding plan leaves out; then how much faster exclusion is."""
+    sizes = [str(n) for n in result["world_sizes"] if n <= README_SP_MAX_N]
+    lines = ["| setup | samples/s vs one degree | × epoch bound (groups) | excluded |",
+             "| --- | --- | --- | --- |"]
+    faster = []
+    for setup, by in result["setups"].items():
+        gain = [by[SP][n]["samples_per_s"] / by[FIXED][n]["samples_per_s"] - 1 for n in sizes]
+        bound = [by[SP][n]["vs_epoch_lower_bound"] for n in sizes]
+        excluded = max(by[SP][n]["excluded"] for n in sizes)
+        left_out = max(by[PACKED][n]["excluded"] for n in sizes) / result["samples"]
+        faster += [by[PACKED][n]["samples_per_s"] / by[SP][n]["samples_per_s"] - 1 for n in sizes]
+        lines.append(f"| {SP_SETUPS[setup]} | {_pct(min(gain))} to {_pct(max(gain))} | "
+                     f"{min(bound):.3f}–{max(bound):.3f} | {excluded:.0f} (exclusion: "
+                     f"{left_out:.1%}) |")
+    return (
+        "\n".join(lines) + f"\n\nExcluding the long samples instead gives {min(faster):.0%}–"
+        f"{max(faster):.0%} more samples/s by dropping the costliest ones "
+        f"(`results/benchmarks/sp_plans.json`, {result['date'][:10]}).\n"
+    )
+
+
+def _pct(x: float) -> str:
+    return f"{x:+.1%}".replace("-", "−")
+
+
+def render_planner(result: dict[str, Any]) -> str:
+    """Each case: its CPU time (best of the repeats), wall clock and load beside it, peak
+    RSS, and the targets with whether they hold."""
+    lines = ["| setup | policy | samples × ranks | CPU s (best) | wall s | load | peak RSS GiB |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for c in result["cases"]:
+        low, high = min(c["load_average_1min"]), max(c["load_average_1min"])
+        lines.append(
+            f"| {SP_SETUPS[c['setup']]} | `{c['policy']}` | {_n(c['samples'])} × "
+            f"{_n(c['world_size'])} | {c['best_cpu_s']:.2f} | {c['best_wall_s']:.2f} | "
+            f"{low:.1f}{f'–{high:.1f}' if f'{high:.1f}' != f'{low:.1f}' else ''} | "
+            f"{c['peak_rss_bytes'] / 2**30:.2f} |"
+        )
+    targets = "; ".join(f"{_target(k)}: {'met' if ok else 'NOT met'}"
+                        for k, ok in result["targets"].items())
+    return (
+        "\n".join(lines) + f"\n\nMeasured on {result['device']}, {result['date'][:10]}, "
+        f"{result['repeats']} repeats in a fresh process per case (the 10M case once). "
+        f"Targets: {targets}.\n"
+    )
+
+
+def _target(key: str) -> str:
+    """A planning_sp.json target's key (setup/name) as the table names it."""
+    setup, name = key.split("/")
+    what = {"plan_1m_n1024_cpu_le_2s": "1M × 1,024 in ≤ 2 s CPU",
+            "plan_10m_n4096_peak_rss_le_4gb": "10M × 4,096 in ≤ 4 GiB peak RSS"}[name]
+    return f"{SP_SETUPS[setup].split(', ')[-1]}, {what}"
+
+
+def generated_block(text: str, markers: tuple[str, str]) -> str:
+    """What `text` holds between `markers` (without them)."""
+    start, end = markers
+    match = re.search(re.escape(start) + r"\n(.*?)" + re.escape(end), text, re.S)
+    if match is None:
+        raise SystemExit(f"no block {start} ... {end}")
+    return match.group(1)
+
+
+def blocks() -> list[tuple[Path, tuple[str, str], str]]:
+    """Each block's file, markers and what it should hold now."""
+    sp = load("sp_plans.json")
+    return [
+        (DOC, EPOCH_BOUND, render_epoch_bound(load("epoch_bound.json"))),
+        (DOC, SP_PLANS, render_sp_plans(sp)),
+        (DOC, PLANNER, render_planner(load("planning_sp.json"))),
+        (README, README_SP, render_sp_readme(sp)),
+    ]
+
+
+def main() -> None:
+    for path, (start, end), body in blocks():
+        text = path.read_text()
+        old = start + "\n" + generated_block(text, (start, end)) + end
+        path.write_text(text.replace(old, f"{start}\n{body}{end}"))
+
+
+if __name__ == "__main__":
+    main()
