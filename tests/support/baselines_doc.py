@@ -67,7 +67,57 @@ def tables(result: dict[str, Any]) -> str:
     out.append("Where a method of the field plans more samples/s than packed:")
     out.append("")
     out += [f"- {line}" for line in ahead] or ["- nowhere"]
+    out += ["", "The ranges the reading below quotes (samples/s against packed at the same point):",
+            ""]
+    out += [f"- {line}" for line in ranges(points)]
     return "\n".join(out)
+
+
+def ranges(points: dict[str, dict[str, Any]]) -> list[str]:
+    """How far each method is behind (or ahead of) packed, as ranges over the points: every
+    point and step mode for the cost-blind ones, then by mixture and step mode."""
+    def rel(key: str, mode: str, policy: str) -> float:
+        return (points[key][f"{mode}/{policy}"]["samples_per_s"]
+                / points[key][f"{mode}/{PACKED}"]["samples_per_s"] - 1)
+
+    def span(values: list[float]) -> str:
+        low, high = f"{min(values):+.1%}", f"{max(values):+.1%}"
+        return low if low == high else f"{low} to {high}"
+
+    paper = [k for k in points if k.startswith("paper-mixed/")]
+    long = [k for k in points if not k.startswith("paper-mixed/")]
+    every = [(k, m) for k in points for m in ("free", "match")]
+    out = [f"{p}, every point: {span([rel(k, m, p) for k, m in every])}"
+           for p in ("token-ffd", "time-buckets")]
+    out.append(f"token-kk: free steps {span([rel(k, 'free', 'token-kk') for k in points])}; "
+               f"equal steps on paper-mixed {span([rel(k, 'match', 'token-kk') for k in paper])}")
+    behind = [rel(k, m, "flop-greedy") for k in paper for m in ("free", "match")]
+    long_free = [rel(k, "free", "flop-greedy") for k in long]
+    ahead = [(k, m) for k, m in every if rel(k, m, "flop-greedy") > 0]
+    out.append(
+        f"flop-greedy where behind: paper-mixed, both step modes "
+        f"{span([x for x in behind if x <= 0])}; long-clips-161, free steps "
+        f"{span([x for x in long_free if x <= 0])}"
+    )
+    if ahead:
+        bound = [points[k][f"{m}/flop-greedy"]["vs_epoch_lower_bound"] for k, m in ahead]
+        out.append(
+            f"flop-greedy where ahead ({len(ahead)} points): "
+            f"{span([rel(k, m, 'flop-greedy') for k, m in ahead])}, its epoch "
+            f"×{min(bound):.3f} to ×{max(bound):.3f} of the bound; packed held to memory alone "
+            f"there: {span([rel(k, m, MEMORY_ONLY) for k, m in ahead])} on packed, "
+            + span([points[k][f"{m}/{MEMORY_ONLY}"]["samples_per_s"]
+                    / points[k][f"{m}/flop-greedy"]["samples_per_s"] - 1 for k, m in ahead])
+            + " on flop-greedy"
+        )
+    peers = [p for p in POLICIES if POLICIES[p].peer]
+    out.append(
+        f"equal steps: flop-greedy on paper-mixed "
+        f"{span([rel(k, 'match', 'flop-greedy') for k in paper])}; the four on long-clips-161 "
+        f"{span([rel(k, 'match', p) for k in long for p in peers])}; adaptiveload-balanced "
+        f"on long-clips-161 {span([rel(k, 'match', 'adaptiveload-balanced') for k in long])}"
+    )
+    return out
 
 
 def _memory_table(mixture: str, per_n: dict[int, dict[str, Any]]) -> list[str]:

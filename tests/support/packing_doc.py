@@ -1,9 +1,11 @@
 """The tables of docs/packing.md, generated from the committed benchmarks: the packed policy on
 data it was not tuned on (results/benchmarks/epoch_bound.json, tests/bench/bench_epoch_bound.py),
 sequence-parallel plans against one degree and against exclusion (sp_plans.json) and the
-planner's time and memory (planning_sp.json, both tests/bench/bench_planner_sp.py); and the
-README's summary of the sequence-parallel plans. tests/repo checks the docs hold what this
-renders.
+planner's time and memory (planning_sp.json, both tests/bench/bench_planner_sp.py); the packed
+policy against balanced dealing on paper-mixed and its planner's time (packing_plans.json,
+planning_packed.json, tests/bench/bench_planner_packing.py), in docs/packing.md and
+docs/results.md; and the README's summary of the sequence-parallel plans. tests/repo checks
+the docs hold what this renders.
 
     python tests/support/packing_doc.py   # rewrite the docs' blocks from the results
 """
@@ -18,6 +20,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "packing.md"
 README = ROOT / "README.md"
+RESULTS = ROOT / "docs" / "results.md"
 BENCHMARKS = ROOT / "results" / "benchmarks"
 EPOCH_BOUND = (
     "<!-- generated: epoch bound table -->", "<!-- end of generated epoch bound table -->"
@@ -29,6 +32,13 @@ PLANNER = (
 README_SP = (
     "<!-- generated: sp plans summary -->", "<!-- end of generated sp plans summary -->"
 )
+PACKED_PLANS = (
+    "<!-- generated: packed plans table -->", "<!-- end of generated packed plans table -->"
+)
+PACKED_PLANNER = (
+    "<!-- generated: packed planner time -->", "<!-- end of generated packed planner time -->"
+)
+BALANCED = "adaptiveload-balanced"
 # the README's summary spans the world sizes up to this one
 README_SP_MAX_N = 256
 PACKED, SP, FIXED = "adaptiveload-packed", "adaptiveload-sp", "adaptiveload-sp-fixed"
@@ -136,6 +146,75 @@ def render_sp_readme(result: dict[str, Any]) -> str:
     )
 
 
+def render_packed_plans(result: dict[str, Any], indent: str = "") -> str:
+    """Per N, balanced dealing against packing on paper-mixed (means over the seeds): steps,
+    imbalance, × the steps' lower bound, and packed samples/s over balanced's; then the same
+    at 1M samples and N = 1,024. `indent`: each line's (the table inside a list item)."""
+    by = result["policies"]
+    lines = ["| N | steps: balanced → packed | imbalance: balanced → packed | × the steps' lower "
+             "bound: balanced → packed | samples/s, packed / balanced |",
+             "| --- | --- | --- | --- | --- |"]
+    for n in by[PACKED]:
+        b, k = by[BALANCED][n], by[PACKED][n]
+        lines.append(
+            f"| {_n(n)} | {b['steps']:.0f} → {k['steps']:.0f} | {b['imbalance_rate']:.1%} → "
+            f"{k['imbalance_rate']:.2%} | {b['vs_lower_bound']:.3f} → {k['vs_lower_bound']:.3f} "
+            f"| {k['samples_per_s'] / b['samples_per_s']:.3f} |"
+        )
+    big = result["one_million_n1024"]
+    b, k = big[BALANCED], big[PACKED]
+    lines += ["", f"{result['samples']:,} samples, means over {len(result['seeds'])} seeds "
+              f"(steps rounded); at 1M samples and N = 1,024: imbalance "
+              f"{b['imbalance_rate']:.1%} → {k['imbalance_rate']:.2%}, × the bound "
+              f"{b['vs_lower_bound']:.3f} → {k['vs_lower_bound']:.3f} ({result['date'][:10]})."]
+    return "".join(f"{indent}{line}\n" if line else "\n" for line in lines)
+
+
+def render_packed_planner(result: dict[str, Any], indent: str = "") -> str:
+    """The packed planner's CPU time against balanced dealing's at 1M x 1,024 and 10M x 4,096,
+    its peak RSS, where and under what load it was measured, and its targets."""
+    by = {(c["policy"], c["samples"]): c for c in result["cases"]}
+    loads = [x for c in result["cases"] for x in c["load_average_1min"]]
+
+    def case(samples: int) -> str:
+        k, b = by[PACKED, samples], by[BALANCED, samples]
+        return (f"{_n(samples)} samples × {_n(k['world_size'])} ranks in "
+                f"{k['best_cpu_s']:.2f} s (balanced dealing {b['best_cpu_s']:.2f} s)")
+
+    peak = max(c["peak_rss_bytes"] for c in result["cases"])
+    names = {"plan_1m_n1024_cpu_le_2s": "1M × 1,024 in ≤ 2 s",
+             "plan_10m_n4096_cpu_le_10s": "10M × 4,096 in ≤ 10 s",
+             "peak_rss_le_4gb": "peak RSS ≤ 4 GB"}
+    held = ", ".join(f"{names[k]}: {'met' if ok else 'NOT met'}"
+                     for k, ok in result["targets"].items())
+    text = (
+        f"The planner (`results/benchmarks/planning_packed.json`, measured on "
+        f"{result['device']}, {result['date'][:10]}, load {_span(loads)}, "
+        f"the planning thread's CPU time, best of {result['repeats']}; wall clock beside it in "
+        f"the json): {case(1_000_000)}, {case(10_000_000)}, peak RSS "
+        f"{peak / 2**30:.2f} GiB per process with the manifest (targets: {held})."
+    )
+    return _wrap(text, indent)
+
+
+def _span(values: list[float]) -> str:
+    """Load averages as one value, or low–high where they differ at one decimal."""
+    low, high = f"{min(values):.1f}", f"{max(values):.1f}"
+    return low if low == high else f"{low}–{high}"
+
+
+def _wrap(text: str, indent: str, width: int = 96) -> str:
+    """`text` as lines of at most `width` characters after `indent`."""
+    lines, line = [], ""
+    for word in text.split():
+        if line and len(line) + 1 + len(word) > width:
+            lines.append(line)
+            line = word
+        else:
+            line = f"{line} {word}" if line else word
+    return "".join(f"{indent}{x}\n" for x in [*lines, line])
+
+
 def _pct(x: float) -> str:
     return f"{x:+.1%}".replace("-", "−")
 
@@ -146,12 +225,10 @@ def render_planner(result: dict[str, Any]) -> str:
     lines = ["| setup | policy | samples × ranks | CPU s (best) | wall s | load | peak RSS GiB |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     for c in result["cases"]:
-        low, high = min(c["load_average_1min"]), max(c["load_average_1min"])
         lines.append(
             f"| {SP_SETUPS[c['setup']]} | `{c['policy']}` | {_n(c['samples'])} × "
             f"{_n(c['world_size'])} | {c['best_cpu_s']:.2f} | {c['best_wall_s']:.2f} | "
-            f"{low:.1f}{f'–{high:.1f}' if f'{high:.1f}' != f'{low:.1f}' else ''} | "
-            f"{c['peak_rss_bytes'] / 2**30:.2f} |"
+            f"{_span(c['load_average_1min'])} | {c['peak_rss_bytes'] / 2**30:.2f} |"
         )
     targets = "; ".join(f"{_target(k)}: {'met' if ok else 'NOT met'}"
                         for k, ok in result["targets"].items())
@@ -171,9 +248,10 @@ def _target(key: str) -> str:
 
 
 def generated_block(text: str, markers: tuple[str, str]) -> str:
-    """What `text` holds between `markers` (without them)."""
+    """What `text` holds between `markers` (without them; an end marker indented as its block
+    is, inside a list item, ends it)."""
     start, end = markers
-    match = re.search(re.escape(start) + r"\n(.*?)" + re.escape(end), text, re.S)
+    match = re.search(re.escape(start) + r"\n(.*?)[ ]*" + re.escape(end), text, re.S)
     if match is None:
         raise SystemExit(f"no block {start} ... {end}")
     return match.group(1)
@@ -187,14 +265,21 @@ def blocks() -> list[tuple[Path, tuple[str, str], str]]:
         (DOC, SP_PLANS, render_sp_plans(sp)),
         (DOC, PLANNER, render_planner(load("planning_sp.json"))),
         (README, README_SP, render_sp_readme(sp)),
+        (DOC, PACKED_PLANS, render_packed_plans(load("packing_plans.json"))),
+        (RESULTS, PACKED_PLANS, render_packed_plans(load("packing_plans.json"), "  ")),
+        (RESULTS, PACKED_PLANNER, render_packed_planner(load("planning_packed.json"), "  ")),
     ]
 
 
 def main() -> None:
     for path, (start, end), body in blocks():
         text = path.read_text()
-        old = start + "\n" + generated_block(text, (start, end)) + end
-        path.write_text(text.replace(old, f"{start}\n{body}{end}"))
+        pattern = re.escape(start) + r"\n.*?(?P<indent>[ ]*)" + re.escape(end)
+        match = re.search(pattern, text, re.S)
+        if match is None:
+            raise SystemExit(f"{path}: no block {start} ... {end}")
+        new = f"{start}\n{body}{match.group('indent')}{end}"
+        path.write_text(text[: match.start()] + new + text[match.end():])
 
 
 if __name__ == "__main__":
