@@ -17,6 +17,7 @@ Everything is numpy over whole columns: the grid is small (tens of cells), the r
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -303,6 +304,18 @@ def stills_warning(samples: pd.DataFrame) -> str | None:
     )
 
 
+def _log_aspect(height: np.ndarray, width: np.ndarray) -> np.ndarray:
+    """log(height) - log(width) of each sample, through the C library's log for each distinct
+    size: numpy's vector log rounds differently on CPUs with AVX-512, and a sample halfway
+    between two buckets' aspect ratios would take another bucket on another machine."""
+    code, sizes = pd.factorize(height.astype(np.int64) * (1 << 32) + width.astype(np.int64))
+    sizes = np.asarray(sizes, dtype=np.int64)
+    per_size = [math.log(h) - math.log(w) if h > 0 and w > 0 else math.nan  # never placed
+                 for h, w in zip((sizes >> 32).tolist(), (sizes & 0xFFFFFFFF).tolist(),
+                                 strict=True)]
+    return np.asarray(per_size, dtype=np.float64)[code]
+
+
 def _aspect(
     frames: np.ndarray, height: np.ndarray, width: np.ndarray, grid: Grid, max_frames: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -310,7 +323,7 @@ def _aspect(
     bh = np.zeros(n, dtype=np.int64)
     bw = np.zeros(n, dtype=np.int64)
     placed = np.zeros(n, dtype=bool)
-    log_ar = np.log(height.astype(np.float64)) - np.log(width.astype(np.float64))
+    log_ar = _log_aspect(height, width)
     # largest tier first; within a tier the fitting size of nearest aspect ratio wins
     for tier in reversed(grid.tiers):
         best = np.full(n, np.inf)
@@ -318,7 +331,7 @@ def _aspect(
         tier_w = np.zeros(n, dtype=np.int64)
         open_rows = ~placed
         for h, w in tier.sizes:
-            dist = np.abs(log_ar - np.log(h / w))
+            dist = np.abs(log_ar - (math.log(h) - math.log(w)))
             better = open_rows & (height >= h) & (width >= w) & (dist < best)
             best = np.where(better, dist, best)
             tier_h[better] = h
