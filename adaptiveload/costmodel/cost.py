@@ -305,7 +305,7 @@ class EpochLimits:
             [k * libm_power(s, p) + c
              for k, p, c in zip(self.per_token, self.power, self.per_sample, strict=True)],
             axis=1,
-        ).reshape(s.size, len(self.caps))
+        )
 
     @property
     def ceiling(self) -> np.ndarray:

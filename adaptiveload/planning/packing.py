@@ -746,8 +746,7 @@ def _place_block(
             np.minimum(ratio, room[d] / use[d], out=ratio)
     if most is not None:
         np.minimum(ratio, most, out=ratio)
-    has_room = ratio >= 1  # only the packs with room for one take part
-    open_: np.ndarray | slice = np.flatnonzero(has_room)
+    open_: np.ndarray | slice = np.flatnonzero(ratio >= 1)  # the packs with room for one
     if open_.size == ratio.size:
         open_ = slice(None)
     fits = np.minimum(ratio[open_], m).astype(np.int64)  # ratio >= 1: truncation is floor
