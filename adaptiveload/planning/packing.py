@@ -415,13 +415,13 @@ def _level_steps(
     pinned = min(steps - 1, int((peak > total / n_packs * (1 + LEVEL_MARGIN)).sum()))
     if pinned == 0:
         return None
-    mean = (total - world_size * float(peak[:pinned].sum())) / (n_packs - pinned * world_size)
-    target = np.concatenate([np.repeat(peak[:pinned], world_size),
-                             np.full(n_packs - pinned * world_size, max(mean, 0.0))])
     offset(n_packs)  # the draw of LPT's offsets, none here: the levels are its targets
     order = _banded(count, types, offset)
     if float(peak.sum()) <= total / world_size * (1 + LEVEL_GAIN):
         return None  # after the draws: a window's choice never moves the next one's
+    mean = (total - world_size * float(peak[:pinned].sum())) / (n_packs - pinned * world_size)
+    target = np.concatenate([np.repeat(peak[:pinned], world_size),
+                             np.full(n_packs - pinned * world_size, max(mean, 0.0))])
     candidates = [
         _lpt_or_strict(count, types, n_packs, np.zeros(n_packs), order, target),
         _fill_pinned(count, types, np.repeat(peak[:pinned], world_size), n_packs, order),
@@ -709,10 +709,11 @@ class _Open:
         """What every pack holds, open or closed, by pack index."""
         out = _Fill.zeros(n_packs, n_limits)
         for index, part in [*self.closed, (self.index, self._fill(slice(None)))]:
-            for f in _FIELDS[:-1]:
-                getattr(out, f)[index] = getattr(part, f)
-            for row, part_row in zip(out.used, part.used, strict=True):
-                row[index] = part_row  # by row: a 2-D array's columns cost several times more
+            for f in _FIELDS:  # by row: a 2-D array's columns cost several times more
+                rows = zip(np.atleast_2d(getattr(out, f)), np.atleast_2d(getattr(part, f)),
+                           strict=True)
+                for row, part_row in rows:
+                    row[index] = part_row
         return out
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -194,25 +195,14 @@ def render_packed_planner(result: dict[str, Any], indent: str = "") -> str:
         f"the json): {case(1_000_000)}, {case(10_000_000)}, peak RSS "
         f"{peak / 2**30:.2f} GiB per process with the manifest (targets: {held})."
     )
-    return _wrap(text, indent)
+    return textwrap.fill(text, 96 + len(indent), initial_indent=indent, subsequent_indent=indent,
+                         break_long_words=False, break_on_hyphens=False) + "\n"
 
 
 def _span(values: list[float]) -> str:
     """Load averages as one value, or low–high where they differ at one decimal."""
     low, high = f"{min(values):.1f}", f"{max(values):.1f}"
     return low if low == high else f"{low}–{high}"
-
-
-def _wrap(text: str, indent: str, width: int = 96) -> str:
-    """`text` as lines of at most `width` characters after `indent`."""
-    lines, line = [], ""
-    for word in text.split():
-        if line and len(line) + 1 + len(word) > width:
-            lines.append(line)
-            line = word
-        else:
-            line = f"{line} {word}" if line else word
-    return "".join(f"{indent}{x}\n" for x in [*lines, line])
 
 
 def _pct(x: float) -> str:
